@@ -1,0 +1,338 @@
+// delay_queue<T, Clock>: an unbounded blocking queue whose elements can be taken only once their
+// deadline has passed. The JDK's DelayQueue, done for C++.
+//
+// The idea. A binary min-heap ordered by (deadline, insertion number) keeps the earliest element at
+// the top, with ties in first-in, first-out order. One mutex guards it. Takers use the
+// leader-follower pattern: at most one taker, the leader, sleeps until the head's deadline; every
+// other taker sleeps without a timeout. When the head becomes due the leader takes it and, leaving,
+// wakes one follower to become the next leader. A put that installs a new, earlier head deposes the
+// leader and wakes one taker, which leads again against the new deadline. So one element coming due
+// wakes one thread, not all of them, and only one thread at a time holds a timer.
+//
+// Details worth knowing:
+// - An element's deadline is read once, when it is put; changing it afterwards has no effect on
+//   the queue.
+// - Takers sleep through Clock (detail/wait.hpp), so with manual_clock a test wakes them by moving
+//   the clock.
+// - Elements whose move may throw are kept boxed, so that sifting the heap never throws and `put`
+//   has the strong guarantee: a throwing copy, move or allocation leaves the queue as it was.
+// - A thread that takes with a timer wakes up to ~50 µs late under Linux's default timer slack;
+//   `prctl(PR_SET_TIMERSLACK, 1)` on that thread removes most of it.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stop_token>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "delayed.hpp"
+#include "detail/time.hpp"
+#include "detail/wait.hpp"
+
+namespace delayq {
+
+template <class T, class Clock = std::chrono::steady_clock>
+    requires Delayed<T, Clock>
+class delay_queue {
+public:
+    using value_type = T;
+    using clock = Clock;
+    using time_point = typename Clock::time_point;
+    using duration = typename Clock::duration;
+
+    delay_queue() = default;
+    delay_queue(const delay_queue&) = delete;
+    delay_queue& operator=(const delay_queue&) = delete;
+
+    /// Inserts v. Returns false, leaving v untouched, once the queue is closed.
+    bool put(T&& v) { return emplace(std::move(v)); }
+    bool put(const T& v) { return emplace(v); }
+
+    /// Constructs an element in place from args. Returns false once the queue is closed.
+    template <class... A>
+        requires std::is_constructible_v<T, A...>
+    bool emplace(A&&... args) {
+        std::unique_lock lk(m_);
+        if (closed_) return false;
+        if (heap_.size() == heap_.capacity()) heap_.reserve(std::max<std::size_t>(16, 2 * heap_.size()));
+        heap_.emplace_back(seq_, std::forward<A>(args)...);  // strong: capacity is there
+        ++seq_;
+        if (sift_up(heap_.size() - 1) == 0) {
+            leader_ = nullptr;  // the leader sleeps for a later deadline: depose it
+            wake_one();
+        }
+        return true;
+    }
+
+    /// Blocks until the head is due and returns it; nullopt only when closed or stop is requested.
+    std::optional<T> take(std::stop_token stop = {}) { return take_impl(std::move(stop), nullptr); }
+
+    /// take(), giving up (nullopt) once Clock reaches `limit`.
+    std::optional<T> take_until(time_point limit, std::stop_token stop = {}) {
+        return take_impl(std::move(stop), &limit);
+    }
+
+    /// take(), giving up (nullopt) after `d` (measured on Clock; saturating).
+    template <class Rep, class Period>
+    std::optional<T> take_for(std::chrono::duration<Rep, Period> d, std::stop_token stop = {}) {
+        return take_until(detail::deadline_after<Clock>(d), std::move(stop));
+    }
+
+    /// The head if it is due, else nullopt. Never blocks.
+    std::optional<T> poll() {
+        std::unique_lock lk(m_);
+        if (heap_.empty() || Clock::now() < heap_.front().at) return std::nullopt;
+        return pop_front();
+    }
+
+    /// The head's deadline, due or not.
+    std::optional<time_point> next_deadline() const {
+        std::unique_lock lk(m_);
+        if (heap_.empty()) return std::nullopt;
+        return heap_.front().at;
+    }
+
+    /// A copy of the head, due or not.
+    std::optional<T> peek() const
+        requires std::is_copy_constructible_v<T>
+    {
+        std::unique_lock lk(m_);
+        if (heap_.empty()) return std::nullopt;
+        return std::optional<T>(std::in_place, value(heap_.front()));
+    }
+
+    /// Moves every due element (at most max) to out, earliest first; returns how many. `out` is
+    /// written under the queue's lock: it must not call back into this queue.
+    template <class OutIt>
+    std::size_t drain_to(OutIt out, std::size_t max = SIZE_MAX) {
+        std::unique_lock lk(m_);
+        if (heap_.empty()) return 0;
+        const time_point now = Clock::now();
+        std::size_t n = 0;
+        while (n < max && !heap_.empty() && heap_.front().at <= now) {
+            *out = std::move(value(heap_.front()));
+            ++out;
+            pop_top();
+            ++n;
+        }
+        return n;
+    }
+
+    /// Removes every element, due or not, for which pred(element) is true; returns how many.
+    /// If pred throws, nothing is removed.
+    template <class Pred>
+    std::size_t remove_if(Pred pred) {
+        std::vector<entry> removed;  // destroyed after the lock is released
+        std::unique_lock lk(m_);
+        std::vector<bool> hit(heap_.size());
+        std::size_t count = 0;
+        for (std::size_t i = 0; i < heap_.size(); ++i) {
+            const T& v = value(heap_[i]);
+            if (pred(v)) {
+                hit[i] = true;
+                ++count;
+            }
+        }
+        if (count == 0) return 0;
+        removed.reserve(count);
+        std::size_t keep = 0;
+        for (std::size_t i = 0; i < heap_.size(); ++i) {
+            if (hit[i]) {
+                removed.push_back(std::move(heap_[i]));
+            } else {
+                if (keep != i) heap_[keep] = std::move(heap_[i]);
+                ++keep;
+            }
+        }
+        heap_.erase(heap_.begin() + static_cast<std::ptrdiff_t>(keep), heap_.end());
+        std::make_heap(heap_.begin(), heap_.end(), [](const entry& a, const entry& b) { return before(b, a); });
+        return count;
+    }
+
+    std::size_t size() const {
+        std::unique_lock lk(m_);
+        return heap_.size();
+    }
+
+    bool empty() const { return size() == 0; }
+
+    /// Destroys every element.
+    void clear() {
+        std::vector<entry> gone;  // destroyed after the lock is released
+        std::unique_lock lk(m_);
+        gone.swap(heap_);
+    }
+
+    /// Refuses further puts, wakes every blocked taker (they return nullopt) and hands back every
+    /// element still held, earliest first. Idempotent: later calls return an empty vector.
+    std::vector<T> close() {
+        std::unique_lock lk(m_);
+        closed_ = true;
+        std::sort(heap_.begin(), heap_.end(), before);
+        std::vector<T> out;
+        out.reserve(heap_.size());
+        for (auto& e : heap_) out.push_back(std::move(value(e)));
+        heap_.clear();
+        leader_ = nullptr;
+        cv_.notify_all();
+        cv_any_.notify_all();
+        return out;
+    }
+
+    bool closed() const {
+        std::unique_lock lk(m_);
+        return closed_;
+    }
+
+private:
+    // Sifting moves elements, so it must not throw: elements whose move may throw are boxed.
+    static constexpr bool in_place =
+        std::is_nothrow_move_constructible_v<T> && std::is_nothrow_move_assignable_v<T>;
+    using stored = std::conditional_t<in_place, T, std::unique_ptr<T>>;
+
+    struct entry {
+        time_point at;
+        std::uint64_t seq;
+        stored v;
+
+        template <class... A>
+        entry(std::uint64_t s, A&&... args) : seq(s), v(make(std::forward<A>(args)...)) {
+            at = deadline_of(get());
+        }
+        entry(entry&&) noexcept = default;
+        entry& operator=(entry&&) noexcept = default;
+
+        template <class... A>
+        static stored make(A&&... args) {
+            if constexpr (in_place) {
+                return T(std::forward<A>(args)...);
+            } else {
+                return std::make_unique<T>(std::forward<A>(args)...);
+            }
+        }
+        T& get() noexcept {
+            if constexpr (in_place) return v; else return *v;
+        }
+        const T& get() const noexcept {
+            if constexpr (in_place) return v; else return *v;
+        }
+    };
+
+    static T& value(entry& e) noexcept { return e.get(); }
+    static const T& value(const entry& e) noexcept { return e.get(); }
+
+    static bool before(const entry& a, const entry& b) noexcept {
+        return a.at < b.at || (a.at == b.at && a.seq < b.seq);
+    }
+
+    // Returns the index where the element at i came to rest.
+    std::size_t sift_up(std::size_t i) noexcept {
+        entry e = std::move(heap_[i]);
+        while (i > 0) {
+            const std::size_t parent = (i - 1) / 2;
+            if (!before(e, heap_[parent])) break;
+            heap_[i] = std::move(heap_[parent]);
+            i = parent;
+        }
+        heap_[i] = std::move(e);
+        return i;
+    }
+
+    void pop_top() noexcept {
+        entry last = std::move(heap_.back());
+        heap_.pop_back();
+        if (heap_.empty()) return;
+        const std::size_t n = heap_.size();
+        std::size_t i = 0;
+        for (;;) {
+            std::size_t c = 2 * i + 1;
+            if (c >= n) break;
+            if (c + 1 < n && before(heap_[c + 1], heap_[c])) ++c;
+            if (!before(heap_[c], last)) break;
+            heap_[i] = std::move(heap_[c]);
+            i = c;
+        }
+        heap_[i] = std::move(last);
+    }
+
+    // The head, moved out. If moving it throws, the queue is unchanged.
+    std::optional<T> pop_front() {
+        std::optional<T> out(std::in_place, std::move(value(heap_.front())));
+        pop_top();
+        return out;
+    }
+
+    // Wakes one sleeping taker, whichever condition variable it sleeps on.
+    void wake_one() {
+        if (sleepers_ > 0) {
+            cv_.notify_one();
+        } else if (stoppable_sleepers_ > 0) {
+            cv_any_.notify_one();
+        }
+    }
+
+    void sleep(std::unique_lock<std::mutex>& lk, const std::stop_token& stop, time_point until) {
+        if (stop.stop_possible()) {
+            ++stoppable_sleepers_;
+            detail::wait_until<Clock>(cv_any_, lk, until, stop);
+            --stoppable_sleepers_;
+        } else {
+            ++sleepers_;
+            detail::wait_until<Clock>(cv_, lk, until);
+            --sleepers_;
+        }
+    }
+
+    std::optional<T> take_impl(std::stop_token stop, const time_point* limit) {
+        std::unique_lock lk(m_);
+        const char self = 0;  // identifies this call as the leader
+        // Whoever leaves with no leader in place and elements still held hands the lead on.
+        struct hand_over {
+            delay_queue& q;
+            ~hand_over() {
+                if (q.leader_ == nullptr && !q.heap_.empty()) q.wake_one();
+            }
+        } guard{*this};
+
+        for (;;) {
+            if (closed_ || stop.stop_requested()) return std::nullopt;
+            time_point until = time_point::max();
+            bool leading = false;
+            if (!heap_.empty()) {
+                const time_point now = Clock::now();
+                if (heap_.front().at <= now) return pop_front();
+                if (limit && *limit <= now) return std::nullopt;
+                if (leader_ == nullptr) {
+                    leader_ = &self;
+                    leading = true;
+                    until = heap_.front().at;
+                }
+            } else if (limit && *limit <= Clock::now()) {
+                return std::nullopt;
+            }
+            if (limit) until = std::min(until, *limit);
+            sleep(lk, stop, until);
+            if (leading && leader_ == &self) leader_ = nullptr;
+        }
+    }
+
+    mutable std::mutex m_;
+    std::condition_variable cv_;          // takers without a stop_token
+    std::condition_variable_any cv_any_;  // takers with one
+    std::vector<entry> heap_;
+    std::uint64_t seq_ = 0;
+    const void* leader_ = nullptr;  // the taker sleeping on the head's deadline, if any
+    std::size_t sleepers_ = 0;
+    std::size_t stoppable_sleepers_ = 0;
+    bool closed_ = false;
+};
+
+}  // namespace delayq

@@ -1,0 +1,16 @@
+// delayq: delay queues and timers for C++20. This header brings in every in-process part;
+// the Redis backend is <delayq/redis/delay_queue.hpp>.
+#pragma once
+
+#include "delayed.hpp"
+#include "manual_clock.hpp"
+#include "delay_queue.hpp"
+#if __has_include("timeout.hpp")
+#include "timeout.hpp"
+#endif
+#if __has_include("hashed_wheel_timer.hpp")
+#include "hashed_wheel_timer.hpp"
+#endif
+#if __has_include("hierarchical_timing_wheel.hpp")
+#include "hierarchical_timing_wheel.hpp"
+#endif
