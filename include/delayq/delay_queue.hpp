@@ -164,6 +164,12 @@ public:
 
     bool empty() const { return size() == 0; }
 
+    /// How many threads are blocked in take(), take_for() or take_until() right now.
+    std::size_t waiting_takers() const {
+        std::unique_lock lk(m_);
+        return sleepers_ + stoppable_sleepers_;
+    }
+
     /// Destroys every element.
     void clear() {
         std::vector<entry> gone;  // destroyed after the lock is released

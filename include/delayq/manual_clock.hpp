@@ -64,6 +64,15 @@ public:
         return s.waiters.size();
     }
 
+    /// How many waits on a manual_clock deadline have begun, ever. A wait that begins after an
+    /// advance() returned has seen the new time: a test that sees this count grow knows a waiter
+    /// has looked at the clock since.
+    static std::uint64_t sleeps_begun() {
+        auto& s = state();
+        std::lock_guard lk(s.m);
+        return s.begun;
+    }
+
     /// The wait hook of detail/wait.hpp: sleep on `cv` until notified, stopped or now() >= tp.
     template <class CV>
     static void wait_until(CV& cv, std::unique_lock<std::mutex>& lk, time_point tp,
@@ -87,6 +96,7 @@ private:
         std::mutex m;  // guards waiters and pins
         std::condition_variable unpinned;
         std::vector<waiter*> waiters;
+        std::uint64_t begun = 0;
     };
 
     static shared& state() {
@@ -103,6 +113,7 @@ private:
         auto& s = state();
         std::lock_guard lk(s.m);
         s.waiters.push_back(&w);
+        ++s.begun;
     }
 
     // Called with the waiter's own mutex held. A wake_all() that pinned w may be blocked on that

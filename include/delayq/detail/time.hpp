@@ -9,44 +9,54 @@
 
 namespace delayq::detail {
 
-// `d` converted to `To`, rounded up (a deadline is never early), clamped to To's range.
+__extension__ typedef __int128 wide_rep;
+
+// `d` in units of `To`, rounded up (a deadline is never early), as a 128-bit count: every 64-bit
+// count times every ratio fits, so nothing overflows before the caller clamps.
 template <class To, class Rep, class Period>
-constexpr To saturating_ceil(std::chrono::duration<Rep, Period> d) noexcept {
-    using to_rep = typename To::rep;
-    static_assert(std::is_integral_v<to_rep>, "delayq durations need an integral representation");
+constexpr wide_rep ceil_count(std::chrono::duration<Rep, Period> d) noexcept {
+    static_assert(std::is_integral_v<typename To::rep>,
+                  "delayq durations need an integral representation");
     using ratio = std::ratio_divide<Period, typename To::period>;  // one unit of d, in To units
-    constexpr to_rep hi = std::numeric_limits<to_rep>::max();
-    constexpr to_rep lo = std::numeric_limits<to_rep>::min();
     if constexpr (std::is_floating_point_v<Rep>) {
         const long double v = static_cast<long double>(d.count()) * ratio::num / ratio::den;
-        if (!(v == v)) return To::zero();  // NaN
-        if (v >= static_cast<long double>(hi)) return To::max();
-        if (v <= static_cast<long double>(lo)) return To::min();
-        auto t = static_cast<to_rep>(v);
+        constexpr long double far = 1e30L;  // beyond any 64-bit count, within 128 bits
+        if (!(v == v)) return 0;            // NaN: no delay
+        if (v >= far) return static_cast<wide_rep>(far);
+        if (v <= -far) return -static_cast<wide_rep>(far);
+        auto t = static_cast<wide_rep>(v);
         if (static_cast<long double>(t) < v) ++t;
-        return To{t};
+        return t;
     } else {
-        // c * num fits in 128 bits for every 64-bit count and ratio, so divide once, exactly.
-        __extension__ typedef __int128 wide;
-        const wide num = ratio::num, den = ratio::den;
-        const wide prod = static_cast<wide>(d.count()) * num;
-        wide r = prod / den;
+        const wide_rep num = ratio::num, den = ratio::den;
+        const wide_rep prod = static_cast<wide_rep>(d.count()) * num;
+        wide_rep r = prod / den;
         if (prod % den > 0) ++r;  // round up; truncation already rounds negatives up
-        if (r > static_cast<wide>(hi)) return To::max();
-        if (r < static_cast<wide>(lo)) return To::min();
-        return To{static_cast<to_rep>(r)};
+        return r;
     }
+}
+
+template <class Rep>
+constexpr Rep clamp_count(wide_rep r) noexcept {
+    constexpr Rep hi = std::numeric_limits<Rep>::max();
+    constexpr Rep lo = std::numeric_limits<Rep>::min();
+    if (r > static_cast<wide_rep>(hi)) return hi;
+    if (r < static_cast<wide_rep>(lo)) return lo;
+    return static_cast<Rep>(r);
+}
+
+// `d` converted to `To`, rounded up, clamped to To's range.
+template <class To, class Rep, class Period>
+constexpr To saturating_ceil(std::chrono::duration<Rep, Period> d) noexcept {
+    return To{clamp_count<typename To::rep>(ceil_count<To>(d))};
 }
 
 // `tp + d`, clamped to [time_point::min(), time_point::max()].
 template <class TimePoint, class Rep, class Period>
 constexpr TimePoint saturating_add(TimePoint tp, std::chrono::duration<Rep, Period> d) noexcept {
     using dur = typename TimePoint::duration;
-    const dur step = saturating_ceil<dur>(d);
-    typename dur::rep r;
-    if (__builtin_add_overflow(tp.time_since_epoch().count(), step.count(), &r))
-        return step.count() > 0 ? TimePoint::max() : TimePoint::min();
-    return TimePoint{dur{r}};
+    const wide_rep sum = static_cast<wide_rep>(tp.time_since_epoch().count()) + ceil_count<dur>(d);
+    return TimePoint{dur{clamp_count<typename dur::rep>(sum)}};
 }
 
 // `Clock::now() + d`, saturating: the deadline of something delayed by `d` from now.
