@@ -1,0 +1,636 @@
+// hierarchical_timing_wheel<Clock>: Kafka's SystemTimer + TimingWheel, driven by delayq's own
+// delay_queue.
+//
+// The algorithm. Time is counted in ticks from an origin (the start time rounded down to the tick
+// grid). A task due at time d belongs to tick u = ceil((d - origin) / tick): the first grid point
+// at or after d. Level 0 is a ring of `wheel_size` buckets, one tick each; level k+1 is a ring of
+// `wheel_size` buckets each as wide as the whole of level k, and is created only when a task needs
+// it. Each level has a current time (its own tick grid, rounded down). A task goes to the finest
+// level whose span from that level's current time covers u, into the bucket of u; the bucket's
+// expiry is the start of its span (u rounded down to the level's tick). A bucket is a circular
+// intrusive list of task nodes. Whenever an insertion gives a bucket a new expiry, a reference to
+// the bucket is put into a delay_queue<bucket_ref, Clock>: the buckets model Delayed and the same
+// queue that serves as a heap of elements serves as the wheel's clock. advance_clock() takes the
+// first due bucket from that queue (sleeping until one is due, up to a limit), moves every level's
+// current time up to the bucket's expiry, empties the bucket and re-inserts each task: a task whose
+// tick u has been reached becomes ready and runs; the others fall to a finer level. Then every
+// other due bucket is taken without blocking. Empty ticks cost nothing: no bucket, no wake-up.
+//
+//              level 2: tick 25, span 125     [ 0  | 25 | 50 | 75 | 100 ]
+//                                                     |  flushed at 25: its tasks re-insert
+//              level 1: tick 5,  span 25      [ 25 | 30 | 35 | 40 | 45 ]
+//                                                  |  flushed at 30
+//              level 0: tick 1,  span 5       [ 30 | 31 | 32 | 33 | 34 ]
+//                                                    |  flushed at 31: tasks with u <= 31 run
+//     delay_queue<bucket_ref>:  (31, L0)  (35, L1)  (50, L2)  ...  only non-empty buckets
+//
+// Never early. Kafka keys a task by its deadline rounded *down* and runs a bucket when its start
+// is reached, so a task can run up to one tick before its deadline. Here a task is keyed by its
+// deadline rounded *up* to the tick grid (u above), and runs only once the wheel's level-0 time has
+// reached u, which happens only when the delay queue hands out a bucket whose expiry, on Clock,
+// has passed. So every task runs at or after its deadline, and less than one tick after it plus
+// the time to wake up. (A deadline within one tick of time_point::max() is "never".)
+//
+// Details:
+// - One lock (the core's) guards the levels; the delay queue has its own (order: core, then queue).
+//   advance_clock() takes buckets without the core lock, flushes them under it, and runs each task
+//   with no lock held. Only one thread advances at a time; a call from inside a task returns false.
+// - A task that is due when scheduled goes to a "ready" bucket that is queued as already due, so it
+//   runs in the next advance_clock(), never inside schedule().
+// - Tasks taken for running stay cancellable until the moment each one starts: cancelling a task
+//   whose bucket is being flushed works (cancel() returns true and the task never runs).
+// - Buckets whose tasks were all cancelled stay in the delay queue until due (as in Kafka) and are
+//   then flushed empty; when the last pending task is cancelled the queue is cleared, so an idle
+//   timer sleeps without a deadline (the reaper may wake once more, at the old head's deadline).
+// - The reaper thread (own_thread = true) sets Linux timer slack to 1 ns, so it wakes within a few
+//   microseconds of a bucket's expiry rather than up to 50 µs late.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <stop_token>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#if defined(__linux__)
+#include <sys/prctl.h>
+#endif
+
+#include "delay_queue.hpp"
+#include "detail/time.hpp"
+#include "detail/timer_node.hpp"
+#include "detail/wait.hpp"
+#include "timeout.hpp"
+
+namespace delayq {
+
+/// Options of hierarchical_timing_wheel<Clock> (also reachable as
+/// hierarchical_timing_wheel<Clock>::options).
+template <class Clock = std::chrono::steady_clock>
+struct hierarchical_timing_wheel_options {
+    using duration = typename Clock::duration;
+
+    duration tick = std::chrono::duration_cast<duration>(std::chrono::milliseconds(1));  // > 0
+    std::size_t wheel_size = 20;   // > 1 (and at most 2^24)
+    std::size_t max_pending = 0;   // 0 = unbounded
+    std::function<void(std::exception_ptr)> on_error;  // a task that throws; the wheel carries on
+    bool own_thread = true;        // false: the caller drives advance_clock()
+};
+
+namespace detail {
+
+template <class Clock>
+struct htw_bucket {
+    timer_node<Clock> head;      // sentinel of the circular list of tasks
+    std::uint64_t expiry = 0;    // in ticks from the origin; meaningful while queued
+    std::uint64_t gen = 0;       // bumped at each put into the delay queue
+    std::uint64_t epoch = 0;     // the core's epoch at that put
+    bool queued = false;         // a reference with this gen is in the delay queue
+
+    htw_bucket() noexcept { head.prev = head.next = &head; }
+    htw_bucket(const htw_bucket&) = delete;
+    htw_bucket& operator=(const htw_bucket&) = delete;
+
+    bool empty() const noexcept { return head.next == &head; }
+
+    void push_back(timer_node<Clock>* n) noexcept {
+        n->prev = head.prev;
+        n->next = &head;
+        head.prev->next = n;
+        head.prev = n;
+    }
+};
+
+// What the delay queue holds: a bucket and the expiry it had when it was put. A reference whose
+// generation no longer matches its bucket's is stale and is skipped.
+template <class Clock>
+struct htw_bucket_ref {
+    htw_bucket<Clock>* bucket;
+    typename Clock::time_point at;
+    std::uint64_t gen;
+    std::uint64_t epoch;
+
+    typename Clock::time_point deadline() const noexcept { return at; }
+};
+
+inline std::uint64_t htw_sat_add(std::uint64_t a, std::uint64_t b) noexcept {
+    std::uint64_t r;
+    return __builtin_add_overflow(a, b, &r) ? std::numeric_limits<std::uint64_t>::max() : r;
+}
+inline std::uint64_t htw_sat_mul(std::uint64_t a, std::uint64_t b) noexcept {
+    std::uint64_t r;
+    return __builtin_mul_overflow(a, b, &r) ? std::numeric_limits<std::uint64_t>::max() : r;
+}
+
+template <class Clock>
+inline void htw_set_timer_slack() noexcept {
+#if defined(__linux__) && defined(PR_SET_TIMERSLACK)
+    (void)::prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
+#endif
+}
+
+// The shared state of a hierarchical_timing_wheel: the levels, the bucket queue and the lock.
+// Reference-counted (timer_core): the timer, its reaper thread and every live node hold it.
+template <class Clock>
+class htw_core final : public timer_core<Clock> {
+public:
+    using node = timer_node<Clock>;
+    using bucket = htw_bucket<Clock>;
+    using bucket_ref = htw_bucket_ref<Clock>;
+    using time_point = typename Clock::time_point;
+    using duration = typename Clock::duration;
+    using rep = typename duration::rep;
+
+    htw_core(const hierarchical_timing_wheel_options<Clock>& o, time_point start)
+        : tick_(o.tick), tick_count_(static_cast<std::uint64_t>(o.tick.count())),
+          wheel_size_(o.wheel_size), max_pending_(o.max_pending), on_error_(o.on_error) {
+        // origin = start rounded down to the tick grid (floor, also for negative times)
+        const rep t = start.time_since_epoch().count();
+        const rep k = o.tick.count();
+        rep q = t / k;
+        if (t % k != 0 && t < 0) --q;
+        origin_ = time_point{duration{q * k}};
+        levels_.push_back(make_level(1));
+    }
+
+    // ---- the handle's entry point ----
+
+    bool cancel(node& n) noexcept override {
+        {
+            std::lock_guard lk(m_);
+            if (n.load_state() != timer_state::pending) return false;
+            unlink(n);
+            n.state.store(timer_state::cancelled, std::memory_order_release);
+            if (--size_ == 0) forget_buckets();
+        }
+        n.destroy_task();  // the node is ours alone now: destroy the task outside the lock
+        n.release(*this);  // the timer's reference
+        return true;
+    }
+
+    // ---- the timer's operations ----
+
+    template <class F>
+    timeout<Clock> schedule_at(F&& task, time_point deadline) {
+        {
+            std::lock_guard lk(m_);  // cheap early refusal, before allocating
+            if (stopped_) throw rejected_error("hierarchical_timing_wheel: stopped");
+        }
+        node* n = make_node<Clock>(std::forward<F>(task), deadline, *this);
+        std::unique_lock lk(m_);
+        const char* refused = nullptr;
+        if (stopped_) {
+            refused = "hierarchical_timing_wheel: stopped";
+        } else if (max_pending_ != 0 && size_ >= max_pending_) {
+            refused = "hierarchical_timing_wheel: max_pending reached";
+        } else {
+            try {
+                place(n, to_ticks(deadline), true);
+            } catch (...) {
+                lk.unlock();
+                n->release(*this);
+                throw;
+            }
+        }
+        if (refused) {
+            lk.unlock();
+            n->release(*this);
+            throw rejected_error(refused);
+        }
+        ++size_;
+        n->acquire();  // the timer's reference; the caller's becomes the handle's
+        return timeout<Clock>(n, this);
+    }
+
+    std::size_t size() const {
+        std::lock_guard lk(m_);
+        return size_;
+    }
+
+    bool stopped() const {
+        std::lock_guard lk(m_);
+        return stopped_;
+    }
+
+    // Whether the calling thread is the reaper thread.
+    bool on_worker() const {
+        std::lock_guard lk(m_);
+        return worker_ == std::this_thread::get_id();
+    }
+
+    void set_worker() {
+        std::lock_guard lk(m_);
+        worker_ = std::this_thread::get_id();
+    }
+
+    /// Waits (until `limit`, or a stop request) for a due bucket, flushes every due bucket and runs
+    /// the tasks that became due. True if a bucket was processed.
+    bool advance(time_point limit, std::stop_token st) {
+        {
+            std::unique_lock lk(m_);
+            for (;;) {
+                if (stopped_) return false;
+                if (!advancing_) break;
+                if (advancer_ == std::this_thread::get_id()) return false;  // from inside a task
+                if (limit <= Clock::now() || st.stop_requested()) return false;
+                detail::wait_until<Clock>(advance_cv_, lk, limit);
+            }
+            advancing_ = true;
+            advancer_ = std::this_thread::get_id();
+        }
+        struct done {
+            htw_core& c;
+            ~done() {
+                std::lock_guard lk(c.m_);
+                c.advancing_ = false;
+                c.advancer_ = std::thread::id{};
+                c.advance_cv_.notify_all();
+            }
+        } guard{*this};
+
+        bool any = false;
+        while (!any) {
+            std::optional<bucket_ref> r = queue_.take_until(limit, st);
+            if (!r) return false;
+            std::lock_guard lk(m_);
+            if (stopped_) return false;
+            any = process(*r);
+            while (std::optional<bucket_ref> more = queue_.poll()) any = process(*more) || any;
+            if (any) {
+                // everything due now runs in this call; tasks scheduled from here on wait for the
+                // next one (their ready bucket is queued afresh)
+                splice_all(ready_, running_);
+                ready_.queued = false;
+            }
+        }
+        run_ready();
+        return true;
+    }
+
+    /// Cancels every pending task, refuses further schedules and wakes the advancing thread.
+    /// Returns the handles of the cancelled tasks, earliest deadline first. Idempotent.
+    std::vector<timeout<Clock>> stop() {
+        std::vector<node*> nodes;
+        {
+            std::lock_guard lk(m_);
+            if (stopped_) return {};
+            nodes.reserve(size_);  // may throw: nothing has changed yet
+            stopped_ = true;
+            for (auto& lv : levels_)
+                for (std::size_t i = 0; i < wheel_size_; ++i) take_all(lv.buckets[i], nodes);
+            take_all(ready_, nodes);
+            take_all(running_, nodes);
+            size_ = 0;
+            queue_.close();
+            advance_cv_.notify_all();
+        }
+        std::vector<timeout<Clock>> out;
+        try {
+            out.reserve(nodes.size());
+        } catch (...) {
+            for (node* n : nodes) {
+                n->destroy_task();
+                n->release(*this);
+            }
+            throw;
+        }
+        std::stable_sort(nodes.begin(), nodes.end(),
+                         [](const node* a, const node* b) { return a->deadline < b->deadline; });
+        for (node* n : nodes) {
+            n->destroy_task();
+            out.emplace_back(n, this);  // adopts the timer's reference
+        }
+        return out;
+    }
+
+    // ---- for tests: the level arithmetic ----
+
+    std::size_t level_count() const {
+        std::lock_guard lk(m_);
+        return levels_.size();
+    }
+    /// Level 0's current time, on Clock.
+    time_point current_time() const {
+        std::lock_guard lk(m_);
+        return to_time(levels_[0].current);
+    }
+    /// The level a pending task sits at; -1 when it is ready to run (or not pending).
+    int level_of(const timeout<Clock>& t) const {
+        std::lock_guard lk(m_);
+        if (!t.pending()) return -1;
+        const std::uint64_t u = to_ticks(t.deadline());
+        if (u <= levels_[0].current) return -1;
+        for (std::size_t k = 0; k < levels_.size(); ++k)
+            if (u < htw_sat_add(levels_[k].current, levels_[k].interval)) return static_cast<int>(k);
+        return -1;
+    }
+
+private:
+    struct level {
+        std::uint64_t tick;      // in level-0 ticks
+        std::uint64_t interval;  // tick * wheel_size (saturating)
+        std::uint64_t current;   // multiple of tick
+        std::unique_ptr<bucket[]> buckets;
+    };
+
+    ~htw_core() override = default;
+
+    level make_level(std::uint64_t tick) const {
+        level lv;
+        lv.tick = tick;
+        lv.interval = htw_sat_mul(tick, wheel_size_);
+        lv.current = levels_.empty() ? 0 : levels_[0].current - levels_[0].current % tick;
+        lv.buckets = std::make_unique<bucket[]>(wheel_size_);
+        return lv;
+    }
+
+    // The first tick at or after d (0 for anything at or before the origin).
+    std::uint64_t to_ticks(time_point d) const noexcept {
+        if (d <= origin_) return 0;
+        const std::uint64_t diff = static_cast<std::uint64_t>(d.time_since_epoch().count()) -
+                                   static_cast<std::uint64_t>(origin_.time_since_epoch().count());
+        std::uint64_t u = diff / tick_count_;
+        if (diff % tick_count_ != 0) ++u;
+        return std::min(u, std::numeric_limits<std::uint64_t>::max() - 1);
+    }
+
+    // The time of tick u, saturating at time_point::max().
+    time_point to_time(std::uint64_t u) const noexcept {
+        const wide_rep t = static_cast<wide_rep>(origin_.time_since_epoch().count()) +
+                           static_cast<wide_rep>(u) * static_cast<wide_rep>(tick_count_);
+        return time_point{duration{clamp_count<rep>(t)}};
+    }
+
+    static void unlink(node& n) noexcept {
+        n.prev->next = n.next;
+        n.next->prev = n.prev;
+        n.prev = n.next = nullptr;
+    }
+
+    static void splice_all(bucket& from, bucket& to) noexcept {
+        if (from.empty()) return;
+        node* first = from.head.next;
+        node* last = from.head.prev;
+        first->prev = to.head.prev;
+        to.head.prev->next = first;
+        last->next = &to.head;
+        to.head.prev = last;
+        from.head.prev = from.head.next = &from.head;
+    }
+
+    // Under the lock: unlinks every node of b, marks it cancelled and appends it to out (which has
+    // room: out was reserved for size_ nodes).
+    static void take_all(bucket& b, std::vector<node*>& out) noexcept {
+        for (node* n = b.head.next; n != &b.head;) {
+            node* next = n->next;
+            n->prev = n->next = nullptr;
+            n->state.store(timer_state::cancelled, std::memory_order_release);
+            out.push_back(n);
+            n = next;
+        }
+        b.head.prev = b.head.next = &b.head;
+        b.queued = false;
+    }
+
+    bool is_queued(const bucket& b) const noexcept { return b.queued && b.epoch == epoch_; }
+
+    // Puts a reference to b, due at `at`, into the delay queue. Strong guarantee.
+    void enqueue(bucket& b, std::uint64_t expiry, time_point at) {
+        queue_.put(bucket_ref{&b, at, b.gen + 1, epoch_});  // false only after stop: never here
+        ++b.gen;
+        b.epoch = epoch_;
+        b.expiry = expiry;
+        b.queued = true;
+    }
+
+    // Under the lock: puts n where tick u belongs. `wake`: a due task must get the ready bucket
+    // queued (schedule); a flush runs its ready tasks itself. Throws only before changing anything.
+    void place(node* n, std::uint64_t u, bool wake) {
+        if (u <= levels_[0].current) {
+            if (wake && !is_queued(ready_)) enqueue(ready_, 0, time_point::min());
+            ready_.push_back(n);
+            return;
+        }
+        for (std::size_t k = 0;; ++k) {
+            if (k == levels_.size()) {
+                if (levels_.size() == levels_.capacity()) levels_.reserve(2 * levels_.size() + 4);
+                levels_.push_back(make_level(levels_[k - 1].interval));
+            }
+            level& lv = levels_[k];
+            if (u < htw_sat_add(lv.current, lv.interval)) {
+                const std::uint64_t vid = u / lv.tick;
+                bucket& b = lv.buckets[vid % wheel_size_];
+                const std::uint64_t expiry = vid * lv.tick;
+                if (!is_queued(b) || b.expiry != expiry) enqueue(b, expiry, to_time(expiry));
+                b.push_back(n);
+                return;
+            }
+        }
+    }
+
+    // Under the lock: handles one reference taken from the queue. True unless it was stale.
+    bool process(const bucket_ref& r) noexcept {
+        bucket& b = *r.bucket;
+        if (!is_queued(b) || b.gen != r.gen || r.epoch != epoch_) return false;
+        b.queued = false;
+        if (&b == &ready_) return true;  // its tasks are already in ready_
+        // move every level's clock up to the bucket's expiry (never backwards)
+        const std::uint64_t t = b.expiry;
+        for (auto& lv : levels_) {
+            const std::uint64_t c = t - t % lv.tick;
+            if (c > lv.current) lv.current = c;
+        }
+        // flush: re-insert every task; due ones become ready, the rest fall to finer levels
+        if (b.empty()) return true;
+        node* n = b.head.next;
+        b.head.prev->next = nullptr;
+        b.head.prev = b.head.next = &b.head;
+        while (n) {
+            node* next = n->next;
+            place(n, to_ticks(n->deadline), false);  // can only throw on allocation failure
+            n = next;
+        }
+        return true;
+    }
+
+    // Under the lock, when nothing is pending: drops every bucket reference, so that an idle
+    // reaper sleeps without a deadline.
+    void forget_buckets() noexcept {
+        ++epoch_;
+        ready_.queued = false;
+        queue_.clear();
+    }
+
+    // Runs the tasks in running_, one at a time; each stays cancellable until it starts.
+    void run_ready() {
+        for (;;) {
+            node* n;
+            {
+                std::lock_guard lk(m_);
+                if (running_.empty()) return;
+                n = running_.head.next;
+                unlink(*n);
+                n->state.store(timer_state::expired, std::memory_order_release);
+                --size_;
+            }
+            try {
+                n->run();
+            } catch (...) {
+                if (on_error_) {
+                    try {
+                        on_error_(std::current_exception());
+                    } catch (...) {
+                        // an on_error that throws is ignored: the wheel carries on
+                    }
+                }
+            }
+            n->destroy_task();
+            n->release(*this);  // the timer's reference, which the runner held
+        }
+    }
+
+    const duration tick_;
+    const std::uint64_t tick_count_;
+    const std::size_t wheel_size_;
+    const std::size_t max_pending_;
+    const std::function<void(std::exception_ptr)> on_error_;
+    time_point origin_;
+
+    mutable std::mutex m_;
+    std::vector<level> levels_;
+    bucket ready_;    // due tasks waiting for the next advance
+    bucket running_;  // due tasks the current advance is running
+    std::size_t size_ = 0;
+    std::uint64_t epoch_ = 0;
+    bool stopped_ = false;
+    bool advancing_ = false;
+    std::thread::id advancer_{};
+    std::thread::id worker_{};
+    std::condition_variable advance_cv_;
+    delay_queue<bucket_ref, Clock> queue_;
+};
+
+}  // namespace detail
+
+/// Kafka's hierarchical timing wheel (see the top of this header). Thread-safe.
+template <class Clock = std::chrono::steady_clock>
+class hierarchical_timing_wheel {
+public:
+    using clock = Clock;
+    using time_point = typename Clock::time_point;
+    using duration = typename Clock::duration;
+    using options = hierarchical_timing_wheel_options<Clock>;
+
+    explicit hierarchical_timing_wheel(options o = {}) {
+        if (o.tick <= duration::zero())
+            throw std::invalid_argument("hierarchical_timing_wheel: tick must be > 0");
+        if (o.wheel_size < 2)
+            throw std::invalid_argument("hierarchical_timing_wheel: wheel_size must be > 1");
+        if (o.wheel_size > (std::size_t{1} << 24))
+            throw std::invalid_argument("hierarchical_timing_wheel: wheel_size must be <= 2^24");
+        core_ = new detail::htw_core<Clock>(o, Clock::now());
+        if (o.own_thread) {
+            core_->ref();  // the reaper's reference
+            try {
+                thread_ = std::jthread([c = core_](std::stop_token st) {
+                    detail::htw_set_timer_slack<Clock>();
+                    c->set_worker();
+                    while (!st.stop_requested() && !c->stopped()) c->advance(time_point::max(), st);
+                    c->unref();
+                });
+            } catch (...) {
+                core_->unref();
+                core_->unref();
+                throw;
+            }
+        }
+    }
+
+    hierarchical_timing_wheel(const hierarchical_timing_wheel&) = delete;
+    hierarchical_timing_wheel& operator=(const hierarchical_timing_wheel&) = delete;
+
+    /// Stops (pending tasks are cancelled and dropped) and joins the reaper, unless destroyed from
+    /// one of its own tasks: then the reaper finishes that task and exits by itself.
+    ~hierarchical_timing_wheel() {
+        stop();
+        {
+            std::lock_guard lk(join_m_);
+            if (thread_.joinable()) thread_.detach();  // only when called on the reaper
+        }
+        core_->unref();
+    }
+
+    /// Runs `task` (any void() callable, move-only included) once `delay` has passed.
+    /// Throws rejected_error when stopped or at max_pending.
+    template <class F, class Rep, class Period>
+    timeout<Clock> schedule(F&& task, std::chrono::duration<Rep, Period> delay) {
+        return core_->schedule_at(std::forward<F>(task), detail::deadline_after<Clock>(delay));
+    }
+
+    /// Runs `task` once Clock reaches `deadline` (a past deadline: at the next advance).
+    template <class F>
+    timeout<Clock> schedule_at(F&& task, time_point deadline) {
+        return core_->schedule_at(std::forward<F>(task), deadline);
+    }
+
+    /// Waits up to `max_wait` for a bucket to come due, flushes every due bucket and runs the tasks
+    /// that are due, on the calling thread. True if a bucket was processed. Returns false at once
+    /// when called from inside a task or after stop(); with own_thread = true the reaper is
+    /// normally the one advancing, and a caller waits its turn for at most max_wait.
+    template <class Rep, class Period>
+    bool advance_clock(std::chrono::duration<Rep, Period> max_wait) {
+        core_->ref();  // a task may destroy this timer while we run it
+        struct unref {
+            detail::htw_core<Clock>* c;
+            ~unref() { c->unref(); }
+        } guard{core_};
+        return core_->advance(detail::deadline_after<Clock>(max_wait), {});
+    }
+
+    /// Tasks neither run nor cancelled (due ones included).
+    std::size_t size() const { return core_->size(); }
+
+    /// Refuses further schedules, cancels every pending task and returns their handles (now
+    /// cancelled(), their cancel() false), earliest first. Joins the reaper unless called from one
+    /// of its tasks. Idempotent: later calls return nothing.
+    std::vector<timeout<Clock>> stop() {
+        std::vector<timeout<Clock>> out = core_->stop();
+        if (!core_->on_worker()) {
+            std::lock_guard lk(join_m_);
+            if (thread_.joinable()) {
+                thread_.request_stop();
+                thread_.join();
+            }
+        }
+        return out;
+    }
+
+    // ---- introspection, for tests and diagnostics ----
+
+    /// Number of wheel levels created so far (1 + overflow levels).
+    std::size_t levels() const { return core_->level_count(); }
+    /// The wheel's level-0 current time (it moves only when a bucket is processed).
+    time_point current_time() const { return core_->current_time(); }
+    /// The level a pending task sits at, or -1 when it is ready to run or no longer pending.
+    int level_of(const timeout<Clock>& t) const { return core_->level_of(t); }
+
+private:
+    detail::htw_core<Clock>* core_ = nullptr;
+    std::mutex join_m_;
+    std::jthread thread_;
+};
+
+}  // namespace delayq

@@ -1,0 +1,705 @@
+#include <delayq/hierarchical_timing_wheel.hpp>
+#include <delayq/manual_clock.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "catch.hpp"
+#include "support.hpp"
+
+using namespace std::chrono_literals;
+using delayq::manual_clock;
+using delayq::test::eventually;
+using mtp = manual_clock::time_point;
+using wheel = delayq::hierarchical_timing_wheel<manual_clock>;
+using handle = delayq::timeout<manual_clock>;
+
+static_assert(delayq::Delayed<handle, manual_clock>);
+
+namespace {
+
+wheel::options manual(manual_clock::duration tick, std::size_t size = 20) {
+    wheel::options o;
+    o.tick = tick;
+    o.wheel_size = size;
+    o.own_thread = false;
+    return o;
+}
+
+// Advances the wheel until nothing more is due (advance_clock(0) returns false).
+int drain(wheel& w) {
+    int n = 0;
+    while (w.advance_clock(0ns)) ++n;
+    return n;
+}
+
+// The first point of the tick grid (origin 0) at or after d.
+mtp grid_ceil(mtp d, manual_clock::duration tick) {
+    const auto c = d.time_since_epoch().count();
+    if (c <= 0) return mtp{};
+    const auto t = tick.count();
+    return mtp{manual_clock::duration{(c + t - 1) / t * t}};
+}
+
+std::string invalid_message(wheel::options o) {
+    try {
+        wheel w(std::move(o));
+    } catch (const std::invalid_argument& e) {
+        return e.what();
+    }
+    return "(no exception)";
+}
+
+}  // namespace
+
+TEST_CASE("htw: invalid options are refused, naming the problem") {
+    manual_clock::reset();
+    auto o = manual(0ns);
+    CHECK(invalid_message(o).find("tick") != std::string::npos);
+    o.tick = -1ms;
+    CHECK(invalid_message(o).find("tick") != std::string::npos);
+    o = manual(1ms, 1);
+    CHECK(invalid_message(o).find("wheel_size") != std::string::npos);
+    o = manual(1ms, 0);
+    CHECK(invalid_message(o).find("wheel_size") != std::string::npos);
+    o = manual(1ms, std::size_t{1} << 30);
+    CHECK(invalid_message(o).find("wheel_size") != std::string::npos);
+    o = manual(1ms, 2);
+    CHECK(invalid_message(o) == "(no exception)");
+}
+
+// Kafka's TimerTest.testAlreadyExpiredTask, restated: tick 1, wheel size 3.
+TEST_CASE("htw: already expired tasks run at the next advance, never inside schedule") {
+    manual_clock::reset();
+    manual_clock::set(mtp{1h});
+    wheel w(manual(1ms, 3));
+    std::vector<int> ran;
+    std::vector<handle> hs;
+    for (int d = -5; d <= -1; ++d) hs.push_back(w.schedule([&ran, d] { ran.push_back(d); }, std::chrono::milliseconds(d)));
+    CHECK(ran.empty());  // never inside schedule
+    CHECK(w.size() == 5);
+    for (auto& h : hs) CHECK(h.pending());
+    CHECK(w.advance_clock(0ns));
+    CHECK(ran == std::vector<int>{-5, -4, -3, -2, -1});
+    CHECK(w.size() == 0);
+    for (auto& h : hs) CHECK(h.expired());
+    CHECK_FALSE(w.advance_clock(0ns));
+}
+
+// Kafka's TimerTest.testTaskExpiration, restated: tick 1, wheel size 3 (deep overflow chains);
+// every task with delay 0..499 runs exactly once, never early, within one tick.
+TEST_CASE("htw: delays 0..499 each run exactly once, on time") {
+    manual_clock::reset();
+    manual_clock::set(mtp{7ms + 300us});  // off the grid
+    const manual_clock::duration tick = 1ms;
+    wheel w(manual(tick, 3));
+    std::vector<int> count(500, 0);
+    std::vector<mtp> deadline(500), ran_at(500);
+    // schedule in a scrambled order, some twice as in Kafka's test (ids 0..9 get a second task)
+    std::vector<int> order(500);
+    for (int i = 0; i < 500; ++i) order[i] = i;
+    std::shuffle(order.begin(), order.end(), std::mt19937(42));
+    for (int i : order) {
+        auto h = w.schedule(
+            [&, i] {
+                ++count[i];
+                ran_at[i] = manual_clock::now();
+            },
+            std::chrono::milliseconds(i));
+        deadline[i] = h.deadline();
+    }
+    std::vector<int> extra(10, 0);
+    for (int i = 0; i < 10; ++i) w.schedule([&extra, i] { ++extra[i]; }, std::chrono::milliseconds(i));
+    CHECK(w.size() == 510);
+    CHECK(w.levels() >= 5);  // 3, 9, 27, 81, 243, 729 ticks
+    for (int step = 0; step < 2000 && w.size() > 0; ++step) {
+        manual_clock::advance(250us);
+        drain(w);
+    }
+    CHECK(w.size() == 0);
+    for (int i = 0; i < 500; ++i) {
+        INFO("task " << i);
+        REQUIRE(count[i] == 1);
+        CHECK(ran_at[i] >= deadline[i]);
+        CHECK(ran_at[i] - deadline[i] < tick);
+    }
+    for (int i = 0; i < 10; ++i) CHECK(extra[i] == 1);
+}
+
+// Kafka's TimingWheel arithmetic at start 1000, tick 10, wheel size 5 (units: ns of manual_clock).
+TEST_CASE("htw: level arithmetic at start 1000, tick 10, size 5") {
+    manual_clock::reset();
+    manual_clock::set(mtp{1000ns});
+    wheel w(manual(10ns, 5));
+    CHECK(w.current_time() == mtp{1000ns});
+    CHECK(w.levels() == 1);
+
+    int ran1005 = 0, ran1020 = 0, ran1060 = 0;
+    auto h1020 = w.schedule_at([&] { ++ran1020; }, mtp{1020ns});
+    CHECK(w.level_of(h1020) == 0);
+    CHECK(w.levels() == 1);
+    auto h1060 = w.schedule_at([&] { ++ran1060; }, mtp{1060ns});
+    CHECK(w.levels() == 2);  // 1060 >= 1000 + 5 * 10: an overflow level is created
+    CHECK(w.level_of(h1060) == 1);
+    auto h1005 = w.schedule_at([&] { ++ran1005; }, mtp{1005ns});
+    CHECK(w.level_of(h1005) == 0);
+
+    manual_clock::set(mtp{1005ns});
+    CHECK_FALSE(w.advance_clock(0ns));  // 1005's bucket expires at 1010: never early
+    CHECK(w.current_time() == mtp{1000ns});
+    CHECK(ran1005 == 0);
+
+    manual_clock::set(mtp{1009ns});
+    CHECK_FALSE(w.advance_clock(0ns));
+    CHECK(ran1005 == 0);
+
+    manual_clock::set(mtp{1010ns});
+    CHECK(w.advance_clock(0ns));
+    CHECK(w.current_time() == mtp{1010ns});
+    CHECK(ran1005 == 1);
+    CHECK(ran1020 == 0);
+    CHECK(w.level_of(h1060) == 1);  // 1060 is still beyond level 0's span [1010, 1060)
+
+    manual_clock::set(mtp{1020ns});
+    CHECK(w.advance_clock(0ns));
+    CHECK(ran1020 == 1);
+    CHECK(w.current_time() == mtp{1020ns});
+
+    manual_clock::set(mtp{1050ns});  // level 1's bucket [1050, 1100) expires: 1060 drops to level 0
+    CHECK(w.advance_clock(0ns));
+    CHECK(w.current_time() == mtp{1050ns});
+    CHECK(ran1060 == 0);
+    CHECK(w.level_of(h1060) == 0);
+    CHECK(h1060.pending());
+
+    manual_clock::set(mtp{1059ns});
+    CHECK_FALSE(w.advance_clock(0ns));
+    CHECK(ran1060 == 0);
+    manual_clock::set(mtp{1060ns});
+    CHECK(w.advance_clock(0ns));
+    CHECK(ran1060 == 1);
+    CHECK(w.size() == 0);
+}
+
+TEST_CASE("htw: empty ticks cost nothing: the clock jumps to the next bucket") {
+    manual_clock::reset();
+    wheel w(manual(1ms, 4));
+    int ran = 0;
+    w.schedule([&] { ++ran; }, 1000h);
+    manual_clock::advance(1000h);
+    // one call processes every bucket on the way down the levels, however many ticks passed
+    CHECK(w.advance_clock(0ns));
+    CHECK(ran == 1);
+    CHECK(w.current_time() == mtp{1000h});
+}
+
+TEST_CASE("htw: never early and at most one tick late across 5 levels") {
+    manual_clock::reset();
+    const manual_clock::duration tick = 1ms;
+    wheel w(manual(tick, 4));  // levels span 4, 16, 64, 256, 1024 ticks
+    std::mt19937_64 rng(7);
+    std::uniform_int_distribution<std::int64_t> off(0, 1000 * 1'000'000 - 1);  // ns up to 1 s
+    const int n = 3000;
+    std::vector<mtp> deadline(n), ran_at(n);
+    std::vector<int> count(n, 0);
+    for (int i = 0; i < n; ++i) {
+        // a third of the deadlines sit exactly on the tick grid
+        auto ns = off(rng);
+        if (i % 3 == 0) ns -= ns % tick.count();
+        deadline[i] = mtp{std::chrono::nanoseconds(ns)};
+        w.schedule_at(
+            [&, i] {
+                ++count[i];
+                ran_at[i] = manual_clock::now();
+            },
+            deadline[i]);
+    }
+    CHECK(w.levels() == 5);
+    // step through every quarter tick: a task must run exactly at the first grid point >= deadline
+    while (manual_clock::now() < mtp{1001ms}) {
+        manual_clock::advance(250us);
+        drain(w);
+    }
+    CHECK(w.size() == 0);
+    int exact = 0;
+    for (int i = 0; i < n; ++i) {
+        INFO("task " << i << " deadline " << deadline[i].time_since_epoch().count());
+        REQUIRE(count[i] == 1);
+        REQUIRE(ran_at[i] >= deadline[i]);                  // never early
+        REQUIRE(ran_at[i] - deadline[i] < tick);            // less than one tick late
+        REQUIRE(ran_at[i] == grid_ceil(deadline[i], tick));  // exactly at the grid point
+        if (ran_at[i] == deadline[i]) ++exact;
+    }
+    CHECK(exact >= n / 3);  // on-grid deadlines are not late at all
+}
+
+TEST_CASE("htw: a task cancels another whose bucket is being flushed") {
+    manual_clock::reset();
+    wheel w(manual(1ms, 4));
+    auto payload = std::make_shared<int>(0);
+    std::weak_ptr<int> watch = payload;
+    handle victim, far_victim;
+    bool cancel_result = false, far_cancel_result = false, self_cancel = true;
+    int victim_ran = 0;
+    handle self;
+    self = w.schedule(
+        [&] {
+            cancel_result = victim.cancel();
+            CHECK(watch.expired());  // the victim's task is destroyed at once
+            far_cancel_result = far_victim.cancel();
+            self_cancel = self.cancel();
+        },
+        3ms);
+    // same bucket, after `self`
+    victim = w.schedule([&, p = std::move(payload)] { ++victim_ran; }, 3ms);
+    // another bucket that comes due in the same advance (a coarser level)
+    far_victim = w.schedule([&] { ++victim_ran; }, 9ms);
+    CHECK(w.level_of(far_victim) == 1);
+    CHECK(w.size() == 3);
+    manual_clock::advance(3ms);
+    CHECK(w.advance_clock(0ns));
+    CHECK(cancel_result);
+    CHECK_FALSE(self_cancel);  // it is running: too late to cancel
+    CHECK(self.expired());
+    CHECK(victim.cancelled());
+    CHECK(far_cancel_result);
+    CHECK(far_victim.cancelled());
+    CHECK(w.size() == 0);
+    manual_clock::advance(100ms);
+    drain(w);
+    CHECK(victim_ran == 0);
+}
+
+TEST_CASE("htw: cancel of a task made ready in the same advance") {
+    manual_clock::reset();
+    wheel w(manual(1ms, 4));
+    int b_ran = 0;
+    handle b;
+    bool result = false;
+    // a is at level 0, b arrives from level 1's bucket in the same flush round
+    w.schedule([&] { result = b.cancel(); }, 4ms);
+    b = w.schedule([&] { ++b_ran; }, 5ms);
+    CHECK(w.level_of(b) == 1);
+    manual_clock::advance(10ms);
+    CHECK(w.advance_clock(0ns));
+    CHECK(result);
+    CHECK(b_ran == 0);
+    CHECK(w.size() == 0);
+}
+
+TEST_CASE("htw: cancel frees the task and the place at once; max_pending") {
+    manual_clock::reset();
+    auto o = manual(1ms, 8);
+    o.max_pending = 2;
+    wheel w(o);
+    auto p = std::make_shared<int>(1);
+    auto h1 = w.schedule([p] {}, 10ms);
+    auto h2 = w.schedule([] {}, 20ms);
+    CHECK(p.use_count() == 2);
+    CHECK(w.size() == 2);
+    CHECK_THROWS_AS(w.schedule([] {}, 30ms), delayq::rejected_error);
+    CHECK(w.size() == 2);
+    CHECK(h1.cancel());
+    CHECK(p.use_count() == 1);  // destroyed inside cancel()
+    CHECK(w.size() == 1);
+    CHECK_FALSE(h1.cancel());   // only once
+    CHECK(h1.cancelled());
+    CHECK_FALSE(h1.expired());
+    auto h3 = w.schedule([] {}, 30ms);  // the place is free at once
+    CHECK(w.size() == 2);
+    CHECK_THROWS_AS(w.schedule([] {}, 1ms), delayq::rejected_error);
+    manual_clock::advance(20ms);
+    drain(w);
+    CHECK(h2.expired());
+    CHECK(w.size() == 1);
+    CHECK_NOTHROW(w.schedule([] {}, 1ms));
+}
+
+TEST_CASE("htw: own_thread = false: due tasks wait for advance_clock; size counts them") {
+    manual_clock::reset();
+    wheel w(manual(1ms, 8));
+    int ran = 0;
+    w.schedule([&] { ++ran; }, 0ms);
+    w.schedule([&] { ++ran; }, -1h);
+    w.schedule([&] { ++ran; }, 2ms);
+    manual_clock::advance(5ms);
+    CHECK(ran == 0);
+    CHECK(w.size() == 3);
+    CHECK(w.advance_clock(0ns));
+    CHECK(ran == 3);
+    CHECK(w.size() == 0);
+    CHECK_FALSE(w.advance_clock(0ns));
+}
+
+TEST_CASE("htw: a task scheduled from a task runs in a later advance") {
+    manual_clock::reset();
+    wheel w(manual(1ms, 8));
+    int chain = 0;
+    std::function<void()> again = [&] {
+        if (++chain < 5) w.schedule(again, 0ms);
+    };
+    w.schedule(again, 0ms);
+    CHECK(w.advance_clock(0ns));
+    CHECK(chain == 1);  // bounded work per call, even for a task that reschedules itself at once
+    CHECK(w.size() == 1);
+    CHECK(drain(w) == 4);
+    CHECK(chain == 5);
+}
+
+TEST_CASE("htw: advance_clock from inside a task returns false") {
+    manual_clock::reset();
+    wheel w(manual(1ms, 8));
+    bool inner = true;
+    w.schedule([&] { inner = w.advance_clock(0ns); }, 0ms);
+    CHECK(w.advance_clock(0ns));
+    CHECK_FALSE(inner);
+}
+
+TEST_CASE("htw: advance_clock waits up to max_wait for a bucket") {
+    manual_clock::reset();
+    wheel w(manual(1ms, 8));
+    std::atomic<int> ran{0};
+    w.schedule([&] { ++ran; }, 5ms);
+    std::atomic<int> result{-1};
+    std::thread t([&] { result = w.advance_clock(1h) ? 1 : 0; });
+    REQUIRE(eventually([] { return manual_clock::sleepers() > 0; }));
+    CHECK(result == -1);
+    manual_clock::advance(4ms);
+    CHECK(result == -1);
+    manual_clock::advance(1ms);
+    t.join();
+    CHECK(result == 1);
+    CHECK(ran == 1);
+
+    // with nothing due it gives up at max_wait
+    w.schedule([&] { ++ran; }, 1h);
+    std::thread t2([&] { result = w.advance_clock(10ms) ? 1 : 0; });
+    REQUIRE(eventually([] { return manual_clock::sleepers() > 0; }));
+    manual_clock::advance(10ms);
+    t2.join();
+    CHECK(result == 0);
+    CHECK(ran == 1);
+}
+
+TEST_CASE("htw: a throwing task goes to on_error and the wheel carries on") {
+    manual_clock::reset();
+    auto o = manual(1ms, 8);
+    std::vector<std::string> errors;
+    o.on_error = [&](std::exception_ptr e) {
+        try {
+            std::rethrow_exception(e);
+        } catch (const std::exception& x) {
+            errors.push_back(x.what());
+        }
+    };
+    wheel w(o);
+    int ran = 0;
+    w.schedule([] { throw std::runtime_error("boom"); }, 1ms);
+    w.schedule([&] { ++ran; }, 1ms);
+    w.schedule([&] { ++ran; }, 2ms);
+    manual_clock::advance(2ms);
+    drain(w);
+    CHECK(errors == std::vector<std::string>{"boom"});
+    CHECK(ran == 2);
+
+    // without on_error the exception is swallowed
+    wheel quiet(manual(1ms, 8));
+    quiet.schedule([] { throw 42; }, 0ms);
+    quiet.schedule([&] { ++ran; }, 0ms);
+    CHECK_NOTHROW(drain(quiet));
+    CHECK(ran == 3);
+}
+
+TEST_CASE("htw: move-only tasks; saturating deadlines") {
+    manual_clock::reset();
+    wheel w(manual(1ms, 8));
+    int got = 0;
+    auto up = std::make_unique<int>(7);
+    w.schedule([&got, p = std::move(up)] { got += *p; }, 1ms);
+    auto never = w.schedule([] { FAIL("ran"); }, manual_clock::duration::max());
+    CHECK(never.deadline() == mtp::max());
+    auto never2 = w.schedule([] { FAIL("ran"); }, std::chrono::hours::max());
+    CHECK(never2.deadline() == mtp::max());
+    auto past = w.schedule([&] { ++got; }, std::chrono::hours::min());
+    CHECK(past.deadline() == mtp::min());
+    manual_clock::advance(1ms);
+    drain(w);
+    CHECK(got == 8);
+    manual_clock::set(mtp::max() - 1h);
+    drain(w);
+    CHECK(never.pending());
+    CHECK(never2.pending());
+    CHECK(w.size() == 2);
+    auto left = w.stop();
+    CHECK(left.size() == 2);
+}
+
+TEST_CASE("htw: stop returns the pending tasks, cancelled, earliest first; idempotent") {
+    manual_clock::reset();
+    wheel w(manual(1ms, 4));
+    auto p = std::make_shared<int>(0);
+    int ran = 0;
+    auto a = w.schedule([&] { ++ran; }, 1ms);
+    auto c = w.schedule([&ran, p] { ++ran; }, 300ms);
+    auto b = w.schedule([&] { ++ran; }, 20ms);
+    auto due = w.schedule([&] { ++ran; }, 0ms);
+    manual_clock::advance(1ms);
+    CHECK(w.advance_clock(0ns));
+    CHECK(ran == 2);
+    auto left = w.stop();
+    REQUIRE(left.size() == 2);
+    CHECK(left[0] == b);
+    CHECK(left[1] == c);
+    CHECK(p.use_count() == 1);  // the unrun tasks are destroyed
+    for (auto& h : left) {
+        CHECK(h.cancelled());
+        CHECK_FALSE(h.cancel());
+    }
+    CHECK(b.cancelled());
+    CHECK(a.expired());
+    CHECK(w.size() == 0);
+    CHECK(w.stop().empty());
+    CHECK_THROWS_AS(w.schedule([] {}, 1ms), delayq::rejected_error);
+    CHECK_FALSE(w.advance_clock(0ns));
+    manual_clock::advance(1h);
+    CHECK_FALSE(w.advance_clock(0ns));
+    CHECK(ran == 2);
+}
+
+TEST_CASE("htw: handles outlive the wheel; destruction drops pending tasks") {
+    manual_clock::reset();
+    auto p = std::make_shared<int>(0);
+    handle h, done;
+    {
+        wheel w(manual(1ms, 4));
+        h = w.schedule([p] {}, 1h);
+        done = w.schedule([] {}, 0ms);
+        w.advance_clock(0ns);
+        CHECK(p.use_count() == 2);
+    }
+    CHECK(p.use_count() == 1);
+    CHECK(h.cancelled());
+    CHECK_FALSE(h.cancel());
+    CHECK(done.expired());
+    CHECK(h.deadline() == mtp{1h});
+}
+
+TEST_CASE("htw: own_thread runs tasks on the reaper, driven by the clock") {
+    manual_clock::reset();
+    wheel::options o;
+    o.tick = 1ms;
+    o.wheel_size = 8;
+    wheel w(o);
+    std::atomic<int> ran{0};
+    std::thread::id runner;
+    auto h = w.schedule([&] { runner = std::this_thread::get_id(); ++ran; }, 10ms);
+    REQUIRE(eventually([] { return manual_clock::sleepers() > 0; }));
+    manual_clock::advance(9ms);
+    REQUIRE(eventually([] { return manual_clock::sleepers() > 0; }));
+    CHECK(ran == 0);  // never early
+    manual_clock::advance(1ms);
+    REQUIRE(eventually([&] { return ran == 1; }));
+    CHECK(runner != std::this_thread::get_id());
+    // a due task wakes the reaper without moving the clock
+    w.schedule([&] { ++ran; }, 0ms);
+    REQUIRE(eventually([&] { return ran == 2; }));
+    CHECK(w.size() == 0);
+}
+
+TEST_CASE("htw: stop and destruction from inside a task do not deadlock") {
+    manual_clock::reset();
+    wheel::options o;
+    o.tick = 1ms;
+    auto w = std::make_unique<wheel>(o);
+    std::atomic<bool> stopped{false};
+    std::vector<handle> left;
+    auto other = w->schedule([] {}, 1h);
+    w->schedule(
+        [&] {
+            left = w->stop();
+            stopped = true;
+        },
+        1ms);
+    manual_clock::advance(1ms);
+    REQUIRE(eventually([&] { return stopped.load(); }));
+    CHECK(left.size() == 1);
+    CHECK(other.cancelled());
+    CHECK(w->stop().empty());
+    w.reset();
+
+    std::atomic<bool> destroyed{false};
+    auto w2 = std::make_unique<wheel>(o);
+    w2->schedule([&] { w2.reset(); destroyed = true; }, 0ms);
+    REQUIRE(eventually([&] { return destroyed.load(); }));
+}
+
+TEST_CASE("htw: property: random schedule, cancel and advance against a sorted multimap") {
+    const manual_clock::duration tick = 1ms;
+    for (std::uint64_t seed : {1u, 2u, 3u, 4u}) {
+        manual_clock::reset();
+        wheel w(manual(tick, seed == 4 ? 2 : 5));
+        std::mt19937_64 rng(seed);
+        std::multimap<mtp, int> model;  // the reference: pending tasks by the grid point they run at
+        std::map<int, std::multimap<mtp, int>::iterator> where;
+        std::vector<handle> hs;
+        std::vector<int> runs;
+        std::vector<mtp> deadlines;
+        std::vector<int> ran_now;
+        int steps = 0;
+        for (; steps < 6000; ++steps) {
+            const int op = static_cast<int>(rng() % 10);
+            if (op < 5) {  // schedule, from 3 ticks in the past to ~2000 ticks ahead, off the grid
+                const std::int64_t span = static_cast<std::int64_t>(rng() % 2'000'000'000ULL) - 3'000'000;
+                const std::int64_t d = (rng() % 4 == 0) ? span - span % tick.count() : span;
+                const int id = static_cast<int>(hs.size());
+                const mtp dl = manual_clock::now() + std::chrono::nanoseconds(d);
+                runs.push_back(0);
+                deadlines.push_back(dl);
+                hs.push_back(w.schedule_at(
+                    [&runs, &ran_now, &deadlines, id] {
+                        ++runs[id];
+                        ran_now.push_back(id);
+                        CHECK(manual_clock::now() >= deadlines[id]);
+                    },
+                    dl));
+                where[id] = model.emplace(grid_ceil(dl, tick), id);
+            } else if (op < 7 && !hs.empty()) {  // cancel a random task, pending or not
+                const int id = static_cast<int>(rng() % hs.size());
+                const bool expect = where.count(id) > 0;
+                REQUIRE(hs[id].cancel() == expect);
+                if (expect) {
+                    model.erase(where[id]);
+                    where.erase(id);
+                }
+                REQUIRE(hs[id].pending() == false);
+            } else {  // move the clock, mostly a little, sometimes far, and advance
+                const auto r = rng() % 100;
+                const std::int64_t by = r < 90 ? static_cast<std::int64_t>(rng() % 5'000'000)
+                                               : static_cast<std::int64_t>(rng() % 3'000'000'000ULL);
+                manual_clock::advance(std::chrono::nanoseconds(by));
+                ran_now.clear();
+                w.advance_clock(0ns);  // one call runs everything due
+                std::set<int> expected;
+                const mtp now = manual_clock::now();
+                for (auto it = model.begin(); it != model.end() && it->first <= now;) {
+                    expected.insert(it->second);
+                    where.erase(it->second);
+                    it = model.erase(it);
+                }
+                std::set<int> got(ran_now.begin(), ran_now.end());
+                REQUIRE(got.size() == ran_now.size());  // nobody twice
+                REQUIRE(got == expected);
+                REQUIRE_FALSE(w.advance_clock(0ns));
+            }
+            REQUIRE(w.size() == model.size());
+        }
+        for (std::size_t i = 0; i < runs.size(); ++i) REQUIRE(runs[i] <= 1);
+        auto left = w.stop();
+        REQUIRE(left.size() == model.size());
+        for (std::size_t i = 1; i < left.size(); ++i) REQUIRE(left[i - 1].deadline() <= left[i].deadline());
+    }
+}
+
+TEST_CASE("htw: threads schedule and cancel; every task runs once or is cancelled") {
+    manual_clock::reset();
+    wheel::options o;
+    o.tick = 1ms;
+    o.wheel_size = 8;
+    wheel w(o);
+    constexpr int threads = 4, per = 3000;
+    std::vector<std::atomic<int>> runs(threads * per);
+    std::vector<std::atomic<int>> cancels(threads * per);
+    std::vector<mtp> deadlines(threads * per);
+    std::atomic<int> early{0};
+    std::atomic<bool> go{false};
+    std::atomic<int> finished{0};
+    std::vector<std::thread> ts;
+    for (int t = 0; t < threads; ++t) {
+        ts.emplace_back([&, t] {
+            while (!go) std::this_thread::yield();
+            std::mt19937 rng(static_cast<unsigned>(t));
+            std::vector<std::pair<int, handle>> mine;
+            for (int i = 0; i < per; ++i) {
+                const int id = t * per + i;
+                const auto d = std::chrono::microseconds(rng() % 50'000);
+                deadlines[id] = manual_clock::now() + d;  // written before schedule: read by the task
+                auto dl = deadlines[id];
+                mine.emplace_back(id, w.schedule_at(
+                                          [&, id, dl] {
+                                              if (manual_clock::now() < dl) ++early;
+                                              ++runs[id];
+                                          },
+                                          dl));
+                if (rng() % 3 == 0 && !mine.empty()) {
+                    auto& [cid, h] = mine[rng() % mine.size()];
+                    if (h.cancel()) ++cancels[cid];
+                }
+            }
+            for (auto& [cid, h] : mine)
+                if (rng() % 4 == 0 && h.cancel()) ++cancels[cid];
+            ++finished;
+        });
+    }
+    go = true;
+    // drive the clock while the threads work
+    std::thread driver([&] {
+        while (finished < threads) {
+            manual_clock::advance(100us);
+            std::this_thread::yield();
+        }
+    });
+    for (auto& t : ts) t.join();
+    driver.join();
+    manual_clock::advance(1s);
+    REQUIRE(eventually([&] { return w.size() == 0; }));
+    auto left = w.stop();
+    CHECK(left.empty());
+    int ran = 0, cancelled = 0;
+    for (int i = 0; i < threads * per; ++i) {
+        INFO("task " << i);
+        REQUIRE(runs[i] + cancels[i] == 1);
+        ran += runs[i];
+        cancelled += cancels[i];
+    }
+    CHECK(early == 0);
+    CHECK(ran + cancelled == threads * per);
+    CHECK(cancelled > 0);
+    CHECK(ran > 0);
+}
+
+TEST_CASE("htw: real clock: tasks run on time on the reaper thread") {
+    using rwheel = delayq::hierarchical_timing_wheel<>;
+    rwheel::options o;
+    o.tick = 1ms;
+    rwheel w(o);
+    constexpr int n = 200;
+    std::atomic<int> ran{0}, early{0};
+    std::atomic<std::int64_t> worst_late_us{0};
+    for (int i = 0; i < n; ++i) {
+        const auto dl = std::chrono::steady_clock::now() + std::chrono::microseconds(i * 150);
+        w.schedule_at(
+            [&, dl] {
+                const auto now = std::chrono::steady_clock::now();
+                if (now < dl) ++early;
+                const auto late = std::chrono::duration_cast<std::chrono::microseconds>(now - dl).count();
+                std::int64_t w0 = worst_late_us.load();
+                while (late > w0 && !worst_late_us.compare_exchange_weak(w0, late)) {}
+                ++ran;
+            },
+            dl);
+    }
+    REQUIRE(eventually([&] { return ran == n; }, 10s));
+    CHECK(early == 0);
+    CHECK(w.size() == 0);
+    WARN("worst lateness " << worst_late_us.load() << " us (tick 1 ms)");
+}
