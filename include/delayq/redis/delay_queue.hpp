@@ -1,0 +1,631 @@
+// delayq::redis::delay_queue: a named delay queue shared through Redis (or Valkey) by many
+// producers and consumers on many machines. Needs hiredis (0.14 or 1.x) and Redis >= 5.
+//
+// Keys. Every key of queue `name` is `dq:v1:{name}:<part>`; the hash tag `{name}` keeps them in one
+// Redis Cluster slot so each script may touch all of them, and `v1` lets a later layout coexist.
+//   due     zset  id -> due time (server ms)        jobs waiting to become due
+//   leased  zset  id -> lease end (server ms)       jobs handed to a consumer
+//   data    hash  id -> payload                     every queued job, waiting or leased
+//   meta    hash  id -> "attempts:token"            only jobs delivered at least once
+//   seq     string                                  the fencing-token counter
+//   wake    zset  one member                        what a blocked consumer waits on
+//   dead    hash  id -> payload                     jobs that ran out of max_attempts
+// A waiting job costs one zset entry and one hash entry; meta appears only after a delivery.
+//
+// Scripts. Every state change is one Lua script run with EVALSHA, so no crash between steps can
+// lose or duplicate a job (Sidekiq's and Redisson's losses came from multi-step moves). A NOSCRIPT
+// reply (the script cache is empty after a server restart or SCRIPT FLUSH) reloads the script and
+// retries once. Scripts read the server's clock (TIME) and nothing else: a client's clock never
+// decides whether a job is due. Relative delays travel as delays; an absolute put deadline is taken
+// as is, as server time (rounded up to the millisecond, never early by the server's clock).
+// Due-ness rounds the server time down, new due times round it up: never early.
+//
+// Leases and fencing. `take` moves the job from `due` to `leased` with a lease end and a fresh
+// token from `seq`; ack and nack succeed only while the lease holds and the token is the current
+// one, so a consumer that stalled past its lease (and whose job went to someone else) is refused.
+// Expired leases are reclaimed inside `take`, at most `reclaim_batch` per call so one call never
+// stalls the server, back to `due` (or to `dead` after max_attempts deliveries).
+//
+// Blocking take. When nothing is due the take script reports how far away the next due time (or
+// lease end) is, by the server's clock. The consumer then waits with BZPOPMIN on `wake`, which any
+// state change that creates a new head (put, nack, reschedule) or leaves more work due (take) fills,
+// so one waiting consumer wakes per event with no polling. Redis rounds blocking timeouts to its
+// cron tick (1000/hz ms, 100 ms by default), far too coarse for a due time, so when the consumer
+// waits for a known due time it keeps its own timer (poll on the socket, steady clock, a relative
+// interval only) and ends the block itself with CLIENT UNBLOCK from a second connection. With
+// nothing pending it blocks for at most `max_block` (a lost wake-up is bounded by it) and then
+// runs the take script again: two commands per `max_block` while idle. Timeouts are never below
+// 2 ms (Redis < 7.0.8 reads a tiny timeout as "forever").
+//
+// Threads and connections. A hiredis context is not thread-safe, so the object keeps a pool of
+// connections: a call borrows one, gives it back afterwards, and drops it after an I/O error so the
+// next call connects afresh (with its timeouts set again: hiredis 0.14's reconnect forgets them).
+// A take blocked on one thread holds only its own connection.
+#pragma once
+
+#include <hiredis/hiredis.h>
+#include <poll.h>
+#include <sys/time.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "../detail/time.hpp"
+
+namespace delayq::redis {
+
+/// A server or connection problem: the message carries the server's own words.
+class error : public std::runtime_error {
+public:
+    using std::runtime_error::runtime_error;
+};
+
+struct options {
+    std::string host = "127.0.0.1";
+    int port = 6379;
+    std::string name;                                       // the queue; non-empty, no '{' or '}'
+    std::chrono::milliseconds lease = std::chrono::seconds(30);
+    std::chrono::milliseconds io_timeout = std::chrono::seconds(5);
+    unsigned max_attempts = 0;                              // 0: redeliver forever; else dead-letter after this many
+    std::chrono::milliseconds max_block = std::chrono::seconds(5);  // longest idle block, >= 2 ms
+    std::size_t reclaim_batch = 100;                        // expired leases reclaimed per take, > 0
+};
+
+struct job {
+    std::string id, payload;
+    std::chrono::system_clock::time_point deadline;        // when this delivery was due (server clock)
+    unsigned attempts = 0;                                  // 1 at the first delivery
+    std::uint64_t token = 0;                                // fencing token of this lease
+    std::chrono::system_clock::time_point lease_deadline;  // the lease ends then (server clock)
+};
+
+namespace detail {
+
+using std::chrono::milliseconds;
+
+// Scores travel through Lua numbers, which Redis prints with %.14g: stay below 10^14 ms (year 5138).
+inline constexpr long long max_ms = 99'999'999'999'999LL;
+inline constexpr milliseconds min_block{2};
+
+struct reply_deleter {
+    void operator()(redisReply* r) const noexcept { freeReplyObject(r); }
+};
+using reply_ptr = std::unique_ptr<redisReply, reply_deleter>;
+
+inline timeval to_timeval(milliseconds d) {
+    timeval tv{};
+    tv.tv_sec = static_cast<decltype(tv.tv_sec)>(d.count() / 1000);
+    tv.tv_usec = static_cast<decltype(tv.tv_usec)>((d.count() % 1000) * 1000);
+    return tv;
+}
+
+inline bool starts_with(const redisReply* r, std::string_view prefix) {
+    return r->type == REDIS_REPLY_ERROR && std::string_view(r->str, r->len).substr(0, prefix.size()) == prefix;
+}
+
+inline long long to_ms(std::chrono::system_clock::time_point tp) {
+    const long long ms = delayq::detail::saturating_ceil<milliseconds>(tp.time_since_epoch()).count();
+    return ms < 0 ? 0 : (ms > max_ms ? max_ms : ms);
+}
+
+inline std::chrono::system_clock::time_point from_ms(long long ms) {
+    return std::chrono::system_clock::time_point(
+        delayq::detail::saturating_ceil<std::chrono::system_clock::duration>(milliseconds(ms)));
+}
+
+inline long long clamp_delay(milliseconds d) {
+    return d.count() < 0 ? 0 : (d.count() > max_ms ? max_ms : d.count());
+}
+
+// One hiredis context. Any I/O error leaves hiredis's context unusable, so it marks itself broken
+// and the pool throws it away.
+class connection {
+public:
+    connection(const std::string& host, int port, milliseconds io_timeout) : io_timeout_(io_timeout) {
+        ctx_ = redisConnectWithTimeout(host.c_str(), port, to_timeval(io_timeout));
+        if (ctx_ == nullptr) throw error("delayq::redis: cannot allocate a connection");
+        if (ctx_->err != 0) {
+            std::string msg = "delayq::redis: cannot connect to " + host + ":" + std::to_string(port) + ": " + ctx_->errstr;
+            redisFree(ctx_);
+            throw error(msg);
+        }
+        redisSetTimeout(ctx_, to_timeval(io_timeout));
+        redisEnableKeepAlive(ctx_);
+    }
+    connection(const connection&) = delete;
+    connection& operator=(const connection&) = delete;
+    ~connection() { redisFree(ctx_); }
+
+    bool broken() const noexcept { return broken_; }
+    void discard() noexcept { broken_ = true; }
+    redisContext* ctx() noexcept { return ctx_; }
+    milliseconds io_timeout() const noexcept { return io_timeout_; }
+
+    [[noreturn]] void fail(std::string_view what) {
+        broken_ = true;
+        throw error("delayq::redis: " + std::string(what) + ": " +
+                    (ctx_->err != 0 ? std::string(ctx_->errstr) : std::string("connection lost")));
+    }
+
+    // Sends one command and reads its reply; an error reply is returned, not thrown.
+    template <std::size_t N>
+    reply_ptr command(const std::array<std::string_view, N>& args, std::size_t argc = N) {
+        std::array<const char*, N> argv{};
+        std::array<std::size_t, N> len{};
+        for (std::size_t i = 0; i < argc; ++i) {
+            argv[i] = args[i].data();
+            len[i] = args[i].size();
+        }
+        auto* r = static_cast<redisReply*>(redisCommandArgv(ctx_, static_cast<int>(argc), argv.data(), len.data()));
+        if (r == nullptr) fail(args[0]);
+        return reply_ptr(r);
+    }
+
+    // Queues one command without reading its reply (the blocking take reads it later).
+    template <std::size_t N>
+    void send(const std::array<std::string_view, N>& args) {
+        std::array<const char*, N> argv{};
+        std::array<std::size_t, N> len{};
+        for (std::size_t i = 0; i < N; ++i) {
+            argv[i] = args[i].data();
+            len[i] = args[i].size();
+        }
+        if (redisAppendCommandArgv(ctx_, static_cast<int>(N), argv.data(), len.data()) != REDIS_OK) fail(args[0]);
+        int done = 0;
+        while (done == 0)
+            if (redisBufferWrite(ctx_, &done) != REDIS_OK) fail(args[0]);
+    }
+
+    reply_ptr receive(std::string_view what) {
+        void* r = nullptr;
+        if (redisGetReply(ctx_, &r) != REDIS_OK || r == nullptr) fail(what);
+        return reply_ptr(static_cast<redisReply*>(r));
+    }
+
+    void set_timeout(milliseconds d) {
+        if (redisSetTimeout(ctx_, to_timeval(d)) != REDIS_OK) fail("setting the socket timeout");
+    }
+
+    long long client_id = -1;  // CLIENT ID, fetched when this connection first blocks
+
+private:
+    redisContext* ctx_ = nullptr;
+    milliseconds io_timeout_;
+    bool broken_ = false;
+};
+
+enum script_id : std::size_t { s_put, s_take, s_settle, s_cancel, s_reschedule, s_count };
+
+// The scripts' common opening: `now` (server time rounded down: is it due yet?) and `later` (rounded
+// up: new due times are never early).
+#define DELAYQ_REDIS_NOW                                                            \
+    "if redis.replicate_commands then redis.replicate_commands() end\n"             \
+    "local t = redis.call('TIME')\n"                                                \
+    "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"       \
+    "local later = tonumber(t[1]) * 1000 + math.ceil(tonumber(t[2]) / 1000)\n"      \
+    "local function due_at(ms) return math.min(later + ms, 99999999999999) end\n"   \
+    "local function wake_if_head(z, w, id)\n"                                       \
+    "  if redis.call('ZRANGE', z, 0, 0)[1] == id then redis.call('ZADD', w, 0, 'w') end\n" \
+    "end\n"
+
+// KEYS due data wake; ARGV id payload mode('a' absolute ms | 'r' delay ms) ms
+inline constexpr const char* put_lua = DELAYQ_REDIS_NOW R"lua(
+if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return 0 end
+local at = tonumber(ARGV[4])
+if ARGV[3] == 'r' then at = due_at(at) end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+redis.call('ZADD', KEYS[1], at, ARGV[1])
+wake_if_head(KEYS[1], KEYS[3], ARGV[1])
+return 1
+)lua";
+
+// KEYS due leased data meta wake dead seq; ARGV lease_ms max_attempts batch
+// Returns {1, id, payload, due, attempts, token, lease_end} or {0, ms to the next event | -1}.
+inline constexpr const char* take_lua = DELAYQ_REDIS_NOW R"lua(
+local due, leased, data, meta, wake, dead, seq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local max_attempts = tonumber(ARGV[2])
+local function attempts_of(id)
+  local m = redis.call('HGET', meta, id)
+  if not m then return 0 end
+  return tonumber(string.match(m, '^(%d+)'))
+end
+local expired = redis.call('ZRANGEBYSCORE', leased, '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[3]))
+for i = 1, #expired, 2 do
+  local id = expired[i]
+  redis.call('ZREM', leased, id)
+  if max_attempts > 0 and attempts_of(id) >= max_attempts then
+    redis.call('HSET', dead, id, redis.call('HGET', data, id) or '')
+    redis.call('HDEL', data, id)
+    redis.call('HDEL', meta, id)
+  else
+    redis.call('ZADD', due, expired[i + 1], id)
+  end
+end
+local head = redis.call('ZRANGEBYSCORE', due, '-inf', now, 'WITHSCORES', 'LIMIT', 0, 1)
+if #head == 0 then
+  local nd = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
+  local nl = redis.call('ZRANGE', leased, 0, 0, 'WITHSCORES')
+  local nxt = -1
+  if #nd > 0 then nxt = tonumber(nd[2]) end
+  if #nl > 0 and (nxt < 0 or tonumber(nl[2]) < nxt) then nxt = tonumber(nl[2]) end
+  if nxt < 0 then return {0, -1} end
+  return {0, nxt - now}
+end
+local id = head[1]
+redis.call('ZREM', due, id)
+local attempts = attempts_of(id) + 1
+local token = redis.call('INCR', seq)
+redis.call('HSET', meta, id, attempts .. ':' .. token)
+local lease_end = math.min(now + tonumber(ARGV[1]), 99999999999999)
+redis.call('ZADD', leased, lease_end, id)
+if redis.call('ZRANGEBYSCORE', due, '-inf', now, 'LIMIT', 0, 1)[1]
+   or redis.call('ZRANGEBYSCORE', leased, '-inf', now, 'LIMIT', 0, 1)[1] then
+  redis.call('ZADD', wake, 0, 'w')
+end
+return {1, id, redis.call('HGET', data, id) or '', tonumber(head[2]), attempts, token, lease_end}
+)lua";
+
+// KEYS due leased data meta wake dead; ARGV id token retry('ack' | delay ms) max_attempts
+// Returns 1 when settled, 0 when the lease is gone or belongs to someone else.
+inline constexpr const char* settle_lua = DELAYQ_REDIS_NOW R"lua(
+local id = ARGV[1]
+local lease_end = redis.call('ZSCORE', KEYS[2], id)
+if not lease_end or tonumber(lease_end) <= now then return 0 end
+local m = redis.call('HGET', KEYS[4], id)
+if not m or string.match(m, ':(%d+)$') ~= ARGV[2] then return 0 end
+redis.call('ZREM', KEYS[2], id)
+local max_attempts = tonumber(ARGV[4])
+if ARGV[3] == 'ack' then
+  redis.call('HDEL', KEYS[3], id)
+  redis.call('HDEL', KEYS[4], id)
+elseif max_attempts > 0 and tonumber(string.match(m, '^(%d+)')) >= max_attempts then
+  redis.call('HSET', KEYS[6], id, redis.call('HGET', KEYS[3], id) or '')
+  redis.call('HDEL', KEYS[3], id)
+  redis.call('HDEL', KEYS[4], id)
+else
+  redis.call('ZADD', KEYS[1], due_at(tonumber(ARGV[3])), id)
+  wake_if_head(KEYS[1], KEYS[5], id)
+end
+return 1
+)lua";
+
+// KEYS due leased data meta; ARGV id
+inline constexpr const char* cancel_lua = R"lua(
+if redis.call('HDEL', KEYS[3], ARGV[1]) == 0 then return 0 end
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('HDEL', KEYS[4], ARGV[1])
+return 1
+)lua";
+
+// KEYS due wake; ARGV id delay_ms
+inline constexpr const char* reschedule_lua = DELAYQ_REDIS_NOW R"lua(
+if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 0 end
+redis.call('ZADD', KEYS[1], due_at(tonumber(ARGV[2])), ARGV[1])
+wake_if_head(KEYS[1], KEYS[2], ARGV[1])
+return 1
+)lua";
+
+#undef DELAYQ_REDIS_NOW
+
+inline constexpr std::array<const char*, s_count> scripts{put_lua, take_lua, settle_lua, cancel_lua, reschedule_lua};
+
+}  // namespace detail
+
+class delay_queue {
+public:
+    explicit delay_queue(options o) : opt_(std::move(o)) {
+        if (opt_.name.empty()) throw std::invalid_argument("delayq::redis::delay_queue: options.name is empty");
+        if (opt_.name.find_first_of("{}") != std::string::npos)
+            throw std::invalid_argument("delayq::redis::delay_queue: options.name must not contain '{' or '}' (it is the hash tag)");
+        if (opt_.lease <= std::chrono::milliseconds::zero())
+            throw std::invalid_argument("delayq::redis::delay_queue: options.lease must be > 0");
+        if (opt_.io_timeout <= std::chrono::milliseconds::zero())
+            throw std::invalid_argument("delayq::redis::delay_queue: options.io_timeout must be > 0");
+        if (opt_.max_block < detail::min_block)
+            throw std::invalid_argument("delayq::redis::delay_queue: options.max_block must be >= 2 ms");
+        if (opt_.reclaim_batch == 0)
+            throw std::invalid_argument("delayq::redis::delay_queue: options.reclaim_batch must be > 0");
+        if (opt_.port <= 0 || opt_.port > 65535)
+            throw std::invalid_argument("delayq::redis::delay_queue: options.port is out of range");
+        const std::string prefix = "dq:v1:{" + opt_.name + "}:";
+        for (std::size_t i = 0; i < k_count; ++i) keys_[i] = prefix + key_names[i];
+        lease_ms_ = std::to_string(opt_.lease.count());
+        max_attempts_ = std::to_string(opt_.max_attempts);
+        batch_ = std::to_string(opt_.reclaim_batch);
+    }
+    delay_queue(const delay_queue&) = delete;
+    delay_queue& operator=(const delay_queue&) = delete;
+
+    const options& get_options() const noexcept { return opt_; }
+
+    /// Queues `id` to be due at `deadline` (the caller's clock, taken as server time). False if
+    /// `id` is already queued (waiting or leased); nothing changes then.
+    bool put(std::string_view id, std::string_view payload, std::chrono::system_clock::time_point deadline) {
+        check_id(id);
+        const std::string at = std::to_string(detail::to_ms(deadline));
+        return integer(eval(detail::s_put, {key(k_due), key(k_data), key(k_wake)}, {id, payload, "a", at})) == 1;
+    }
+
+    /// Queues `id` to be due `delay` from now by the server's clock. False if already queued.
+    bool put_after(std::string_view id, std::string_view payload, std::chrono::milliseconds delay) {
+        check_id(id);
+        const std::string ms = std::to_string(detail::clamp_delay(delay));
+        return integer(eval(detail::s_put, {key(k_due), key(k_data), key(k_wake)}, {id, payload, "r", ms})) == 1;
+    }
+
+    /// Removes a waiting or leased job. False if `id` is not queued.
+    bool cancel(std::string_view id) {
+        check_id(id);
+        return integer(eval(detail::s_cancel, {key(k_due), key(k_leased), key(k_data), key(k_meta)}, {id})) == 1;
+    }
+
+    /// Gives a waiting job a new due time, `delay` from now. False for an unknown or leased id.
+    bool reschedule(std::string_view id, std::chrono::milliseconds delay) {
+        check_id(id);
+        const std::string ms = std::to_string(detail::clamp_delay(delay));
+        return integer(eval(detail::s_reschedule, {key(k_due), key(k_wake)}, {id, ms})) == 1;
+    }
+
+    /// Leases the earliest due job, waiting up to `max_wait` for one (not at all when <= 0).
+    std::optional<job> take(std::chrono::milliseconds max_wait) {
+        using clock = std::chrono::steady_clock;
+        const auto limit = clock::now() + std::max(max_wait, std::chrono::milliseconds::zero());
+        auto c = borrow();
+        bool recovered = false;
+        for (;;) {
+            auto r = eval(*c, detail::s_take,
+                          {key(k_due), key(k_leased), key(k_data), key(k_meta), key(k_wake), key(k_dead), key(k_seq)},
+                          {lease_ms_, max_attempts_, batch_});
+            if (r->type != REDIS_REPLY_ARRAY || r->elements < 2) bad_reply("take", r.get());
+            if (r->element[0]->integer == 1) return to_job(r.get());
+            const auto left = std::chrono::ceil<std::chrono::milliseconds>(limit - clock::now());
+            if (max_wait <= std::chrono::milliseconds::zero() || left <= std::chrono::milliseconds::zero())
+                return std::nullopt;
+            // +1 ms: the server rounds "now" down, so the reported distance may be short by < 1 ms.
+            const long long next = r->element[1]->integer;
+            const std::chrono::milliseconds until_due(next < 0 ? std::numeric_limits<long long>::max() : next + 1);
+            const bool precise = until_due <= std::min(left, opt_.max_block);
+            const auto wait = std::max(detail::min_block, std::min({until_due, left, opt_.max_block}));
+            try {
+                block(*c, wait, precise);
+            } catch (const error&) {
+                // The wait changes nothing on the server, so one broken wait (CLIENT KILL, a
+                // restart) is retried on a fresh connection; a second one is the caller's.
+                if (recovered) throw;
+                recovered = true;
+                c = borrow();
+            }
+        }
+    }
+
+    /// Done with the job: it is gone for good. False if the lease was lost (ended, or cancelled).
+    bool ack(const job& j) { return settle(j, "ack"); }
+
+    /// Back to the queue, due `retry_after` from now (or dead-lettered after max_attempts).
+    /// False if the lease was lost.
+    bool nack(const job& j, std::chrono::milliseconds retry_after) {
+        return settle(j, std::to_string(detail::clamp_delay(retry_after)));
+    }
+
+    /// Jobs queued: waiting plus leased.
+    std::size_t size() { return count("HLEN", k_data); }
+
+    /// Jobs moved to the dead-letter hash `dq:v1:{name}:dead` (id -> payload).
+    std::size_t dead_size() { return count("HLEN", k_dead); }
+
+private:
+    enum key_id : std::size_t { k_due, k_leased, k_data, k_meta, k_wake, k_dead, k_seq, k_count };
+    static constexpr std::array<const char*, k_count> key_names{"due", "leased", "data", "meta", "wake", "dead", "seq"};
+
+    // A borrowed connection; goes back to the pool unless it broke.
+    struct deleter {
+        delay_queue* q;
+        void operator()(detail::connection* c) const noexcept { q->give_back(c); }
+    };
+    using handle = std::unique_ptr<detail::connection, deleter>;
+
+    handle borrow() {
+        {
+            std::lock_guard lk(pool_m_);
+            if (!pool_.empty()) {
+                handle h(pool_.back().release(), deleter{this});
+                pool_.pop_back();
+                return h;
+            }
+        }
+        return handle(new detail::connection(opt_.host, opt_.port, opt_.io_timeout), deleter{this});
+    }
+
+    void give_back(detail::connection* c) noexcept {
+        std::unique_ptr<detail::connection> owned(c);
+        if (c->broken()) return;
+        try {
+            std::lock_guard lk(pool_m_);
+            pool_.push_back(std::move(owned));
+        } catch (...) {  // out of memory for the pool: closing the connection loses nothing
+        }
+    }
+
+    std::string_view key(key_id k) const noexcept { return keys_[k]; }
+
+    static void check_id(std::string_view id) {
+        if (id.empty()) throw std::invalid_argument("delayq::redis::delay_queue: a job id must not be empty");
+    }
+
+    [[noreturn]] static void bad_reply(std::string_view what, const redisReply* r) {
+        if (r->type == REDIS_REPLY_ERROR)
+            throw error("delayq::redis: " + std::string(what) + ": " + std::string(r->str, r->len));
+        throw error("delayq::redis: " + std::string(what) + ": unexpected reply type " + std::to_string(r->type));
+    }
+
+    static long long integer(const detail::reply_ptr& r) {
+        if (r->type != REDIS_REPLY_INTEGER) bad_reply("reply", r.get());
+        return r->integer;
+    }
+
+    // Runs a command; a server still loading its data set is retried until io_timeout has passed.
+    template <std::size_t N>
+    detail::reply_ptr run(detail::connection& c, const std::array<std::string_view, N>& args, std::size_t argc = N) {
+        const auto give_up = std::chrono::steady_clock::now() + opt_.io_timeout;
+        for (;;) {
+            auto r = c.command(args, argc);
+            if (!detail::starts_with(r.get(), "LOADING") || std::chrono::steady_clock::now() >= give_up) return r;
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+    }
+
+    std::size_t count(std::string_view cmd, key_id k) {
+        auto c = borrow();
+        auto r = run(*c, std::array<std::string_view, 2>{cmd, key(k)});
+        return static_cast<std::size_t>(integer(r));
+    }
+
+    // SHA1s come from SCRIPT LOAD (no SHA-1 code here), once per object; they never change, so
+    // after a NOSCRIPT (a restarted server forgot its scripts) loading again is all it takes.
+    std::string_view sha(detail::connection& c, detail::script_id s) {
+        if (sha_ready_[s].load(std::memory_order_acquire)) return sha_[s];
+        const std::string loaded = load(c, s);
+        std::lock_guard lk(sha_m_);
+        if (!sha_ready_[s].load(std::memory_order_relaxed)) {
+            sha_[s] = loaded;
+            sha_ready_[s].store(true, std::memory_order_release);
+        }
+        return sha_[s];
+    }
+
+    std::string load(detail::connection& c, detail::script_id s) {
+        auto r = run(c, std::array<std::string_view, 3>{"SCRIPT", "LOAD", detail::scripts[s]});
+        if (r->type != REDIS_REPLY_STRING) bad_reply("SCRIPT LOAD", r.get());
+        return std::string(r->str, r->len);
+    }
+
+    detail::reply_ptr eval(detail::connection& c, detail::script_id s, std::initializer_list<std::string_view> keys,
+                           std::initializer_list<std::string_view> args) {
+        constexpr std::size_t max_args = 16;
+        std::array<std::string_view, max_args> argv{};
+        std::size_t n = 0;
+        argv[n++] = "EVALSHA";
+        ++n;  // the SHA1, filled in below
+        const std::string nkeys = std::to_string(keys.size());
+        argv[n++] = nkeys;
+        for (auto k : keys) argv[n++] = k;
+        for (auto a : args) argv[n++] = a;
+        argv[1] = sha(c, s);
+        for (bool reloaded = false;; reloaded = true) {
+            auto r = run(c, argv, n);
+            if (r->type != REDIS_REPLY_ERROR) return r;
+            if (reloaded || !detail::starts_with(r.get(), "NOSCRIPT")) bad_reply("script", r.get());
+            load(c, s);
+        }
+    }
+
+    detail::reply_ptr eval(detail::script_id s, std::initializer_list<std::string_view> keys,
+                           std::initializer_list<std::string_view> args) {
+        auto c = borrow();
+        return eval(*c, s, keys, args);
+    }
+
+    bool settle(const job& j, const std::string& how) {
+        check_id(j.id);
+        const std::string token = std::to_string(j.token);
+        return integer(eval(detail::s_settle,
+                            {key(k_due), key(k_leased), key(k_data), key(k_meta), key(k_wake), key(k_dead)},
+                            {j.id, token, how, max_attempts_})) == 1;
+    }
+
+    static job to_job(const redisReply* r) {
+        if (r->elements != 7) bad_reply("take", r);
+        const auto str = [&](std::size_t i) {
+            const redisReply* e = r->element[i];
+            return e->type == REDIS_REPLY_STRING ? std::string(e->str, e->len) : std::string();
+        };
+        job j;
+        j.id = str(1);
+        j.payload = str(2);
+        j.deadline = detail::from_ms(r->element[3]->integer);
+        j.attempts = static_cast<unsigned>(r->element[4]->integer);
+        j.token = static_cast<std::uint64_t>(r->element[5]->integer);
+        j.lease_deadline = detail::from_ms(r->element[6]->integer);
+        return j;
+    }
+
+    // Waits on the wake zset for `wait`. When `precise`, a due time is what we wait for: our own
+    // timer ends the block (the server's timeout may be one cron tick late) with CLIENT UNBLOCK.
+    void block(detail::connection& c, std::chrono::milliseconds wait, bool precise) {
+        if (precise && c.client_id < 0) c.client_id = integer(run(c, std::array<std::string_view, 2>{"CLIENT", "ID"}));
+        // A precise block gets a server timeout with room to spare, so our unblock normally ends it.
+        const auto server_wait = precise ? wait + std::chrono::seconds(1) : wait;
+        char secs[32];
+        std::snprintf(secs, sizeof secs, "%lld.%03lld", static_cast<long long>(server_wait.count() / 1000),
+                      static_cast<long long>(server_wait.count() % 1000));
+        c.set_timeout(server_wait + opt_.io_timeout);
+        c.send(std::array<std::string_view, 3>{"BZPOPMIN", key(k_wake), secs});
+        detail::reply_ptr r;
+        try {
+            if (precise && !readable(c, wait)) {
+                // Our unblock may reach the server before BZPOPMIN does (then it unblocks
+                // nothing): try a few times, then fall back on the server's own timeout.
+                for (int i = 0; i < 5; ++i) {
+                    unblock(c.client_id);
+                    if (readable(c, std::chrono::milliseconds(10))) break;
+                }
+            }
+            r = c.receive("BZPOPMIN");
+        } catch (...) {
+            c.discard();  // a reply may still be on its way: the connection is out of step
+            throw;
+        }
+        c.set_timeout(opt_.io_timeout);
+        if (r->type == REDIS_REPLY_ERROR) bad_reply("BZPOPMIN", r.get());
+    }
+
+    static bool readable(detail::connection& c, std::chrono::milliseconds wait) {
+        const auto end = std::chrono::steady_clock::now() + wait;
+        for (;;) {
+            pollfd p{};
+            p.fd = c.ctx()->fd;
+            p.events = POLLIN;
+            const auto left = std::chrono::ceil<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
+            const int n = ::poll(&p, 1, static_cast<int>(std::max<long long>(0, left.count())));
+            if (n > 0) return true;
+            if (n == 0) return false;
+            if (errno != EINTR) return true;  // let the read report the socket's error
+        }
+    }
+
+    void unblock(long long id) {
+        auto c = borrow();
+        const std::string sid = std::to_string(id);
+        auto r = run(*c, std::array<std::string_view, 3>{"CLIENT", "UNBLOCK", sid});
+        if (r->type == REDIS_REPLY_ERROR) bad_reply("CLIENT UNBLOCK", r.get());
+    }
+
+    options opt_;
+    std::array<std::string, k_count> keys_;
+    std::string lease_ms_, max_attempts_, batch_;
+    std::mutex sha_m_;
+    std::array<std::string, detail::s_count> sha_;
+    std::array<std::atomic<bool>, detail::s_count> sha_ready_{};
+    std::mutex pool_m_;
+    std::vector<std::unique_ptr<detail::connection>> pool_;
+};
+
+}  // namespace delayq::redis

@@ -1,0 +1,391 @@
+// delayq::redis::delay_queue against a real redis-server: the API's semantics.
+#include <delayq/redis/delay_queue.hpp>
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "catch.hpp"
+#include "redis_server.hpp"
+
+using namespace std::chrono_literals;
+using delayq::redis::delay_queue;
+using delayq_test::eventually;
+using delayq_test::redis_server;
+
+namespace {
+
+delayq::redis::options opts(const redis_server& s, std::string name = "q") {
+    delayq::redis::options o;
+    o.port = s.port();
+    o.name = std::move(name);
+    return o;
+}
+
+}  // namespace
+
+TEST_CASE("bad options and ids are std::invalid_argument naming the problem") {
+    delayq::redis::options o;
+    auto fails_with = [](delayq::redis::options bad, const std::string& word) {
+        try {
+            delay_queue q(std::move(bad));
+        } catch (const std::invalid_argument& e) {
+            return std::string(e.what()).find(word) != std::string::npos;
+        }
+        return false;
+    };
+    CHECK(fails_with(o, "name"));
+    o.name = "a{b";
+    CHECK(fails_with(o, "hash tag"));
+    o.name = "a}";
+    CHECK(fails_with(o, "hash tag"));
+    o.name = "ok";
+    o.lease = 0ms;
+    CHECK(fails_with(o, "lease"));
+    o.lease = 1s;
+    o.io_timeout = -1ms;
+    CHECK(fails_with(o, "io_timeout"));
+    o.io_timeout = 1s;
+    o.max_block = 1ms;
+    CHECK(fails_with(o, "max_block"));
+    o.max_block = 1s;
+    delay_queue q(o);  // valid options do not connect: no server is needed yet
+    CHECK_THROWS_AS(q.put_after("", "x", 0ms), std::invalid_argument);
+}
+
+TEST_CASE("put then take then ack: a binary payload goes through intact") {
+    redis_server srv;
+    delay_queue q(opts(srv));
+    const std::string payload("a\0b\r\n\xff", 6);
+    REQUIRE(q.put_after("j1", payload, 0ms));
+    CHECK(q.size() == 1);
+    auto j = q.take(1s);
+    REQUIRE(j);
+    CHECK(j->id == "j1");
+    CHECK(j->payload == payload);
+    CHECK(j->attempts == 1);
+    CHECK(j->lease_deadline - j->deadline >= 30s);
+    CHECK(q.size() == 1);  // leased still counts
+    CHECK(q.ack(*j));
+    CHECK_FALSE(q.ack(*j));
+    CHECK(q.size() == 0);
+    CHECK_FALSE(q.take(0ms));
+}
+
+TEST_CASE("put is idempotent by id while queued: the id is free again after ack or cancel") {
+    redis_server srv;
+    delay_queue q(opts(srv));
+    CHECK(q.put_after("a", "first", 10min));
+    CHECK_FALSE(q.put_after("a", "second", 0ms));
+    CHECK(q.size() == 1);
+    CHECK(q.cancel("a"));
+    CHECK(q.put_after("a", "third", 0ms));
+    auto j = q.take(1s);
+    REQUIRE(j);
+    CHECK(j->payload == "third");
+    CHECK_FALSE(q.put_after("a", "while leased", 0ms));
+    CHECK(q.ack(*j));
+    CHECK(q.put_after("a", "again", 0ms));
+}
+
+TEST_CASE("jobs come out in deadline order and never before their deadline (server clock)") {
+    redis_server srv;
+    delay_queue q(opts(srv));
+    const std::vector<int> delays{250, 40, 180, 0, 120, 60, 220, 10, 90, 150};
+    const long long before = srv.time_ms();
+    for (std::size_t i = 0; i < delays.size(); ++i)
+        REQUIRE(q.put_after("j" + std::to_string(i), std::to_string(delays[i]), std::chrono::milliseconds(delays[i])));
+    std::vector<int> got;
+    while (got.size() < delays.size()) {
+        auto j = q.take(5s);
+        REQUIRE(j);
+        const auto taken_at = j->lease_deadline - 30s;  // the server's time at the take
+        const auto due = std::chrono::system_clock::time_point(std::chrono::milliseconds(before + std::stoi(j->payload)));
+        CHECK(taken_at >= j->deadline);
+        CHECK(j->deadline >= due);
+        got.push_back(std::stoi(j->payload));
+        CHECK(q.ack(*j));
+    }
+    CHECK(std::is_sorted(got.begin(), got.end()));
+}
+
+TEST_CASE("an absolute deadline is kept as server time rounded up to the millisecond") {
+    redis_server srv;
+    delay_queue q(opts(srv));
+    const auto now = std::chrono::system_clock::time_point(std::chrono::milliseconds(srv.time_ms()));
+    REQUIRE(q.put("later", "", now + 1h + 300us));
+    REQUIRE(q.put("past", "", now - 1h));
+    auto j = q.take(1s);
+    REQUIRE(j);
+    CHECK(j->id == "past");
+    CHECK(j->deadline == now - 1h);
+    CHECK_FALSE(q.take(0ms));
+    CHECK(srv.text({"ZSCORE", "dq:v1:{q}:due", "later"}) ==
+          std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>((now + 1h + 1ms).time_since_epoch()).count()));
+}
+
+TEST_CASE("cancel removes a waiting or a leased job: the holder's ack is then refused") {
+    redis_server srv;
+    delay_queue q(opts(srv));
+    CHECK_FALSE(q.cancel("nope"));
+    REQUIRE(q.put_after("w", "", 1h));
+    CHECK(q.cancel("w"));
+    CHECK_FALSE(q.cancel("w"));
+    REQUIRE(q.put_after("l", "", 0ms));
+    auto j = q.take(1s);
+    REQUIRE(j);
+    CHECK(q.cancel("l"));
+    CHECK_FALSE(q.ack(*j));
+    CHECK_FALSE(q.nack(*j, 0ms));
+    CHECK(q.size() == 0);
+    // Nothing is left behind in Redis.
+    CHECK(srv.command({"EXISTS", "dq:v1:{q}:due", "dq:v1:{q}:leased", "dq:v1:{q}:data", "dq:v1:{q}:meta"})->integer == 0);
+}
+
+TEST_CASE("reschedule moves a waiting job: false for unknown or leased ids") {
+    redis_server srv;
+    delay_queue q(opts(srv));
+    CHECK_FALSE(q.reschedule("nope", 0ms));
+    REQUIRE(q.put_after("a", "", 1h));
+    CHECK_FALSE(q.take(0ms));
+    CHECK(q.reschedule("a", 0ms));
+    auto j = q.take(1s);
+    REQUIRE(j);
+    CHECK(j->id == "a");
+    CHECK_FALSE(q.reschedule("a", 0ms));  // leased
+    CHECK(q.nack(*j, 0ms));
+    CHECK(q.reschedule("a", 1h));
+    CHECK_FALSE(q.take(0ms));
+}
+
+TEST_CASE("a blocked take is woken by a put from another client: and holds up no other thread") {
+    redis_server srv;
+    delay_queue consumer(opts(srv));
+    auto taken = std::async(std::launch::async, [&] { return consumer.take(20s); });
+    REQUIRE(eventually([&] { return srv.info_field("clients", "blocked_clients:") == "1"; }));
+    // The same object serves another thread while one take is blocked.
+    CHECK(consumer.size() == 0);
+    delay_queue producer(opts(srv));
+    const auto start = std::chrono::steady_clock::now();
+    REQUIRE(producer.put_after("x", "hello", 0ms));
+    REQUIRE(taken.wait_for(4s) == std::future_status::ready);  // well before the 5 s idle block ends
+    const auto j = taken.get();
+    REQUIRE(j);
+    CHECK(j->payload == "hello");
+    CHECK(std::chrono::steady_clock::now() - start < 4s);
+}
+
+TEST_CASE("a take waiting for a due time is handed the job promptly and not at the server's next tick") {
+    redis_server srv;
+    delay_queue q(opts(srv));
+    REQUIRE(q.put_after("soon", "", 300ms));
+    auto j = q.take(10s);
+    REQUIRE(j);
+    const auto taken_at = j->lease_deadline - 30s;
+    CHECK(taken_at >= j->deadline);
+    // Redis rounds blocking timeouts to its 100 ms cron tick; the precise wake must not.
+    CHECK(taken_at - j->deadline < 60ms);
+}
+
+TEST_CASE("take with max_wait <= 0 does not block: a bounded take gives up on time") {
+    redis_server srv;
+    delay_queue q(opts(srv));
+    REQUIRE(q.put_after("later", "", 1h));
+    auto start = std::chrono::steady_clock::now();
+    CHECK_FALSE(q.take(0ms));
+    CHECK_FALSE(q.take(-5ms));
+    CHECK(std::chrono::steady_clock::now() - start < 2s);
+    start = std::chrono::steady_clock::now();
+    CHECK_FALSE(q.take(300ms));
+    const auto took = std::chrono::steady_clock::now() - start;
+    CHECK(took >= 300ms);
+    CHECK(took < 3s);
+}
+
+TEST_CASE("an idle consumer does not poll: INFO commandstats") {
+    redis_server srv;
+    auto o = opts(srv);
+    o.max_block = 1s;
+    delay_queue q(o);
+    CHECK_FALSE(q.take(0ms));  // connects and loads the scripts before counting
+    srv.command({"CONFIG", "RESETSTAT"});
+    CHECK_FALSE(q.take(3500ms));
+    const auto calls = [&](const std::string& cmd) {
+        const auto v = srv.info_field("commandstats", "cmdstat_" + cmd + ":calls=");
+        return v.empty() ? 0 : std::stoi(v);
+    };
+    // One take script and one BZPOPMIN per max_block (1 s), plus the last, shorter, block.
+    CHECK(calls("evalsha") <= 5);
+    CHECK(calls("bzpopmin") <= 5);
+    CHECK(calls("evalsha") + calls("bzpopmin") >= 2);
+}
+
+TEST_CASE("an ended lease redelivers the job with attempts + 1: the stale holder is refused") {
+    redis_server srv;
+    auto o = opts(srv);
+    o.lease = 200ms;
+    delay_queue q(o);
+    REQUIRE(q.put_after("j", "p", 0ms));
+    auto first = q.take(1s);
+    REQUIRE(first);
+    CHECK(first->attempts == 1);
+    auto second = q.take(10s);  // waits for the lease to end
+    REQUIRE(second);
+    CHECK(second->id == "j");
+    CHECK(second->attempts == 2);
+    CHECK(second->deadline == first->lease_deadline);
+    CHECK(second->lease_deadline - o.lease >= first->lease_deadline);  // not before the lease ended
+    CHECK(second->token != first->token);
+    CHECK_FALSE(q.ack(*first));
+    CHECK_FALSE(q.nack(*first, 0ms));
+    CHECK(q.ack(*second));
+    CHECK(q.size() == 0);
+}
+
+TEST_CASE("an ack after the lease ended is refused even before anyone reclaims the job") {
+    redis_server srv;
+    auto o = opts(srv);
+    o.lease = 50ms;
+    delay_queue q(o);
+    REQUIRE(q.put_after("j", "", 0ms));
+    auto j = q.take(1s);
+    REQUIRE(j);
+    const auto lease_end_ms = std::chrono::duration_cast<std::chrono::milliseconds>(j->lease_deadline.time_since_epoch()).count();
+    REQUIRE(eventually([&] { return srv.time_ms() > lease_end_ms; }));
+    CHECK_FALSE(q.ack(*j));
+    CHECK(q.size() == 1);  // still queued: it will be delivered again
+}
+
+TEST_CASE("nack puts the job back after retry_after and counts the attempt") {
+    redis_server srv;
+    delay_queue q(opts(srv));
+    REQUIRE(q.put_after("j", "p", 0ms));
+    auto a = q.take(1s);
+    REQUIRE(a);
+    REQUIRE(q.nack(*a, 150ms));
+    CHECK_FALSE(q.ack(*a));
+    auto b = q.take(5s);
+    REQUIRE(b);
+    CHECK(b->attempts == 2);
+    CHECK(b->deadline - (a->lease_deadline - 30s) >= 150ms);
+    CHECK(q.ack(*b));
+}
+
+TEST_CASE("max_attempts moves a job to the dead-letter hash") {
+    redis_server srv;
+    auto o = opts(srv);
+    o.max_attempts = 2;
+    o.lease = 100ms;
+    delay_queue q(o);
+    REQUIRE(q.put_after("j", "payload", 0ms));
+    auto a = q.take(1s);
+    REQUIRE(a);
+    REQUIRE(q.nack(*a, 0ms));
+    auto b = q.take(1s);
+    REQUIRE(b);
+    CHECK(b->attempts == 2);
+    // The lease of the last allowed attempt ends: dead, not redelivered.
+    CHECK_FALSE(q.take(600ms));
+    CHECK(q.size() == 0);
+    CHECK(q.dead_size() == 1);
+    CHECK(srv.text({"HGET", "dq:v1:{q}:dead", "j"}) == "payload");
+    // A nack of the last attempt dead-letters at once.
+    REQUIRE(q.put_after("k", "", 0ms));
+    auto c = q.take(1s);
+    REQUIRE(q.nack(*c, 0ms));
+    auto d = q.take(1s);
+    REQUIRE(d);
+    CHECK(q.nack(*d, 0ms));
+    CHECK(q.dead_size() == 2);
+    CHECK(q.size() == 0);
+}
+
+TEST_CASE("scripts are reloaded after the server forgets them (NOSCRIPT)") {
+    redis_server srv;
+    delay_queue q(opts(srv));
+    REQUIRE(q.put_after("a", "", 0ms));
+    srv.command({"SCRIPT", "FLUSH"});
+    REQUIRE(q.put_after("b", "", 0ms));
+    srv.command({"SCRIPT", "FLUSH"});
+    auto j = q.take(1s);
+    REQUIRE(j);
+    srv.command({"SCRIPT", "FLUSH"});
+    CHECK(q.ack(*j));
+    CHECK(q.size() == 1);
+}
+
+TEST_CASE("duplicate puts racing from many threads make one job") {
+    redis_server srv;
+    delay_queue q(opts(srv));
+    for (int round = 0; round < 20; ++round) {
+        const std::string id = "dup" + std::to_string(round);
+        std::atomic<int> wins{0};
+        std::vector<std::thread> ts;
+        for (int t = 0; t < 6; ++t)
+            ts.emplace_back([&] {
+                if (q.put_after(id, "x", 1h)) ++wins;
+            });
+        for (auto& t : ts) t.join();
+        CHECK(wins == 1);
+    }
+    CHECK(q.size() == 20);
+}
+
+TEST_CASE("server errors are delayq::redis::error with the server's message: the object recovers") {
+    redis_server srv;
+    delay_queue q(opts(srv));
+    REQUIRE(q.put_after("a", "", 0ms));
+    srv.command({"CONFIG", "SET", "maxmemory", "1"});
+    try {
+        q.put_after("b", std::string(1000, 'x'), 0ms);
+        FAIL("no error for a put beyond maxmemory");
+    } catch (const delayq::redis::error& e) {
+        CHECK(std::string(e.what()).find("OOM") != std::string::npos);
+    }
+    srv.command({"CONFIG", "SET", "maxmemory", "0"});
+    CHECK(q.put_after("b", "", 0ms));
+    CHECK(q.size() == 2);
+}
+
+TEST_CASE("an unreachable server is delayq::redis::error: and a silent one times out at io_timeout") {
+    const int port = delayq_test::free_port();
+    delayq::redis::options o;
+    o.name = "q";
+    o.port = port;
+    o.io_timeout = 300ms;
+    delay_queue refused(o);
+    CHECK_THROWS_AS(refused.put_after("a", "", 0ms), delayq::redis::error);
+    CHECK_THROWS_AS(refused.take(1s), delayq::redis::error);
+
+    // A socket that accepts connections (the kernel completes them) but never answers.
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(fd >= 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(::listen(fd, 16) == 0);
+    REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+    o.port = ntohs(a.sin_port);
+    delay_queue silent(o);
+    const auto start = std::chrono::steady_clock::now();
+    try {
+        silent.put_after("a", "", 0ms);
+        FAIL("no error from a server that never answers");
+    } catch (const delayq::redis::error& e) {
+        CHECK(std::string(e.what()).find("delayq::redis") != std::string::npos);
+    }
+    const auto took = std::chrono::steady_clock::now() - start;
+    CHECK(took >= 250ms);
+    CHECK(took < 3s);
+    ::close(fd);
+}
