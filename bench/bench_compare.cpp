@@ -1,0 +1,414 @@
+// Heap against wheels: every structure of delayq and the two baselines a C++ user would pick
+// instead (a std::priority_queue under a std::mutex; Boost.Asio steady timers, when Boost is found),
+// under the same workloads, named "workload/structure/N" for bench/compare.
+//
+// Method (see README "Performance"):
+// - Everything runs on manual_clock, so "due" is set by the benchmark, nothing sleeps, and reading
+//   the clock is an atomic load for every structure alike; the one workload about the clock read
+//   (schedule_vs_schedule_at) uses steady_clock.
+// - Insert workloads keep the structure at N: a batch of B inserts is timed, then (untimed) the same
+//   batch is taken out again — cancelled for timers, the B earliest popped for heaps.
+// - Cancel: the structure holds N; B random handles are cancelled (timed), then re-inserted.
+//   A heap has no handles: delay_queue cancels a batch with one remove_if (O(N) per batch); the
+//   locked heap marks tombstones in a hash set, as its users do.
+// - Expire: N tasks with deadlines in [10 s, 70 s] are scheduled (untimed); the clock is moved past
+//   them all and the structure is driven until all have fired (timed); per fired timer.
+// - bytes_per_timer: glibc's in-use heap bytes (mallinfo2) after filling N, minus before, over N,
+//   with handles dropped where the structure allows it (the user's handle is not counted).
+// - Wall-clock time (UseRealTime): the hashed wheel's expiry runs on its worker thread.
+#include <benchmark/benchmark.h>
+
+#include <delayq/delayq.hpp>
+
+#include <malloc.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <queue>
+#include <random>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#if __has_include(<boost/asio.hpp>) && !defined(DELAYQ_BENCH_NO_ASIO)
+// Asio's timerfd would arm itself with real time; without it Asio checks its timer queue, with our
+// clock, on every poll.
+#define BOOST_ASIO_DISABLE_TIMERFD
+#include <boost/asio/basic_waitable_timer.hpp>
+#include <boost/asio/io_context.hpp>
+#define DELAYQ_BENCH_ASIO 1
+#endif
+
+namespace {
+
+using mclock = delayq::manual_clock;
+using mtp = mclock::time_point;
+using namespace std::chrono_literals;
+
+constexpr std::size_t batch = 1024;
+
+std::atomic<std::uint64_t> fired{0};
+struct tick_task {  // the callable every timer runs: a small capture, as the goals assume
+    std::atomic<std::uint64_t>* counter;
+    void operator()() const noexcept { counter->fetch_add(1, std::memory_order_relaxed); }
+};
+
+std::size_t heap_in_use() { return mallinfo2().uordblks; }
+
+// ---- the structures, behind one small interface ----------------------------------------------
+// insert(slot, at): schedule something due at `at`; slot names it for cancel(slot).
+// cancel(slot); take_back(first, count): remove what insert(first..first+count) put (untimed
+// refill); expire_all(now, expected): drive until `expected` have fired.
+
+struct item {
+    std::uint64_t slot;
+    mtp at;
+    mtp deadline() const noexcept { return at; }
+};
+
+class locked_heap {
+    struct entry {
+        mtp at;
+        std::uint64_t seq;
+        item value;
+        bool operator<(const entry& o) const noexcept { return at > o.at || (at == o.at && seq > o.seq); }
+    };
+
+public:
+    static constexpr const char* name = "locked_priority_queue";
+    explicit locked_heap(std::size_t) {}
+    void insert(std::size_t slot, mtp at) {
+        std::lock_guard lk(m_);
+        q_.push(entry{at, seq_++, item{slot, at}});
+    }
+    void cancel(std::size_t slot) {
+        std::lock_guard lk(m_);
+        dead_.insert(slot);
+    }
+    void take_back(std::size_t, std::size_t count) {
+        std::lock_guard lk(m_);
+        for (std::size_t i = 0; i < count && !q_.empty(); ++i) q_.pop();
+    }
+    void restore(std::size_t slot, mtp at) {
+        std::lock_guard lk(m_);
+        dead_.erase(slot);
+        (void)at;
+    }
+    std::size_t expire_all(mtp now, std::size_t) {
+        std::size_t n = 0;
+        for (;;) {
+            std::lock_guard lk(m_);
+            if (q_.empty() || q_.top().at > now) return n;
+            if (!dead_.erase(q_.top().value.slot)) {
+                tick_task{&fired}();
+                ++n;
+            }
+            q_.pop();
+        }
+    }
+
+private:
+    std::mutex m_;
+    std::priority_queue<entry> q_;
+    std::unordered_set<std::size_t> dead_;
+    std::uint64_t seq_ = 0;
+};
+
+class delay_queue_adapter {
+public:
+    static constexpr const char* name = "delay_queue";
+    explicit delay_queue_adapter(std::size_t) {}
+    void insert(std::size_t slot, mtp at) { q_.put(item{slot, at}); }
+    void cancel_batch(const std::vector<std::size_t>& slots) {
+        std::unordered_set<std::size_t> s(slots.begin(), slots.end());
+        q_.remove_if([&](const item& v) { return s.count(v.slot) != 0; });
+    }
+    void take_back(std::size_t, std::size_t count) {
+        const mtp now = mclock::now();
+        mclock::set(mtp::max());
+        for (std::size_t i = 0; i < count; ++i) q_.poll();
+        mclock::set(now);
+    }
+    void restore(std::size_t slot, mtp at) { insert(slot, at); }
+    std::size_t expire_all(mtp now, std::size_t) {
+        mclock::set(now);
+        std::size_t n = 0;
+        while (auto v = q_.poll()) {
+            tick_task{&fired}();
+            ++n;
+        }
+        return n;
+    }
+
+private:
+    delayq::delay_queue<item, mclock> q_;
+};
+
+// Both wheels: schedule_at + handles; they differ in how expiry is driven.
+template <class Timer>
+class wheel_adapter {
+public:
+    explicit wheel_adapter(std::size_t capacity) : timer_(make_options()) { handles_.resize(capacity); }
+    ~wheel_adapter() { timer_.stop(); }
+
+    void insert(std::size_t slot, mtp at) { handles_[slot] = timer_.schedule_at(tick_task{&fired}, at); }
+    void insert_dropping_handle(mtp at) { timer_.schedule_at(tick_task{&fired}, at); }
+    void cancel(std::size_t slot) { handles_[slot].cancel(); }
+    void take_back(std::size_t first, std::size_t count) {
+        for (std::size_t i = 0; i < count; ++i) handles_[first + i].cancel();
+    }
+    void restore(std::size_t slot, mtp at) { insert(slot, at); }
+    std::size_t expire_all(mtp now, std::size_t expected) {
+        const auto before = fired.load();
+        if constexpr (requires { timer_.advance_clock(0ms); }) {
+            mclock::set(now);
+            while (fired.load(std::memory_order_relaxed) - before < expected && timer_.advance_clock(0ms)) {
+            }
+        } else {
+            mclock::set(now);  // the worker wakes and runs them
+            while (fired.load(std::memory_order_relaxed) - before < expected) std::this_thread::yield();
+        }
+        return static_cast<std::size_t>(fired.load() - before);
+    }
+
+protected:
+    static typename Timer::options make_options() {
+        typename Timer::options o;
+        o.tick = 1ms;
+        if constexpr (requires { o.ticks_per_wheel; }) {
+            o.ticks_per_wheel = 65536;  // spans 65 s: the deadlines here need at most one round
+        } else {
+            o.own_thread = false;  // driven by advance_clock(), on the benchmark's thread
+        }
+        return o;
+    }
+
+    Timer timer_;
+    std::vector<delayq::timeout<mclock>> handles_;
+};
+
+struct hashed_adapter : wheel_adapter<delayq::hashed_wheel_timer<mclock>> {
+    static constexpr const char* name = "hashed_wheel_timer";
+    using wheel_adapter::wheel_adapter;
+};
+struct hierarchical_adapter : wheel_adapter<delayq::hierarchical_timing_wheel<mclock>> {
+    static constexpr const char* name = "hierarchical_timing_wheel";
+    using wheel_adapter::wheel_adapter;
+};
+
+#ifdef DELAYQ_BENCH_ASIO
+class asio_adapter {
+    using timer = boost::asio::basic_waitable_timer<mclock>;
+
+public:
+    static constexpr const char* name = "asio_steady_timer";
+    explicit asio_adapter(std::size_t capacity) { timers_.resize(capacity); }
+    void insert(std::size_t slot, mtp at) {
+        timers_[slot] = std::make_unique<timer>(io_, at);
+        timers_[slot]->async_wait([](const boost::system::error_code& ec) {
+            if (!ec) tick_task{&fired}();
+        });
+    }
+    void cancel(std::size_t slot) { timers_[slot]->cancel(); }
+    void after_cancels() { io_.poll(); }  // runs the aborted handlers: part of the cancel cost
+    void take_back(std::size_t first, std::size_t count) {
+        for (std::size_t i = 0; i < count; ++i) timers_[first + i]->cancel();
+        io_.poll();
+        io_.restart();
+    }
+    void restore(std::size_t slot, mtp at) { insert(slot, at); }
+    std::size_t expire_all(mtp now, std::size_t expected) {
+        mclock::set(now);
+        const auto before = fired.load();
+        // A poll may run nothing while Asio's reactor catches up; give up only after many idle ones.
+        for (int idle = 0; fired.load() - before < expected && idle < 1000;) idle = io_.poll() ? 0 : idle + 1;
+        io_.restart();
+        return static_cast<std::size_t>(fired.load() - before);
+    }
+
+private:
+    boost::asio::io_context io_;
+    std::vector<std::unique_ptr<timer>> timers_;
+};
+#endif
+
+// ---- workloads ---------------------------------------------------------------------------------
+
+const mtp base{1h};
+
+std::vector<mtp> random_deadlines(std::size_t n, unsigned seed) {
+    std::mt19937_64 rng(seed);
+    std::uniform_int_distribution<std::int64_t> us(10'000'000, 70'000'000);  // [10 s, 70 s]
+    std::vector<mtp> v(n);
+    for (auto& t : v) t = base + std::chrono::microseconds(us(rng));
+    return v;
+}
+
+std::vector<mtp> monotonic_deadlines(std::size_t n) {
+    std::vector<mtp> v(n);
+    for (std::size_t i = 0; i < n; ++i) v[i] = base + 10s + std::chrono::microseconds(i);
+    return v;
+}
+
+template <class S>
+void insert_workload(benchmark::State& state, bool monotonic) {
+    const auto n = static_cast<std::size_t>(state.range(0));
+    mclock::set(base);
+    auto at = monotonic ? monotonic_deadlines(n + batch) : random_deadlines(n + batch, 1);
+    S s(n + batch);
+    const auto before = heap_in_use();
+    for (std::size_t i = 0; i < n; ++i) s.insert(i, at[i]);
+    state.counters["bytes_per_timer"] = static_cast<double>(heap_in_use() - before) / static_cast<double>(n);
+    std::size_t round = 0;
+    for (auto _ : state) {
+        // A fresh set of deadlines each round, drawn from the same range, without a clock read.
+        const std::size_t shift = (round++ * 7919) % n;
+        for (std::size_t i = 0; i < batch; ++i) s.insert(n + i, at[(shift + i) % n]);
+        state.PauseTiming();
+        s.take_back(n, batch);
+        state.ResumeTiming();
+    }
+    state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * batch));
+}
+
+template <class S>
+void cancel_workload(benchmark::State& state) {
+    const auto n = static_cast<std::size_t>(state.range(0));
+    mclock::set(base);
+    auto at = random_deadlines(n, 2);
+    S s(n);
+    for (std::size_t i = 0; i < n; ++i) s.insert(i, at[i]);
+    std::mt19937_64 rng(3);
+    std::vector<std::size_t> victims(batch);
+    for (auto _ : state) {
+        state.PauseTiming();
+        std::unordered_set<std::size_t> pick;
+        while (pick.size() < std::min(batch, n)) pick.insert(rng() % n);
+        victims.assign(pick.begin(), pick.end());
+        state.ResumeTiming();
+        if constexpr (requires { s.cancel_batch(victims); }) {
+            s.cancel_batch(victims);
+        } else {
+            for (auto v : victims) s.cancel(v);
+            if constexpr (requires { s.after_cancels(); }) s.after_cancels();
+        }
+        state.PauseTiming();
+        for (auto v : victims) s.restore(v, at[v]);
+        state.ResumeTiming();
+    }
+    state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * std::min(batch, n)));
+}
+
+template <class S>
+void expire_workload(benchmark::State& state) {
+    const auto n = static_cast<std::size_t>(state.range(0));
+    auto at = random_deadlines(n, 4);
+    std::size_t total = 0;
+    for (auto _ : state) {
+        state.PauseTiming();
+        mclock::set(base);
+        auto s = std::make_unique<S>(n);
+        for (std::size_t i = 0; i < n; ++i) s->insert(i, at[i]);
+        state.ResumeTiming();
+        total += s->expire_all(base + 71s, n);
+        state.PauseTiming();
+        s.reset();
+        state.ResumeTiming();
+    }
+    if (total != n * state.iterations()) state.SkipWithError("not every timer fired");
+    state.SetItemsProcessed(static_cast<std::int64_t>(total));
+}
+
+// The clock read's share: schedule(delay) reads steady_clock::now(); schedule_at does not.
+template <class Timer>
+void schedule_delay_or_deadline(benchmark::State& state, bool with_delay) {
+    const auto n = static_cast<std::size_t>(state.range(0));
+    typename Timer::options o;
+    o.tick = 1ms;
+    if constexpr (requires { o.ticks_per_wheel; }) o.ticks_per_wheel = 65536;
+    else o.own_thread = false;
+    Timer t(o);
+    std::vector<delayq::timeout<std::chrono::steady_clock>> h(n + batch);
+    const auto now = std::chrono::steady_clock::now();
+    for (std::size_t i = 0; i < n; ++i) h[i] = t.schedule_at(tick_task{&fired}, now + 30s + std::chrono::microseconds(i % 30'000'000));
+    for (auto _ : state) {
+        for (std::size_t i = 0; i < batch; ++i) {
+            if (with_delay) h[n + i] = t.schedule(tick_task{&fired}, 40s);
+            else h[n + i] = t.schedule_at(tick_task{&fired}, now + 40s);
+        }
+        state.PauseTiming();
+        for (std::size_t i = 0; i < batch; ++i) h[n + i].cancel();
+        state.ResumeTiming();
+    }
+    t.stop();
+    state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * batch));
+}
+
+// Two threads inserting into one structure that starts with N pending.
+template <class S>
+void two_threads_workload(benchmark::State& state) {
+    static std::unique_ptr<S> shared;
+    static std::vector<mtp> at;
+    const auto n = static_cast<std::size_t>(state.range(0));
+    constexpr std::size_t per_thread = 200'000;
+    if (state.thread_index() == 0) {
+        mclock::set(base);
+        at = random_deadlines(n + 2 * per_thread, 5);
+        shared = std::make_unique<S>(n + 2 * per_thread);
+        for (std::size_t i = 0; i < n; ++i) shared->insert(i, at[i]);
+    }
+    std::size_t slot = n + static_cast<std::size_t>(state.thread_index()) * per_thread;
+    for (auto _ : state) {
+        shared->insert(slot, at[slot]);
+        ++slot;
+    }
+    state.SetItemsProcessed(state.iterations());
+    if (state.thread_index() == 0) {
+        // Every thread has left the loop (the benchmark library waits for all at its end).
+    }
+}
+
+void sizes(benchmark::internal::Benchmark* b) {
+    for (long n : {1'000L, 10'000L, 100'000L, 1'000'000L, 10'000'000L}) b->Arg(n);
+    b->Unit(benchmark::kNanosecond)->UseRealTime();  // a wheel's worker thread works too
+}
+
+template <class S>
+void register_all() {
+    const std::string s = S::name;
+    benchmark::RegisterBenchmark(("insert_random/" + s).c_str(), [](benchmark::State& st) { insert_workload<S>(st, false); })->Apply(sizes);
+    benchmark::RegisterBenchmark(("insert_monotonic/" + s).c_str(), [](benchmark::State& st) { insert_workload<S>(st, true); })->Apply(sizes);
+    benchmark::RegisterBenchmark(("cancel/" + s).c_str(), cancel_workload<S>)->Apply(sizes);
+    benchmark::RegisterBenchmark(("expire/" + s).c_str(), expire_workload<S>)->Apply(sizes)->Iterations(1);
+    benchmark::RegisterBenchmark(("two_threads_insert/" + s).c_str(), two_threads_workload<S>)
+        ->Arg(1'000)->Arg(1'000'000)->Threads(2)->Iterations(200'000)->UseRealTime();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    register_all<locked_heap>();
+    register_all<delay_queue_adapter>();
+    register_all<hashed_adapter>();
+    register_all<hierarchical_adapter>();
+#ifdef DELAYQ_BENCH_ASIO
+    register_all<asio_adapter>();
+#endif
+    for (bool delay : {false, true}) {
+        const std::string w = delay ? "schedule_delay/" : "schedule_at/";
+        benchmark::RegisterBenchmark((w + "hashed_wheel_timer").c_str(), [delay](benchmark::State& st) {
+            schedule_delay_or_deadline<delayq::hashed_wheel_timer<>>(st, delay);
+        })->Arg(1'000)->Arg(1'000'000)->UseRealTime();
+        benchmark::RegisterBenchmark((w + "hierarchical_timing_wheel").c_str(), [delay](benchmark::State& st) {
+            schedule_delay_or_deadline<delayq::hierarchical_timing_wheel<>>(st, delay);
+        })->Arg(1'000)->Arg(1'000'000)->UseRealTime();
+    }
+    benchmark::Initialize(&argc, argv);
+    if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+    benchmark::RunSpecifiedBenchmarks();
+    benchmark::Shutdown();
+    return 0;
+}

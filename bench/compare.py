@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""Runs bench_compare (and the lateness program when built), then writes a markdown table of
+ns/op per structure x workload x N with ratios to the locked heap, and a log-log PNG plot.
+
+usage: bench/compare.py [--quick] [--build DIR] [--out DIR] [--repetitions K]
+"""
+import argparse, json, os, subprocess, sys, collections, shutil
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--quick", action="store_true", help="about one minute: N <= 100k, short runs")
+ap.add_argument("--build", default="build/release")
+ap.add_argument("--out", default="bench/results")
+ap.add_argument("--repetitions", type=int, default=None)
+ap.add_argument("--filter", default=None, help="a Google Benchmark filter regex")
+args = ap.parse_args()
+
+root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+os.chdir(root)
+binary = os.path.join(args.build, "bench", "bench_compare")
+if not os.path.exists(binary):
+    sys.exit(f"{binary} is missing: build the release preset first (scripts/demo does)")
+os.makedirs(args.out, exist_ok=True)
+raw = os.path.join(args.out, "compare-quick.json" if args.quick else "compare.json")
+
+if args.quick:
+    flt = args.filter or r"/(1000|10000|100000)(/|$)"
+    reps, min_time = args.repetitions or 1, "0.05"
+else:
+    flt = args.filter or "."
+    reps, min_time = args.repetitions or 3, "0.2"
+cmd = [binary, f"--benchmark_filter={flt}", f"--benchmark_min_time={min_time}",
+       f"--benchmark_repetitions={reps}", "--benchmark_report_aggregates_only=true",
+       "--benchmark_out_format=json", f"--benchmark_out={raw}"]
+print("running:", " ".join(cmd), flush=True)
+subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+
+data = json.load(open(raw))
+# name: workload/structure/N[/iterations:..][/threads:..][/real_time]_median
+rows = collections.defaultdict(dict)   # (workload, N) -> structure -> ns/op
+for b in data["benchmarks"]:
+    if b.get("run_type") == "aggregate" and b.get("aggregate_name") != "median":
+        continue
+    if b.get("error_occurred"):
+        continue
+    parts = b["run_name"].split("/")
+    workload, structure, n = parts[0], parts[1], int(parts[2])
+    ips = b.get("items_per_second")
+    if not ips:
+        continue
+    ns = 1e9 / ips
+    if "threads:" in b["run_name"]:
+        ns *= int(b.get("threads", 2))  # per insert, summed over both threads' wall time
+    rows[(workload, n)][structure] = (ns, b.get("bytes_per_timer"))
+
+order = ["locked_priority_queue", "delay_queue", "hashed_wheel_timer",
+         "hierarchical_timing_wheel", "asio_steady_timer"]
+structures = [s for s in order if any(s in r for r in rows.values())]
+workloads = []
+for w, _ in sorted(rows, key=lambda k: (k[0], k[1])):
+    if w not in workloads:
+        workloads.append(w)
+
+def fmt(x):
+    return f"{x:.0f}" if x >= 100 else f"{x:.1f}"
+
+lines = ["| workload | N | " + " | ".join(structures) + " |",
+         "|---|---:|" + "---:|" * len(structures)]
+for w in workloads:
+    for n in sorted(n for (ww, n) in rows if ww == w):
+        r = rows[(w, n)]
+        base = r.get("locked_priority_queue", (None,))[0]
+        cells = []
+        for s in structures:
+            if s not in r:
+                cells.append("–")
+                continue
+            ns = r[s][0]
+            cell = fmt(ns)
+            if base and s != "locked_priority_queue":
+                cell += f" ({ns / base:.2f}×)"
+            cells.append(cell)
+        lines.append(f"| {w} | {n:,} | " + " | ".join(cells) + " |")
+mem = [(n, {s: v[1] for s, v in rows[("insert_random", n)].items() if v[1]})
+       for (w, n) in sorted(rows) if w == "insert_random"]
+table = "\n".join(lines)
+table += "\n\nns per operation (median of %d); in brackets: ratio to the locked heap (< 1 is faster).\n" % reps
+if mem:
+    table += "\n| bytes per pending timer | " + " | ".join(structures) + " |\n|---:|" + "---:|" * len(structures) + "\n"
+    for n, m in mem:
+        table += f"| N = {n:,} | " + " | ".join(f"{m[s]:.0f}" if s in m else "–" for s in structures) + " |\n"
+md = os.path.join(args.out, "compare-quick.md" if args.quick else "compare.md")
+open(md, "w").write(table)
+print(table)
+
+png = os.path.join(args.out, "compare-quick.png" if args.quick else "compare.png")
+if shutil.which("gnuplot"):
+    panels = [w for w in ("insert_random", "insert_monotonic", "cancel", "expire") if w in workloads]
+    dat = os.path.join(args.out, ".plot.dat")
+    with open(dat, "w") as f:
+        for w in panels:
+            for s in structures:
+                f.write(f"# {w} {s}\n")
+                for n in sorted(n for (ww, n) in rows if ww == w):
+                    if s in rows[(w, n)]:
+                        f.write(f"{n} {rows[(w, n)][s][0]}\n")
+                f.write("\n\n")
+    script = [f"set terminal pngcairo size 1400,1000 font ',11'" if False else "set terminal png size 1400,1000",
+              f"set output '{png}'", "set logscale xy", "set grid", "set key top left",
+              "set xlabel 'N pending'", "set ylabel 'ns per operation'",
+              f"set multiplot layout 2,2 title 'delayq: heap vs wheels (lower is better)'"]
+    idx = 0
+    for w in panels:
+        plots = []
+        for s in structures:
+            plots.append(f"'{dat}' index {idx} using 1:2 with linespoints lw 2 title '{s}'")
+            idx += 1
+        script.append(f"set title '{w}'")
+        script.append("plot " + ", ".join(plots))
+    script.append("unset multiplot")
+    subprocess.run(["gnuplot"], input="\n".join(script), text=True, check=True)
+    os.remove(dat)
+    print(f"\ntable: {md}\nplot:  {png}\nraw:   {raw}")
+else:
+    print(f"\ntable: {md}\n(no gnuplot: no plot)\nraw:   {raw}")
