@@ -1,0 +1,58 @@
+// Model-based fuzzing of hashed_wheel<manual_clock>, the thread-free core of hashed_wheel_timer.
+// The driver and the model are in wheel_model.hpp. hashed_wheel promises deadline order (first in,
+// first out among equal deadlines) within one advance(), and hands a due batch out as a whole: a
+// task of the batch cancelled from an earlier task of that batch still runs (cancel() is false).
+#include <delayq/hashed_wheel_timer.hpp>
+
+#include "wheel_model.hpp"
+
+namespace {
+
+using namespace delayq_fuzz;
+
+struct hashed {
+    using wheel = delayq::hashed_wheel<mclock>;
+    static constexpr bool ordered = true;
+    static constexpr bool exact_cancel = false;
+    static constexpr bool keeps_task_at_max_pending = true;
+
+    template <class OnError>
+    static std::unique_ptr<wheel> make(FuzzedDataProvider& in, rep tick, std::size_t max_pending, OnError on_error) {
+        wheel::options o;
+        o.tick = duration{tick};
+        o.ticks_per_wheel = in.ConsumeBool() ? in.ConsumeIntegralInRange<std::size_t>(1, 16)
+                                             : in.ConsumeIntegralInRange<std::size_t>(1, 4096);
+        o.max_pending = max_pending;
+        o.on_error = on_error;
+        return std::make_unique<wheel>(std::move(o));
+    }
+
+    static void advance(wheel& wh, world& w) {
+        const std::size_t n = wh.advance(w.adv_now);
+        FZ_CHECK(n == w.log.size());
+    }
+
+    static time_point usable_start(time_point t, rep) { return t; }
+
+    static std::size_t pending(const wheel& wh) { return wh.pending(); }
+
+    // next_expiry(): nullopt when nothing is pending, else never later than the earliest pending
+    // deadline's tick boundary (< deadline + tick), or now when that is already behind.
+    static void check_idle(const wheel& wh, const world& w, rep tick) {
+        const auto ne = wh.next_expiry();
+        FZ_CHECK(ne.has_value() == (w.pending() != 0));
+        if (!ne) return;
+        time_point earliest = time_point::max();
+        for (const auto& t : w.tasks)
+            if (t.state == st::pending) earliest = std::min(earliest, t.deadline);
+        FZ_CHECK(*ne <= std::max(mclock::now(), sat_add(earliest, tick - 1)));
+    }
+};
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+    FuzzedDataProvider in(data, size);
+    run_wheel<hashed>(in);
+    return 0;
+}

@@ -1,0 +1,320 @@
+// The model-based fuzz driver shared by the two wheels (hashed_wheel, the thread-free core of
+// hashed_wheel_timer, and hierarchical_timing_wheel with own_thread = false).
+//
+// The model is a table of every task ever scheduled: its deadline, its state (pending, ran,
+// cancelled) and the advance in which it was scheduled. After every operation:
+// - pending()/size() equals the number of model tasks still pending;
+// - every held handle's pending()/expired()/cancelled() equals the model's state;
+// - after an advance: every task that ran had deadline <= the time advanced to (never early);
+//   every task scheduled before that advance whose deadline is at least one tick behind it has run
+//   (at most one tick late; deadlines within a tick of time_point::max() are "never");
+//   where the wheel promises it, the tasks of one advance ran in (deadline, schedule order);
+// - cancel() returns true exactly for a pending task, and that task never runs;
+// - stop() returns the still-pending tasks, earliest deadline first, and then every schedule
+//   throws rejected_error, leaving the task untouched; so does a schedule at max_pending;
+// - a task that throws reaches on_error, and the wheel carries on.
+// Tasks are move-only and own a heap block, so ASan reports any task that is leaked or freed twice.
+#pragma once
+
+#include <delayq/timeout.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <stdexcept>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "fuzz_common.hpp"
+
+namespace delayq_fuzz {
+
+enum class st : std::uint8_t { pending, ran, cancelled };
+
+struct task_rec {
+    time_point deadline;
+    st state = st::pending;
+    std::uint64_t born = 0;      // tasks born in advance k are checked for lateness after advance k+1
+    bool throws = false;
+    bool maybe_in_batch = false; // a cancel from a task returned false: it must run in this batch
+};
+
+struct world {
+    std::vector<task_rec> tasks;
+    std::vector<delayq::timeout<mclock>> handles;  // by task id; an empty handle once dropped
+    std::vector<std::uint64_t> log;               // ids run in the current advance
+    std::uint64_t advances = 0;
+    bool in_advance = false;
+    time_point adv_now{};
+    std::size_t errors_seen = 0;
+    std::size_t errors_expected = 0;
+
+    std::size_t pending() const {
+        return static_cast<std::size_t>(
+            std::count_if(tasks.begin(), tasks.end(), [](const task_rec& t) { return t.state == st::pending; }));
+    }
+};
+
+// What a task does when it runs. Move-only; owns a heap block. Runs inside the wheel's advance and
+// may call back into it (cancel another task, schedule a child) through the world's hooks.
+struct fuzz_task {
+    world* w;
+    std::uint64_t id;
+    std::unique_ptr<int> block;
+    std::int64_t cancel_target = -1;  // cancel this task's handle when run
+    bool spawn = false;               // schedule a child when run
+    rep child_delay = 0;
+
+    void operator()();
+};
+
+struct hooks {
+    std::function<void(std::uint64_t parent, std::int64_t target)> cancel;
+    std::function<void(rep delay)> spawn;
+};
+
+inline hooks& the_hooks() {
+    static hooks h;
+    return h;
+}
+
+inline void fuzz_task::operator()() {
+    FZ_CHECK(block && *block == static_cast<int>(id & 0x7fffffff));
+    FZ_CHECK(w->in_advance);  // tasks run only inside advance, never inside schedule
+    FZ_CHECK(w->tasks[id].state == st::pending);    // runs once, never after a cancel
+    FZ_CHECK(w->tasks[id].deadline <= w->adv_now);  // never early
+    w->tasks[id].state = st::ran;
+    w->log.push_back(id);
+    const bool throws = w->tasks[id].throws;
+    if (cancel_target >= 0) the_hooks().cancel(id, cancel_target);
+    if (spawn) the_hooks().spawn(child_delay);
+    if (throws) {
+        ++w->errors_expected;
+        throw std::runtime_error("fuzz task throws");
+    }
+}
+
+// Late: deadline + tick <= now, with deadline + tick not overflowing (else "never").
+inline bool must_have_run(time_point deadline, rep tick, time_point now) {
+    rep sum;
+    if (__builtin_add_overflow(deadline.time_since_epoch().count(), tick, &sum)) return false;
+    return sum <= now.time_since_epoch().count();
+}
+
+
+// The driver. A adapts one wheel:
+//   using wheel; static constexpr bool ordered (deadline order within an advance is promised);
+//   static constexpr bool exact_cancel (a task stays cancellable until it starts);
+//   static constexpr bool keeps_task_at_max_pending (a schedule refused for max_pending leaves the
+//   task untouched, as a refusal after stop() does);
+//   static std::unique_ptr<wheel> make(FuzzedDataProvider&, rep tick, std::size_t max_pending, on_error);
+//   static void advance(wheel&, world&) (runs what is due at mclock::now());
+//   static std::size_t pending(const wheel&);
+//   static void check_idle(const wheel&, const world&, rep tick) (e.g. next_expiry());
+//   static time_point usable_start(time_point, rep tick) (steers around a known, reported bug).
+template <class A>
+void run_wheel(FuzzedDataProvider& in) {
+    using wheel = typename A::wheel;
+    const time_point start = pick_start(in);
+    const rep tick = in.ConsumeIntegralInRange<rep>(1, 1000);
+    mclock::set(A::usable_start(start, tick));
+    const std::size_t max_pending = in.ConsumeBool() ? 0 : in.ConsumeIntegralInRange<std::size_t>(1, 16);
+    world w;
+    auto on_error = [&w](std::exception_ptr e) {
+        try {
+            std::rethrow_exception(e);
+        } catch (const std::runtime_error&) {
+            ++w.errors_seen;
+        }
+    };
+    std::unique_ptr<wheel> wh = A::make(in, tick, max_pending, on_error);
+    bool stopped = false;
+
+    auto new_task = [&]() -> fuzz_task {
+        const std::uint64_t id = w.tasks.size();
+        return fuzz_task{&w, id, std::make_unique<int>(static_cast<int>(id & 0x7fffffff))};
+    };
+    // schedules t at deadline (via schedule_at, or schedule(delay) when `delay` is given)
+    auto schedule = [&](fuzz_task t, time_point deadline, std::optional<rep> delay, bool throws) {
+        const std::uint64_t id = t.id;
+        const bool full = max_pending != 0 && w.pending() >= max_pending;
+        try {
+            delayq::timeout<mclock> h = delay ? wh->schedule(std::move(t), duration{*delay})
+                                             : wh->schedule_at(std::move(t), deadline);
+            // from inside a task of a hashed wheel the current batch is no longer counted
+            FZ_CHECK(!stopped && (!full || (w.in_advance && !A::exact_cancel)));
+            FZ_CHECK(h.deadline() == deadline);
+            FZ_CHECK(h.pending());
+            w.tasks.push_back(task_rec{deadline, st::pending, w.advances, throws, false});
+            w.handles.push_back(std::move(h));
+        } catch (const delayq::rejected_error&) {
+            FZ_CHECK(stopped || full);
+            if (stopped || A::keeps_task_at_max_pending)  // refused: the task is left untouched
+                FZ_CHECK(t.block && *t.block == static_cast<int>(id & 0x7fffffff));
+        }
+    };
+    the_hooks().cancel = [&](std::uint64_t, std::int64_t target) {
+        auto& h = w.handles[static_cast<std::size_t>(target)];
+        if (!h) return;
+        task_rec& t = w.tasks[static_cast<std::size_t>(target)];
+        const bool r = h.cancel();
+        if (A::exact_cancel) {
+            FZ_CHECK(r == (t.state == st::pending));
+        } else if (!r && t.state == st::pending) {
+            FZ_CHECK(t.deadline <= w.adv_now);  // only a task of this batch may refuse
+            t.maybe_in_batch = true;
+        }
+        if (r) {
+            FZ_CHECK(t.state == st::pending);
+            t.state = st::cancelled;
+        }
+    };
+    the_hooks().spawn = [&](rep delay) {
+        const time_point d = sat_add(mclock::now(), delay);
+        schedule(new_task(), d, std::nullopt, false);
+    };
+
+    auto check_handle = [&](std::size_t i) {
+        const auto& h = w.handles[i];
+        if (!h) return;
+        const st s = w.tasks[i].state;
+        FZ_CHECK(h.pending() == (s == st::pending));
+        FZ_CHECK(h.expired() == (s == st::ran));
+        FZ_CHECK(h.cancelled() == (s == st::cancelled));
+        FZ_CHECK(h.deadline() == w.tasks[i].deadline);
+    };
+
+    auto advance = [&] {
+        ++w.advances;
+        w.adv_now = mclock::now();
+        w.in_advance = true;
+        A::advance(*wh, w);
+        w.in_advance = false;
+        if (A::ordered) {
+            for (std::size_t i = 1; i < w.log.size(); ++i) {
+                const task_rec& a = w.tasks[w.log[i - 1]];
+                const task_rec& b = w.tasks[w.log[i]];
+                FZ_CHECK(a.deadline < b.deadline || (a.deadline == b.deadline && w.log[i - 1] < w.log[i]));
+            }
+        }
+        for (std::size_t i = 0; i < w.tasks.size(); ++i) {
+            task_rec& t = w.tasks[i];
+            if (t.maybe_in_batch) {
+                FZ_CHECK(t.state == st::ran);
+                t.maybe_in_batch = false;
+            }
+            if (t.state == st::pending && t.born < w.advances) FZ_CHECK(!must_have_run(t.deadline, tick, w.adv_now));
+        }
+        FZ_CHECK(w.errors_seen == w.errors_expected);
+        w.log.clear();
+    };
+
+    while (in.remaining_bytes() > 0) {
+        const int op = in.ConsumeIntegralInRange<int>(0, 15);
+        auto pick_id = [&]() -> std::size_t {
+            return in.ConsumeIntegralInRange<std::size_t>(0, w.tasks.size() - 1);
+        };
+        switch (op) {
+            case 0: case 1: case 2: case 3: case 4: {  // schedule
+                const bool by_delay = in.ConsumeBool();
+                const time_point now = mclock::now();
+                time_point d = pick_deadline(in, now, tick);
+                std::optional<rep> delay;
+                if (by_delay) {
+                    // the delay that gives d, saturating, as schedule() computes it
+                    const rep nd = now.time_since_epoch().count();
+                    rep diff;
+                    if (__builtin_sub_overflow(d.time_since_epoch().count(), nd, &diff))
+                        diff = d > now ? std::numeric_limits<rep>::max() : std::numeric_limits<rep>::min();
+                    delay = diff;
+                    d = sat_add(now, diff);
+                }
+                const int flags = in.ConsumeIntegralInRange<int>(0, 15);
+                fuzz_task t = new_task();
+                const bool throws = flags == 1;
+                if (flags == 2 && !w.tasks.empty()) t.cancel_target = static_cast<std::int64_t>(pick_id());
+                if (flags == 3) t.cancel_target = static_cast<std::int64_t>(w.tasks.size());  // itself
+                if (flags == 4) {
+                    t.spawn = true;
+                    t.child_delay = in.ConsumeIntegralInRange<rep>(-2 * tick, 4 * tick);
+                }
+                schedule(std::move(t), d, delay, throws);
+                break;
+            }
+            case 5: case 6: case 7:  // move the clock and advance
+                mclock::advance(duration{pick_advance(in, tick)});
+                advance();
+                break;
+            case 8:  // move the clock only
+                mclock::advance(duration{pick_advance(in, tick)});
+                break;
+            case 9:  // advance only
+                advance();
+                break;
+            case 10: case 11: {  // cancel, through the handle or a copy of it
+                if (w.tasks.empty()) break;
+                const std::size_t i = pick_id();
+                if (!w.handles[i]) break;
+                const bool expect = w.tasks[i].state == st::pending;
+                const bool r = in.ConsumeBool() ? w.handles[i].cancel() : delayq::timeout<mclock>(w.handles[i]).cancel();
+                FZ_CHECK(r == expect);
+                if (r) w.tasks[i].state = st::cancelled;
+                FZ_CHECK(!w.handles[i].cancel());  // a second cancel finds nothing
+                break;
+            }
+            case 12: {  // drop a handle (the task stays scheduled)
+                if (w.tasks.empty()) break;
+                w.handles[pick_id()] = delayq::timeout<mclock>{};
+                break;
+            }
+            case 13: {  // stop()
+                if (in.ConsumeIntegralInRange<int>(0, 3) != 0) {
+                    A::check_idle(*wh, w, tick);
+                    break;
+                }
+                std::vector<delayq::timeout<mclock>> rest = wh->stop();
+                std::vector<time_point> expect;
+                for (auto& t : w.tasks) {
+                    if (t.state == st::pending) {
+                        expect.push_back(t.deadline);
+                        t.state = st::cancelled;
+                    }
+                }
+                std::sort(expect.begin(), expect.end());
+                FZ_CHECK(rest.size() == expect.size());
+                for (std::size_t i = 0; i < rest.size(); ++i) {
+                    FZ_CHECK(rest[i].deadline() == expect[i]);
+                    FZ_CHECK(rest[i].cancelled());
+                    FZ_CHECK(!rest[i].cancel());
+                }
+                stopped = true;
+                break;
+            }
+            case 14: {  // destroy the wheel (handles outlive it) and start a new one
+                if (in.ConsumeIntegralInRange<int>(0, 3) != 0) break;
+                wh.reset();
+                for (auto& t : w.tasks)
+                    if (t.state == st::pending) t.state = st::cancelled;
+                for (std::size_t i = 0; i < w.handles.size(); ++i) {
+                    check_handle(i);
+                    FZ_CHECK(!w.handles[i].cancel());
+                }
+                wh = A::make(in, tick, max_pending, on_error);
+                stopped = false;
+                break;
+            }
+            default: {  // check a few handles
+                for (int k = 0; k < 4 && !w.tasks.empty(); ++k) check_handle(pick_id());
+                break;
+            }
+        }
+        FZ_CHECK(A::pending(*wh) == w.pending());
+    }
+    for (std::size_t i = 0; i < w.handles.size(); ++i) check_handle(i);
+    wh.reset();  // cancels and destroys what is pending
+    for (std::size_t i = 0; i < w.handles.size(); ++i) FZ_CHECK(!w.handles[i].cancel());
+    the_hooks() = hooks{};
+}
+
+}  // namespace delayq_fuzz
