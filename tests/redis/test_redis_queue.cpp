@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <future>
@@ -388,4 +389,37 @@ TEST_CASE("an unreachable server is delayq::redis::error: and a silent one times
     CHECK(took >= 250ms);
     CHECK(took < 3s);
     ::close(fd);
+}
+
+TEST_CASE("put_many then take_many then ack_many: batches keep the single calls' answers") {
+    redis_server srv;
+    delay_queue q(opts(srv));
+    std::vector<std::string> ids;
+    for (int i = 0; i < 1200; ++i) ids.push_back("b" + std::to_string(i));  // more than one script call
+    std::vector<delay_queue::put_request> reqs;
+    for (const auto& id : ids) reqs.push_back({id, id, 0ms});
+    reqs.push_back({ids[7], "duplicate in the batch", 0ms});
+    const auto queued = q.put_many(reqs);
+    REQUIRE(queued.size() == reqs.size());
+    CHECK(std::count(queued.begin(), queued.end(), true) == 1200);
+    CHECK_FALSE(queued.back());
+    CHECK(q.size() == 1200);
+    std::set<std::string> seen;
+    std::set<std::uint64_t> tokens;
+    while (seen.size() < ids.size()) {
+        auto jobs = q.take_many(700, 1s);
+        REQUIRE_FALSE(jobs.empty());
+        CHECK(jobs.size() <= 500);
+        for (const auto& j : jobs) {
+            CHECK(j.payload == j.id);
+            CHECK(seen.insert(j.id).second);
+            CHECK(tokens.insert(j.token).second);
+        }
+        const auto acked = q.ack_many(jobs);
+        CHECK(std::count(acked.begin(), acked.end(), true) == static_cast<long>(jobs.size()));
+        const auto again = q.ack_many(jobs);
+        CHECK(std::count(again.begin(), again.end(), true) == 0);
+    }
+    CHECK(q.size() == 0);
+    CHECK(q.take_many(10, 0ms).empty());
 }

@@ -145,18 +145,34 @@ TEST_CASE("4 producers x 4 consumers with random delays and nacks: every job ack
     constexpr int total = producers * per_producer;
     std::mutex m;
     std::map<std::string, int> acked;
+    std::vector<std::string> failures;  // Catch2's macros are not for other threads: collect, check after
     std::atomic<int> done{0}, nacks{0};
+    const auto guarded = [&](auto body) {
+        return [&, body] {
+            try {
+                body();
+            } catch (const std::exception& e) {
+                std::lock_guard lk(m);
+                failures.emplace_back(e.what());
+            }
+        };
+    };
+    const auto fail = [&](std::string what) {
+        std::lock_guard lk(m);
+        failures.push_back(std::move(what));
+    };
     std::vector<std::thread> ts;
     for (int p = 0; p < producers; ++p)
-        ts.emplace_back([&, p] {
+        ts.emplace_back(guarded([&, p] {
             std::mt19937 rng(static_cast<unsigned>(p));
             std::uniform_int_distribution<int> delay(0, 300);
             for (int i = 0; i < per_producer; ++i)
-                REQUIRE(q.put_after("p" + std::to_string(p) + "-" + std::to_string(i), std::to_string(p),
-                                    std::chrono::milliseconds(delay(rng))));
-        });
+                if (!q.put_after("p" + std::to_string(p) + "-" + std::to_string(i), std::to_string(p),
+                                 std::chrono::milliseconds(delay(rng))))
+                    fail("put refused");
+        }));
     for (int c = 0; c < consumers; ++c)
-        ts.emplace_back([&, c] {
+        ts.emplace_back(guarded([&, c] {
             std::mt19937 rng(static_cast<unsigned>(100 + c));
             std::uniform_int_distribution<int> dice(0, 9);
             const auto give_up = std::chrono::steady_clock::now() + 40s;
@@ -164,16 +180,17 @@ TEST_CASE("4 producers x 4 consumers with random delays and nacks: every job ack
                 auto j = q.take(200ms);
                 if (!j) continue;
                 if (dice(rng) == 0) {
-                    REQUIRE(q.nack(*j, std::chrono::milliseconds(dice(rng) * 5)));
+                    if (!q.nack(*j, std::chrono::milliseconds(dice(rng) * 5))) fail("nack refused");
                     ++nacks;
                     continue;
                 }
-                REQUIRE(q.ack(*j));
+                if (!q.ack(*j)) fail("ack refused");
                 std::lock_guard lk(m);
                 if (++acked[j->id] == 1) ++done;
             }
-        });
+        }));
     for (auto& t : ts) t.join();
+    for (const auto& f : failures) FAIL_CHECK(f);
     CHECK(done.load() == total);
     CHECK(acked.size() == static_cast<std::size_t>(total));
     for (const auto& [id, times] : acked) CHECK(times == 1);

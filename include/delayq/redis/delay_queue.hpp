@@ -60,6 +60,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -165,29 +166,21 @@ public:
     }
 
     // Sends one command and reads its reply; an error reply is returned, not thrown.
-    template <std::size_t N>
-    reply_ptr command(const std::array<std::string_view, N>& args, std::size_t argc = N) {
-        std::array<const char*, N> argv{};
-        std::array<std::size_t, N> len{};
-        for (std::size_t i = 0; i < argc; ++i) {
-            argv[i] = args[i].data();
-            len[i] = args[i].size();
-        }
-        auto* r = static_cast<redisReply*>(redisCommandArgv(ctx_, static_cast<int>(argc), argv.data(), len.data()));
-        if (r == nullptr) fail(args[0]);
-        return reply_ptr(r);
+    reply_ptr command(std::span<const std::string_view> args) {
+        send(args);
+        return receive(args[0]);
     }
 
-    // Queues one command without reading its reply (the blocking take reads it later).
-    template <std::size_t N>
-    void send(const std::array<std::string_view, N>& args) {
-        std::array<const char*, N> argv{};
-        std::array<std::size_t, N> len{};
-        for (std::size_t i = 0; i < N; ++i) {
-            argv[i] = args[i].data();
-            len[i] = args[i].size();
+    // Sends one command without reading its reply (the blocking take reads it later).
+    void send(std::span<const std::string_view> args) {
+        argv_.clear();
+        len_.clear();
+        for (auto a : args) {
+            argv_.push_back(a.data());
+            len_.push_back(a.size());
         }
-        if (redisAppendCommandArgv(ctx_, static_cast<int>(N), argv.data(), len.data()) != REDIS_OK) fail(args[0]);
+        if (redisAppendCommandArgv(ctx_, static_cast<int>(args.size()), argv_.data(), len_.data()) != REDIS_OK)
+            fail(args[0]);
         int done = 0;
         while (done == 0)
             if (redisBufferWrite(ctx_, &done) != REDIS_OK) fail(args[0]);
@@ -209,36 +202,53 @@ private:
     redisContext* ctx_ = nullptr;
     milliseconds io_timeout_;
     bool broken_ = false;
+    std::vector<const char*> argv_;  // reused: a connection serves one call at a time
+    std::vector<std::size_t> len_;
 };
 
 enum script_id : std::size_t { s_put, s_take, s_settle, s_cancel, s_reschedule, s_count };
 
-// The scripts' common opening: `now` (server time rounded down: is it due yet?) and `later` (rounded
-// up: new due times are never early).
-#define DELAYQ_REDIS_NOW                                                            \
+// The scripts' common opening: `now` (server time rounded down: is it due yet?), `later` (rounded
+// up: new due times are never early), and the wake rule: a blocked consumer sleeps until the head's
+// due time, so only a new, earlier head needs to wake one.
+#define DELAYQ_REDIS_PRELUDE                                                        \
     "if redis.replicate_commands then redis.replicate_commands() end\n"             \
     "local t = redis.call('TIME')\n"                                                \
     "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"       \
     "local later = tonumber(t[1]) * 1000 + math.ceil(tonumber(t[2]) / 1000)\n"      \
     "local function due_at(ms) return math.min(later + ms, 99999999999999) end\n"   \
-    "local function wake_if_head(z, w, id)\n"                                       \
-    "  if redis.call('ZRANGE', z, 0, 0)[1] == id then redis.call('ZADD', w, 0, 'w') end\n" \
+    "local function head_score(z)\n"                                                \
+    "  local h = redis.call('ZRANGE', z, 0, 0, 'WITHSCORES')\n"                      \
+    "  return h[2] and tonumber(h[2])\n"                                            \
+    "end\n"                                                                         \
+    "local function wake_if_earlier(w, old, first)\n"                               \
+    "  if first and (not old or first < old) then redis.call('ZADD', w, 0, 'w') end\n" \
     "end\n"
 
-// KEYS due data wake; ARGV id payload mode('a' absolute ms | 'r' delay ms) ms
-inline constexpr const char* put_lua = DELAYQ_REDIS_NOW R"lua(
-if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return 0 end
-local at = tonumber(ARGV[4])
-if ARGV[3] == 'r' then at = due_at(at) end
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
-redis.call('ZADD', KEYS[1], at, ARGV[1])
-wake_if_head(KEYS[1], KEYS[3], ARGV[1])
-return 1
+// KEYS due data wake; ARGV (id payload mode ms)*, mode 'a': ms is a due time, 'r': a delay.
+// Returns one 1 (queued) or 0 (already queued) per job.
+inline constexpr const char* put_lua = DELAYQ_REDIS_PRELUDE R"lua(
+local old, first, out = head_score(KEYS[1]), nil, {}
+for i = 1, #ARGV, 4 do
+  local id = ARGV[i]
+  if redis.call('HEXISTS', KEYS[2], id) == 1 then
+    out[#out + 1] = 0
+  else
+    local at = tonumber(ARGV[i + 3])
+    if ARGV[i + 2] == 'r' then at = due_at(at) end
+    redis.call('HSET', KEYS[2], id, ARGV[i + 1])
+    redis.call('ZADD', KEYS[1], at, id)
+    if not first or at < first then first = at end
+    out[#out + 1] = 1
+  end
+end
+wake_if_earlier(KEYS[3], old, first)
+return out
 )lua";
 
-// KEYS due leased data meta wake dead seq; ARGV lease_ms max_attempts batch
-// Returns {1, id, payload, due, attempts, token, lease_end} or {0, ms to the next event | -1}.
-inline constexpr const char* take_lua = DELAYQ_REDIS_NOW R"lua(
+// KEYS due leased data meta wake dead seq; ARGV lease_ms max_attempts reclaim_batch max_jobs
+// Returns {1, n, (id, payload, due, attempts, token, lease_end)*n} or {0, ms to the next event | -1}.
+inline constexpr const char* take_lua = DELAYQ_REDIS_PRELUDE R"lua(
 local due, leased, data, meta, wake, dead, seq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local max_attempts = tonumber(ARGV[2])
 local function attempts_of(id)
@@ -258,52 +268,69 @@ for i = 1, #expired, 2 do
     redis.call('ZADD', due, expired[i + 1], id)
   end
 end
-local head = redis.call('ZRANGEBYSCORE', due, '-inf', now, 'WITHSCORES', 'LIMIT', 0, 1)
-if #head == 0 then
-  local nd = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
-  local nl = redis.call('ZRANGE', leased, 0, 0, 'WITHSCORES')
-  local nxt = -1
-  if #nd > 0 then nxt = tonumber(nd[2]) end
-  if #nl > 0 and (nxt < 0 or tonumber(nl[2]) < nxt) then nxt = tonumber(nl[2]) end
-  if nxt < 0 then return {0, -1} end
+local heads = redis.call('ZRANGEBYSCORE', due, '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[4]))
+if #heads == 0 then
+  local nd, nl = head_score(due), head_score(leased)
+  local nxt = nd
+  if nl and (not nxt or nl < nxt) then nxt = nl end
+  if not nxt then return {0, -1} end
   return {0, nxt - now}
 end
-local id = head[1]
-redis.call('ZREM', due, id)
-local attempts = attempts_of(id) + 1
-local token = redis.call('INCR', seq)
-redis.call('HSET', meta, id, attempts .. ':' .. token)
+local n = #heads / 2
+local token = redis.call('INCRBY', seq, n) - n
 local lease_end = math.min(now + tonumber(ARGV[1]), 99999999999999)
-redis.call('ZADD', leased, lease_end, id)
+local out = {1, n}
+for i = 1, #heads, 2 do
+  local id = heads[i]
+  token = token + 1
+  local attempts = attempts_of(id) + 1
+  redis.call('ZREM', due, id)
+  redis.call('HSET', meta, id, attempts .. ':' .. token)
+  redis.call('ZADD', leased, lease_end, id)
+  out[#out + 1] = id
+  out[#out + 1] = redis.call('HGET', data, id) or ''
+  out[#out + 1] = tonumber(heads[i + 1])
+  out[#out + 1] = attempts
+  out[#out + 1] = token
+  out[#out + 1] = lease_end
+end
 if redis.call('ZRANGEBYSCORE', due, '-inf', now, 'LIMIT', 0, 1)[1]
    or redis.call('ZRANGEBYSCORE', leased, '-inf', now, 'LIMIT', 0, 1)[1] then
-  redis.call('ZADD', wake, 0, 'w')
+  redis.call('ZADD', wake, 0, 'w')  -- more is due: hand the baton to another waiting consumer
 end
-return {1, id, redis.call('HGET', data, id) or '', tonumber(head[2]), attempts, token, lease_end}
+return out
 )lua";
 
-// KEYS due leased data meta wake dead; ARGV id token retry('ack' | delay ms) max_attempts
-// Returns 1 when settled, 0 when the lease is gone or belongs to someone else.
-inline constexpr const char* settle_lua = DELAYQ_REDIS_NOW R"lua(
-local id = ARGV[1]
-local lease_end = redis.call('ZSCORE', KEYS[2], id)
-if not lease_end or tonumber(lease_end) <= now then return 0 end
-local m = redis.call('HGET', KEYS[4], id)
-if not m or string.match(m, ':(%d+)$') ~= ARGV[2] then return 0 end
-redis.call('ZREM', KEYS[2], id)
-local max_attempts = tonumber(ARGV[4])
-if ARGV[3] == 'ack' then
-  redis.call('HDEL', KEYS[3], id)
-  redis.call('HDEL', KEYS[4], id)
-elseif max_attempts > 0 and tonumber(string.match(m, '^(%d+)')) >= max_attempts then
-  redis.call('HSET', KEYS[6], id, redis.call('HGET', KEYS[3], id) or '')
-  redis.call('HDEL', KEYS[3], id)
-  redis.call('HDEL', KEYS[4], id)
-else
-  redis.call('ZADD', KEYS[1], due_at(tonumber(ARGV[3])), id)
-  wake_if_head(KEYS[1], KEYS[5], id)
+// KEYS due leased data meta wake dead; ARGV how('ack' | retry delay ms) max_attempts (id token)*
+// Returns one 1 (settled) or 0 (the lease ended or is someone else's) per job.
+inline constexpr const char* settle_lua = DELAYQ_REDIS_PRELUDE R"lua(
+local due, leased, data, meta, wake, dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local how, max_attempts = ARGV[1], tonumber(ARGV[2])
+local old, first, out = head_score(due), nil, {}
+for i = 3, #ARGV, 2 do
+  local id, ok = ARGV[i], 0
+  local lease_end = redis.call('ZSCORE', leased, id)
+  local m = lease_end and tonumber(lease_end) > now and redis.call('HGET', meta, id)
+  if m and string.match(m, ':(%d+)$') == ARGV[i + 1] then
+    ok = 1
+    redis.call('ZREM', leased, id)
+    if how == 'ack' then
+      redis.call('HDEL', data, id)
+      redis.call('HDEL', meta, id)
+    elseif max_attempts > 0 and tonumber(string.match(m, '^(%d+)')) >= max_attempts then
+      redis.call('HSET', dead, id, redis.call('HGET', data, id) or '')
+      redis.call('HDEL', data, id)
+      redis.call('HDEL', meta, id)
+    else
+      local at = due_at(tonumber(how))
+      redis.call('ZADD', due, at, id)
+      if not first or at < first then first = at end
+    end
+  end
+  out[#out + 1] = ok
 end
-return 1
+wake_if_earlier(wake, old, first)
+return out
 )lua";
 
 // KEYS due leased data meta; ARGV id
@@ -316,14 +343,15 @@ return 1
 )lua";
 
 // KEYS due wake; ARGV id delay_ms
-inline constexpr const char* reschedule_lua = DELAYQ_REDIS_NOW R"lua(
+inline constexpr const char* reschedule_lua = DELAYQ_REDIS_PRELUDE R"lua(
 if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 0 end
-redis.call('ZADD', KEYS[1], due_at(tonumber(ARGV[2])), ARGV[1])
-wake_if_head(KEYS[1], KEYS[2], ARGV[1])
+local old, at = head_score(KEYS[1]), due_at(tonumber(ARGV[2]))
+redis.call('ZADD', KEYS[1], at, ARGV[1])
+wake_if_earlier(KEYS[2], old, at)
 return 1
 )lua";
 
-#undef DELAYQ_REDIS_NOW
+#undef DELAYQ_REDIS_PRELUDE
 
 inline constexpr std::array<const char*, s_count> scripts{put_lua, take_lua, settle_lua, cancel_lua, reschedule_lua};
 
@@ -361,14 +389,34 @@ public:
     bool put(std::string_view id, std::string_view payload, std::chrono::system_clock::time_point deadline) {
         check_id(id);
         const std::string at = std::to_string(detail::to_ms(deadline));
-        return integer(eval(detail::s_put, {key(k_due), key(k_data), key(k_wake)}, {id, payload, "a", at})) == 1;
+        return put_impl({id, payload, "a", at}).front();
     }
 
     /// Queues `id` to be due `delay` from now by the server's clock. False if already queued.
     bool put_after(std::string_view id, std::string_view payload, std::chrono::milliseconds delay) {
         check_id(id);
         const std::string ms = std::to_string(detail::clamp_delay(delay));
-        return integer(eval(detail::s_put, {key(k_due), key(k_data), key(k_wake)}, {id, payload, "r", ms})) == 1;
+        return put_impl({id, payload, "r", ms}).front();
+    }
+
+    struct put_request {
+        std::string_view id, payload;
+        std::chrono::milliseconds delay{0};
+    };
+
+    /// put_after for many jobs in one round trip (and one script call per 500 jobs). Element i of
+    /// the result is what put_after would have returned for jobs[i]; a duplicate id is refused.
+    std::vector<bool> put_many(std::span<const put_request> jobs) {
+        std::vector<std::string> ms;
+        ms.reserve(jobs.size());
+        std::vector<std::string_view> args;
+        args.reserve(4 * jobs.size());
+        for (const auto& j : jobs) {
+            check_id(j.id);
+            ms.push_back(std::to_string(detail::clamp_delay(j.delay)));
+            args.insert(args.end(), {j.id, j.payload, "r", ms.back()});
+        }
+        return put_impl(args);
     }
 
     /// Removes a waiting or leased job. False if `id` is not queued.
@@ -386,19 +434,27 @@ public:
 
     /// Leases the earliest due job, waiting up to `max_wait` for one (not at all when <= 0).
     std::optional<job> take(std::chrono::milliseconds max_wait) {
+        auto jobs = take_many(1, max_wait);
+        if (jobs.empty()) return std::nullopt;
+        return std::move(jobs.front());
+    }
+
+    /// Leases up to `max_jobs` due jobs (earliest first) at once, waiting up to `max_wait` for the
+    /// first. Every job has its own lease and token.
+    std::vector<job> take_many(std::size_t max_jobs, std::chrono::milliseconds max_wait) {
         using clock = std::chrono::steady_clock;
         const auto limit = clock::now() + std::max(max_wait, std::chrono::milliseconds::zero());
+        const std::string count = std::to_string(std::clamp<std::size_t>(max_jobs, 1, max_batch));
         auto c = borrow();
         bool recovered = false;
         for (;;) {
             auto r = eval(*c, detail::s_take,
                           {key(k_due), key(k_leased), key(k_data), key(k_meta), key(k_wake), key(k_dead), key(k_seq)},
-                          {lease_ms_, max_attempts_, batch_});
+                          {lease_ms_, max_attempts_, batch_, count});
             if (r->type != REDIS_REPLY_ARRAY || r->elements < 2) bad_reply("take", r.get());
-            if (r->element[0]->integer == 1) return to_job(r.get());
+            if (r->element[0]->integer == 1) return to_jobs(r.get());
             const auto left = std::chrono::ceil<std::chrono::milliseconds>(limit - clock::now());
-            if (max_wait <= std::chrono::milliseconds::zero() || left <= std::chrono::milliseconds::zero())
-                return std::nullopt;
+            if (max_wait <= std::chrono::milliseconds::zero() || left <= std::chrono::milliseconds::zero()) return {};
             // +1 ms: the server rounds "now" down, so the reported distance may be short by < 1 ms.
             const long long next = r->element[1]->integer;
             const std::chrono::milliseconds until_due(next < 0 ? std::numeric_limits<long long>::max() : next + 1);
@@ -417,12 +473,15 @@ public:
     }
 
     /// Done with the job: it is gone for good. False if the lease was lost (ended, or cancelled).
-    bool ack(const job& j) { return settle(j, "ack"); }
+    bool ack(const job& j) { return settle({&j, 1}, "ack").front(); }
+
+    /// ack for many jobs in one round trip; element i is what ack(jobs[i]) would have returned.
+    std::vector<bool> ack_many(std::span<const job> jobs) { return settle(jobs, "ack"); }
 
     /// Back to the queue, due `retry_after` from now (or dead-lettered after max_attempts).
     /// False if the lease was lost.
     bool nack(const job& j, std::chrono::milliseconds retry_after) {
-        return settle(j, std::to_string(detail::clamp_delay(retry_after)));
+        return settle({&j, 1}, std::to_string(detail::clamp_delay(retry_after))).front();
     }
 
     /// Jobs queued: waiting plus leased.
@@ -432,6 +491,7 @@ public:
     std::size_t dead_size() { return count("HLEN", k_dead); }
 
 private:
+    static constexpr std::size_t max_batch = 500;
     enum key_id : std::size_t { k_due, k_leased, k_data, k_meta, k_wake, k_dead, k_seq, k_count };
     static constexpr std::array<const char*, k_count> key_names{"due", "leased", "data", "meta", "wake", "dead", "seq"};
 
@@ -482,11 +542,10 @@ private:
     }
 
     // Runs a command; a server still loading its data set is retried until io_timeout has passed.
-    template <std::size_t N>
-    detail::reply_ptr run(detail::connection& c, const std::array<std::string_view, N>& args, std::size_t argc = N) {
+    detail::reply_ptr run(detail::connection& c, std::span<const std::string_view> args) {
         const auto give_up = std::chrono::steady_clock::now() + opt_.io_timeout;
         for (;;) {
-            auto r = c.command(args, argc);
+            auto r = c.command(args);
             if (!detail::starts_with(r.get(), "LOADING") || std::chrono::steady_clock::now() >= give_up) return r;
             std::this_thread::sleep_for(std::chrono::milliseconds(10));
         }
@@ -518,23 +577,24 @@ private:
     }
 
     detail::reply_ptr eval(detail::connection& c, detail::script_id s, std::initializer_list<std::string_view> keys,
-                           std::initializer_list<std::string_view> args) {
-        constexpr std::size_t max_args = 16;
-        std::array<std::string_view, max_args> argv{};
-        std::size_t n = 0;
-        argv[n++] = "EVALSHA";
-        ++n;  // the SHA1, filled in below
+                           std::span<const std::string_view> args) {
+        std::vector<std::string_view> argv;
+        argv.reserve(3 + keys.size() + args.size());
         const std::string nkeys = std::to_string(keys.size());
-        argv[n++] = nkeys;
-        for (auto k : keys) argv[n++] = k;
-        for (auto a : args) argv[n++] = a;
-        argv[1] = sha(c, s);
+        argv.insert(argv.end(), {"EVALSHA", sha(c, s), nkeys});
+        argv.insert(argv.end(), keys);
+        argv.insert(argv.end(), args.begin(), args.end());
         for (bool reloaded = false;; reloaded = true) {
-            auto r = run(c, argv, n);
+            auto r = run(c, argv);
             if (r->type != REDIS_REPLY_ERROR) return r;
             if (reloaded || !detail::starts_with(r.get(), "NOSCRIPT")) bad_reply("script", r.get());
             load(c, s);
         }
+    }
+
+    detail::reply_ptr eval(detail::connection& c, detail::script_id s, std::initializer_list<std::string_view> keys,
+                           std::initializer_list<std::string_view> args) {
+        return eval(c, s, keys, std::span<const std::string_view>(args.begin(), args.size()));
     }
 
     detail::reply_ptr eval(detail::script_id s, std::initializer_list<std::string_view> keys,
@@ -543,28 +603,67 @@ private:
         return eval(*c, s, keys, args);
     }
 
-    bool settle(const job& j, const std::string& how) {
-        check_id(j.id);
-        const std::string token = std::to_string(j.token);
-        return integer(eval(detail::s_settle,
-                            {key(k_due), key(k_leased), key(k_data), key(k_meta), key(k_wake), key(k_dead)},
-                            {j.id, token, how, max_attempts_})) == 1;
+    // Runs a batch script over `args`, `per` arguments per job (plus `fixed` leading ones), at most
+    // max_batch jobs per call so that no single call stalls the server; one 0/1 per job.
+    std::vector<bool> batched(detail::script_id s, std::initializer_list<std::string_view> keys,
+                              std::span<const std::string_view> fixed, std::span<const std::string_view> args,
+                              std::size_t per) {
+        std::vector<bool> out;
+        out.reserve(args.size() / per);
+        auto c = borrow();
+        std::vector<std::string_view> chunk;
+        for (std::size_t at = 0; at < args.size(); at += per * max_batch) {
+            const std::size_t n = std::min(args.size() - at, per * max_batch);
+            chunk.assign(fixed.begin(), fixed.end());
+            chunk.insert(chunk.end(), args.begin() + static_cast<std::ptrdiff_t>(at),
+                         args.begin() + static_cast<std::ptrdiff_t>(at + n));
+            auto r = eval(*c, s, keys, chunk);
+            if (r->type != REDIS_REPLY_ARRAY || r->elements != n / per) bad_reply("batch", r.get());
+            for (std::size_t i = 0; i < r->elements; ++i) out.push_back(r->element[i]->integer == 1);
+        }
+        return out;
     }
 
-    static job to_job(const redisReply* r) {
-        if (r->elements != 7) bad_reply("take", r);
-        const auto str = [&](std::size_t i) {
-            const redisReply* e = r->element[i];
-            return e->type == REDIS_REPLY_STRING ? std::string(e->str, e->len) : std::string();
-        };
-        job j;
-        j.id = str(1);
-        j.payload = str(2);
-        j.deadline = detail::from_ms(r->element[3]->integer);
-        j.attempts = static_cast<unsigned>(r->element[4]->integer);
-        j.token = static_cast<std::uint64_t>(r->element[5]->integer);
-        j.lease_deadline = detail::from_ms(r->element[6]->integer);
-        return j;
+    std::vector<bool> put_impl(std::span<const std::string_view> args) {
+        return batched(detail::s_put, {key(k_due), key(k_data), key(k_wake)}, {}, args, 4);
+    }
+    std::vector<bool> put_impl(std::initializer_list<std::string_view> args) {
+        return put_impl(std::span<const std::string_view>(args.begin(), args.size()));
+    }
+
+    std::vector<bool> settle(std::span<const job> jobs, const std::string& how) {
+        std::vector<std::string> tokens;
+        tokens.reserve(jobs.size());
+        std::vector<std::string_view> args;
+        args.reserve(2 * jobs.size());
+        for (const auto& j : jobs) {
+            check_id(j.id);
+            tokens.push_back(std::to_string(j.token));
+            args.insert(args.end(), {j.id, tokens.back()});
+        }
+        const std::array<std::string_view, 2> fixed{how, max_attempts_};
+        return batched(detail::s_settle,
+                       {key(k_due), key(k_leased), key(k_data), key(k_meta), key(k_wake), key(k_dead)}, fixed, args, 2);
+    }
+
+    static std::vector<job> to_jobs(const redisReply* r) {
+        const auto n = static_cast<std::size_t>(r->element[1]->integer);
+        if (r->elements != 2 + 6 * n) bad_reply("take", r);
+        std::vector<job> out(n);
+        for (std::size_t k = 0; k < n; ++k) {
+            redisReply* const* e = r->element + 2 + 6 * k;
+            const auto str = [](const redisReply* x) {
+                return x->type == REDIS_REPLY_STRING ? std::string(x->str, x->len) : std::string();
+            };
+            job& j = out[k];
+            j.id = str(e[0]);
+            j.payload = str(e[1]);
+            j.deadline = detail::from_ms(e[2]->integer);
+            j.attempts = static_cast<unsigned>(e[3]->integer);
+            j.token = static_cast<std::uint64_t>(e[4]->integer);
+            j.lease_deadline = detail::from_ms(e[5]->integer);
+        }
+        return out;
     }
 
     // Waits on the wake zset for `wait`. When `precise`, a due time is what we wait for: our own
