@@ -58,6 +58,7 @@ public:
     hashed_wheel_ring(duration tick, std::size_t ticks_per_wheel, time_point origin)
         : origin_(origin.time_since_epoch().count()), tick_(tick.count()) {
         if (tick <= duration::zero()) throw std::invalid_argument("delayq: tick must be > 0");
+        inv_tick_ = std::numeric_limits<std::uint64_t>::max() / static_cast<std::uint64_t>(tick_);
         if (ticks_per_wheel == 0 || ticks_per_wheel > max_ticks_per_wheel)
             throw std::invalid_argument("delayq: ticks_per_wheel must be in [1, 2^30]");
         const std::size_t w = std::bit_ceil(ticks_per_wheel);
@@ -287,18 +288,30 @@ private:
         rep e;
         if (!__builtin_sub_overflow(d, origin_, &e)) {
             if (e <= 0) return 0;
-            return static_cast<std::uint64_t>(e / tick_) + (e % tick_ != 0);
+            const auto u = static_cast<std::uint64_t>(e);
+            const std::uint64_t q = div_tick(u);
+            return q + (q * static_cast<std::uint64_t>(tick_) != u);
         }
         const wide we = static_cast<wide>(d) - origin_;
         if (we <= 0) return 0;
         return static_cast<std::uint64_t>((we + tick_ - 1) / tick_);
     }
 
+    // floor(e / tick) for 0 <= e < 2^63, by a multiplication: the estimate from the reciprocal is
+    // the quotient or one less (e < 2^63 keeps the error below one), and one step corrects it.
+    std::uint64_t div_tick(std::uint64_t e) const noexcept {
+        __extension__ typedef unsigned __int128 uwide;
+        std::uint64_t q = static_cast<std::uint64_t>((static_cast<uwide>(e) * inv_tick_) >> 64);
+        const auto t = static_cast<std::uint64_t>(tick_);
+        if (e - q * t >= t) ++q;
+        return q;
+    }
+
     // The last tick whose boundary is at or before now (now >= origin).
     std::uint64_t floor_tick(rep now) const noexcept {
         if (now == never) return std::numeric_limits<std::uint64_t>::max() - 1;  // the end of time
         rep e;
-        if (!__builtin_sub_overflow(now, origin_, &e)) return static_cast<std::uint64_t>(e / tick_);
+        if (!__builtin_sub_overflow(now, origin_, &e)) return div_tick(static_cast<std::uint64_t>(e));
         return static_cast<std::uint64_t>((static_cast<wide>(now) - origin_) / tick_);
     }
 
@@ -332,6 +345,7 @@ private:
 
     rep origin_;
     rep tick_;
+    std::uint64_t inv_tick_;  // floor((2^64 - 1) / tick)
     std::size_t mask_ = 0;
     std::uint64_t cursor_ = 0;  // the first tick not yet processed
     std::size_t size_ = 0;
