@@ -32,7 +32,7 @@ function(_delayq_find_hiredis)
         INTERFACE_LINK_LIBRARIES "${HIREDIS_LIBRARIES}")
     endif()
     set(DELAYQ_HIREDIS_TARGET delayq_hiredis_legacy PARENT_SCOPE)
-    set(DELAYQ_HIREDIS_VERSION "${PACKAGE_VERSION}" PARENT_SCOPE)
+    set(DELAYQ_HIREDIS_VERSION "${Hiredis_VERSION}" PARENT_SCOPE)
   endif()
 endfunction()
 

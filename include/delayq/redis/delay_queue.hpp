@@ -231,12 +231,11 @@ inline constexpr const char* put_lua = DELAYQ_REDIS_PRELUDE R"lua(
 local old, first, out = head_score(KEYS[1]), nil, {}
 for i = 1, #ARGV, 4 do
   local id = ARGV[i]
-  if redis.call('HEXISTS', KEYS[2], id) == 1 then
+  if redis.call('HSETNX', KEYS[2], id, ARGV[i + 1]) == 0 then
     out[#out + 1] = 0
   else
     local at = tonumber(ARGV[i + 3])
     if ARGV[i + 2] == 'r' then at = due_at(at) end
-    redis.call('HSET', KEYS[2], id, ARGV[i + 1])
     redis.call('ZADD', KEYS[1], at, id)
     if not first or at < first then first = at end
     out[#out + 1] = 1
@@ -408,7 +407,7 @@ public:
     /// the result is what put_after would have returned for jobs[i]; a duplicate id is refused.
     std::vector<bool> put_many(std::span<const put_request> jobs) {
         std::vector<std::string> ms;
-        ms.reserve(jobs.size());
+        ms.reserve(jobs.size());  // never reallocates: `args` holds views of these strings
         std::vector<std::string_view> args;
         args.reserve(4 * jobs.size());
         for (const auto& j : jobs) {
@@ -633,7 +632,7 @@ private:
 
     std::vector<bool> settle(std::span<const job> jobs, const std::string& how) {
         std::vector<std::string> tokens;
-        tokens.reserve(jobs.size());
+        tokens.reserve(jobs.size());  // never reallocates: `args` holds views of these strings
         std::vector<std::string_view> args;
         args.reserve(2 * jobs.size());
         for (const auto& j : jobs) {
