@@ -65,7 +65,6 @@ namespace {
 
 // Inserts are undone in batches of this many (N .. 1.5 N pending).
 std::size_t batch_for(std::size_t n) { return std::min<std::size_t>(4096, std::max<std::size_t>(n / 2, 1)); }
-std::atomic<std::uint64_t> g_sink{0};
 
 // A task with a small capture (one pointer), as a timer's user typically has.
 struct small_task {
