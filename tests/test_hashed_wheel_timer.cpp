@@ -82,7 +82,7 @@ struct move_only_task {
 
 }  // namespace
 
-TEST_CASE("a tick boundary: never early, at most one tick late, at every rotation edge") {
+TEST_CASE("a task runs at its tick boundary: never early and at most one tick late at every rotation edge") {
     const mc::duration tick = 10ms;
     const mc::duration rot = 8 * tick;  // 8 buckets
     const std::vector<mc::duration> delays = {
@@ -127,7 +127,7 @@ TEST_CASE("a tick boundary: never early, at most one tick late, at every rotatio
     }
 }
 
-TEST_CASE("a task comes out only when its deadline has passed, even when the wheel is late") {
+TEST_CASE("a task comes out only when its deadline has passed even when the wheel is late") {
     mc::reset();
     wheel w(opts(10ms, 4));
     std::vector<int> order;
@@ -168,7 +168,7 @@ TEST_CASE("a task comes out only when its deadline has passed, even when the whe
     }
 }
 
-TEST_CASE("first in, first out within a bucket; deadline order within a tick") {
+TEST_CASE("first in first out within a bucket and deadline order within a tick") {
     mc::reset();
     wheel w(opts(10ms, 8));
     std::vector<int> order;
@@ -184,7 +184,7 @@ TEST_CASE("first in, first out within a bucket; deadline order within a tick") {
     CHECK(w.pending() == 1);
 }
 
-TEST_CASE("past deadlines are due at once; duration::max() never comes") {
+TEST_CASE("past deadlines are due at once and duration::max() never comes") {
     mc::reset();
     wheel w(opts(10ms, 8));
     int ran = 0;
@@ -257,7 +257,7 @@ TEST_CASE("cancel unlinks and destroys the task at once") {
     CHECK_FALSE(b.cancelled());
 }
 
-TEST_CASE("cancel of entries in the bucket being expired, from a task of that bucket") {
+TEST_CASE("cancel of entries in the bucket being expired from a task of that bucket") {
     mc::reset();
     wheel w(opts(10ms, 8));
     std::vector<int> ran;
@@ -314,7 +314,7 @@ TEST_CASE("invalid options throw std::invalid_argument") {
     CHECK_NOTHROW(timer(opts(1ms, 3)));  // rounded up to 4
 }
 
-TEST_CASE("stop() cancels what is pending, returns it, and is idempotent") {
+TEST_CASE("stop() cancels what is pending and returns it and is idempotent") {
     mc::reset();
     wheel w(opts(10ms, 8));
     int ran = 0;
@@ -355,7 +355,7 @@ TEST_CASE("schedule after stop is rejected and leaves a move-only task untouched
     CHECK(*task.p == 42);
 }
 
-TEST_CASE("max_pending rejects without touching the task, and a cancel frees a place at once") {
+TEST_CASE("max_pending rejects without touching the task and a cancel frees a place at once") {
     mc::reset();
     timer t(opts(1ms, 8, 2));
     auto a = t.schedule(sentinel(), 1h);
@@ -373,7 +373,7 @@ TEST_CASE("max_pending rejects without touching the task, and a cancel frees a p
     CHECK(t.pending() == 2);
 }
 
-TEST_CASE("timer: the worker runs a task at its tick boundary, not before") {
+TEST_CASE("timer: the worker runs a task at its tick boundary and not before") {
     mc::reset();
     timer t(opts(10ms, 8));
     std::atomic<std::int64_t> ran_at{-1};
@@ -425,7 +425,7 @@ TEST_CASE("timer: no wake-ups while nothing is pending (manual clock)") {
     CHECK(t.wakeups() > w);
 }
 
-TEST_CASE("timer: no wake-ups while nothing is pending (steady_clock, 1 ms tick)") {
+TEST_CASE("timer: no wake-ups while nothing is pending (steady_clock with a 1 ms tick)") {
     delayq::hashed_wheel_options<> o;
     o.tick = 1ms;
     delayq::hashed_wheel_timer<> t(o);
@@ -511,7 +511,7 @@ TEST_CASE("timer: destroyed from inside its own task") {
     CHECK_FALSE(pending.cancel());
 }
 
-TEST_CASE("timer: destruction with pending tasks destroys them; handles outlive the timer") {
+TEST_CASE("timer: destruction with pending tasks destroys them and handles outlive the timer") {
     mc::reset();
     auto alive = std::make_shared<std::atomic<int>>(0);
     std::vector<handle> hs;
@@ -540,7 +540,7 @@ TEST_CASE("timer: destruction with pending tasks destroys them; handles outlive 
     CHECK(h.cancelled());
 }
 
-TEST_CASE("timer: cancel racing expiry from another thread: runs or is cancelled, never both") {
+TEST_CASE("timer: cancel racing expiry from another thread: runs or is cancelled but never both") {
     for (int round = 0; round < 20; ++round) {
         mc::reset();
         timer t(opts(1ms, 8));
@@ -587,7 +587,7 @@ std::size_t stress_tasks() {
 }
 }  // namespace
 
-TEST_CASE("timer: threads schedule and cancel 1M tasks; every one is accounted for") {
+TEST_CASE("timer: threads schedule and cancel 1M tasks and every one is accounted for") {
     const std::size_t total = stress_tasks();
     constexpr std::size_t threads = 4;
     delayq::hashed_wheel_options<> o;
