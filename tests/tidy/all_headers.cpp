@@ -1,0 +1,74 @@
+// The translation unit scripts/tidy runs clang-tidy over: every public header, and one
+// instantiation of each template with the usual arguments, so that the checks see the code that
+// users compile. Not built by CMake (this folder has no CMakeLists.txt).
+#include <delayq/delay_queue.hpp>
+#include <delayq/delayed.hpp>
+#include <delayq/delayq.hpp>
+#include <delayq/hashed_wheel_timer.hpp>
+#include <delayq/hierarchical_timing_wheel.hpp>
+#include <delayq/manual_clock.hpp>
+#include <delayq/timeout.hpp>
+#if __has_include(<hiredis/hiredis.h>)
+#include <delayq/redis/delay_queue.hpp>
+#endif
+
+#include <chrono>
+#include <iterator>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace {
+
+template <class Clock>
+void use_all() {
+    using namespace std::chrono_literals;
+    delayq::delay_queue<delayq::delayed<std::string, Clock>, Clock> q;
+    q.put(delayq::delay_for<Clock>(std::string("x"), 1ms));
+    (void)q.poll();
+    (void)q.take_for(0ms);
+    (void)q.peek();
+    std::vector<delayq::delayed<std::string, Clock>> out;
+    q.drain_to(std::back_inserter(out));
+    q.remove_if([](const auto&) { return true; });
+    (void)q.next_deadline();
+    (void)q.close();
+
+    delayq::delay_queue<std::unique_ptr<delayq::delayed<int, Clock>>, Clock> qp;
+    qp.put(std::make_unique<delayq::delayed<int, Clock>>(delayq::delay_for<Clock>(1, 1ms)));
+    (void)qp.take_for(0ms);
+
+    delayq::hashed_wheel<Clock> hw;
+    auto h = hw.schedule([] {}, 1ms);
+    (void)h.cancel();
+    (void)hw.advance();
+    (void)hw.next_expiry();
+    (void)hw.stop();
+
+    delayq::hashed_wheel_timer<Clock> t;
+    t.schedule([] {}, 1ms);
+    (void)t.stop();
+
+    typename delayq::hierarchical_timing_wheel<Clock>::options o;
+    o.own_thread = false;
+    delayq::hierarchical_timing_wheel<Clock> w(o);
+    w.schedule([] {}, 1ms);
+    (void)w.advance_clock(0ms);
+    (void)w.stop();
+}
+
+}  // namespace
+
+int main() try {
+    use_all<std::chrono::steady_clock>();
+    use_all<delayq::manual_clock>();
+#if __has_include(<hiredis/hiredis.h>)
+    delayq::redis::options ro;
+    ro.name = "tidy";
+    delayq::redis::delay_queue rq(ro);
+    (void)rq.put_after("a", "b", std::chrono::milliseconds(1));
+#endif
+    return 0;
+} catch (...) {
+    return 1;
+}
