@@ -2,6 +2,7 @@
 // starts itself (no persistence, like a cache-style deployment; `--port P` uses a running server).
 //
 //   bench_redis [--jobs N] [--batch-jobs N] [--paced-seconds S] [--idle-seconds S] [--port P]
+//               [--only put|e2e|paced|idle|memory]
 //
 // 1. put-only rate: 4 producers, one shared queue object, delays far in the future;
 // 2. end to end: 4 producers put N jobs due uniformly in [0, 2 s], 4 consumers take and ack them;
@@ -39,6 +40,7 @@ struct config {
     int paced_seconds = 10;
     int idle_seconds = 20;
     int port = 0;
+    std::string only;  // put, e2e, paced, idle or memory: run just that part
 };
 
 std::string id_of(int run, int i) {
@@ -224,13 +226,17 @@ int main(int argc, char** argv) {
     for (int i = 1; i + 1 < argc; i += 2) {
         const std::string a = argv[i];
         const int v = std::atoi(argv[i + 1]);
+        if (a == "--only") {
+            cfg.only = argv[i + 1];
+            continue;
+        }
         if (a == "--jobs") cfg.jobs = v;
         else if (a == "--batch-jobs") cfg.batch_jobs = v;
         else if (a == "--paced-seconds") cfg.paced_seconds = v;
         else if (a == "--idle-seconds") cfg.idle_seconds = v;
         else if (a == "--port") cfg.port = v;
         else {
-            std::fprintf(stderr, "usage: %s [--jobs N] [--batch-jobs N] [--paced-seconds S] [--idle-seconds S] [--port P]\n", argv[0]);
+            std::fprintf(stderr, "usage: %s [--jobs N] [--batch-jobs N] [--paced-seconds S] [--idle-seconds S] [--port P] [--only put|e2e|paced|idle|memory]\n", argv[0]);
             return 2;
         }
     }
@@ -240,17 +246,26 @@ int main(int argc, char** argv) {
         cfg.port = own->port();
     }
     std::printf("redis-server on 127.0.0.1:%d; %u hardware threads\n", cfg.port, std::thread::hardware_concurrency());
-    put_only(cfg.port, cfg.jobs, 1);
-    put_only(cfg.port, cfg.batch_jobs, 100);
-    end_to_end(cfg.port, cfg.jobs, 0, 1, "bench-e2e-1");
-    end_to_end(cfg.port, cfg.batch_jobs, 0, 100, "bench-e2e-100");
-    end_to_end(cfg.port, 2000 * cfg.paced_seconds, 2000, 1, "bench-paced");
-    if (own) {
+    const auto want = [&](const char* part) { return cfg.only.empty() || cfg.only == part; };
+    if (want("put")) {
+        put_only(cfg.port, cfg.jobs, 1);
+        put_only(cfg.port, cfg.batch_jobs, 100);
+    }
+    if (want("e2e")) {
+        end_to_end(cfg.port, cfg.jobs, 0, 1, "bench-e2e-1");
+        end_to_end(cfg.port, cfg.batch_jobs, 0, 100, "bench-e2e-100");
+    }
+    if (want("paced")) end_to_end(cfg.port, 2000 * cfg.paced_seconds, 2000, 1, "bench-paced");
+    if (!own) {
+        std::printf("(idle and memory figures need the program's own server: run without --port)\n");
+        return 0;
+    }
+    if (want("idle")) {
         own->command({"FLUSHALL"});
         idle(*own, cfg.idle_seconds);
+    }
+    if (want("memory")) {
         own->command({"FLUSHALL"});
         memory(*own, 100'000);
-    } else {
-        std::printf("(idle and memory figures need the program's own server: run without --port)\n");
     }
 }

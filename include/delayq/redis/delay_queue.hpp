@@ -666,25 +666,23 @@ private:
     }
 
     // Waits on the wake zset for `wait`. When `precise`, a due time is what we wait for: our own
-    // timer ends the block (the server's timeout may be one cron tick late) with CLIENT UNBLOCK.
+    // timer ends the block with CLIENT UNBLOCK, as the server's timeout may be a cron tick late.
     void block(detail::connection& c, std::chrono::milliseconds wait, bool precise) {
         if (precise && c.client_id < 0) c.client_id = integer(run(c, std::array<std::string_view, 2>{"CLIENT", "ID"}));
-        // A precise block gets a server timeout with room to spare, so our unblock normally ends it.
-        const auto server_wait = precise ? wait + std::chrono::seconds(1) : wait;
         char secs[32];
-        std::snprintf(secs, sizeof secs, "%lld.%03lld", static_cast<long long>(server_wait.count() / 1000),
-                      static_cast<long long>(server_wait.count() % 1000));
-        c.set_timeout(server_wait + opt_.io_timeout);
+        std::snprintf(secs, sizeof secs, "%lld.%03lld", static_cast<long long>(wait.count() / 1000),
+                      static_cast<long long>(wait.count() % 1000));
+        c.set_timeout(wait + opt_.io_timeout);
         c.send(std::array<std::string_view, 3>{"BZPOPMIN", key(k_wake), secs});
         detail::reply_ptr r;
         try {
             if (precise && !readable(c, wait)) {
-                // Our unblock may reach the server before BZPOPMIN does (then it unblocks
-                // nothing): try a few times, then fall back on the server's own timeout.
-                for (int i = 0; i < 5; ++i) {
+                // A busy server may not have read our BZPOPMIN yet, and an unblock that arrives
+                // first unblocks nothing: repeat it until the reply comes (or the read times out).
+                const auto give_up = std::chrono::steady_clock::now() + opt_.io_timeout;
+                do {
                     unblock(c.client_id);
-                    if (readable(c, std::chrono::milliseconds(10))) break;
-                }
+                } while (!readable(c, std::chrono::milliseconds(5)) && std::chrono::steady_clock::now() < give_up);
             }
             r = c.receive("BZPOPMIN");
         } catch (...) {
