@@ -189,7 +189,11 @@ public:
     reply_ptr receive(std::string_view what) {
         void* r = nullptr;
         if (redisGetReply(ctx_, &r) != REDIS_OK || r == nullptr) fail(what);
-        return reply_ptr(static_cast<redisReply*>(r));
+        reply_ptr reply(static_cast<redisReply*>(r));
+        // The server closes the connection right after a protocol error (e.g. a payload beyond
+        // proto-max-bulk-len): do not hand it to the next call.
+        if (starts_with(reply.get(), "ERR Protocol error")) broken_ = true;
+        return reply;
     }
 
     void set_timeout(milliseconds d) {
