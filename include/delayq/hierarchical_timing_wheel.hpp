@@ -92,17 +92,14 @@ struct hierarchical_timing_wheel_options {
 
 namespace detail {
 
+// A circular intrusive list of nodes with a sentinel. Unlinking needs only the node's own links.
 template <class Clock>
-struct htw_bucket {
-    timer_node<Clock> head;      // sentinel of the circular list of tasks
-    std::uint64_t expiry = 0;    // in ticks from the origin; meaningful while queued
-    std::uint64_t gen = 0;       // bumped at each put into the delay queue
-    std::uint64_t epoch = 0;     // the core's epoch at that put
-    bool queued = false;         // a reference with this gen is in the delay queue
+struct htw_list {
+    timer_node<Clock> head;
 
-    htw_bucket() noexcept { head.prev = head.next = &head; }
-    htw_bucket(const htw_bucket&) = delete;
-    htw_bucket& operator=(const htw_bucket&) = delete;
+    htw_list() noexcept { head.prev = head.next = &head; }
+    htw_list(const htw_list&) = delete;
+    htw_list& operator=(const htw_list&) = delete;
 
     bool empty() const noexcept { return head.next == &head; }
 
@@ -111,6 +108,81 @@ struct htw_bucket {
         n->next = &head;
         head.prev->next = n;
         head.prev = n;
+    }
+
+    void clear() noexcept { head.prev = head.next = &head; }
+
+    // Empties the list and returns its nodes as a null-terminated chain (nullptr if empty).
+    timer_node<Clock>* detach() noexcept {
+        if (empty()) return nullptr;
+        timer_node<Clock>* first = head.next;
+        head.prev->next = nullptr;
+        clear();
+        return first;
+    }
+
+    // Appends every node of `from` (emptied).
+    void splice_back(htw_list& from) noexcept {
+        if (from.empty()) return;
+        timer_node<Clock>* first = from.head.next;
+        timer_node<Clock>* last = from.head.prev;
+        first->prev = head.prev;
+        head.prev->next = first;
+        last->next = &head;
+        head.prev = last;
+        from.clear();
+    }
+};
+
+// A bucket: its tasks spread round-robin over a few lists ("lanes"). A flush walks the lanes in
+// turn and prefetches each lane's next node, so that it waits for several cache misses at once
+// instead of one after the other down a single list (pointer chasing is what a flush of a large
+// bucket costs). Insertion order is kept across lanes as long as nothing is cancelled.
+template <class Clock>
+struct htw_bucket {
+    static constexpr std::size_t lanes = 16;
+
+    htw_list<Clock> lane[lanes];
+    std::uint64_t expiry = 0;  // in ticks from the origin; meaningful while queued
+    std::uint64_t gen = 0;     // bumped at each put into the delay queue
+    std::uint64_t epoch = 0;   // the core's epoch at that put
+    unsigned next_lane = 0;
+    bool queued = false;       // a reference with this gen is in the delay queue
+
+    htw_bucket() noexcept = default;
+    htw_bucket(const htw_bucket&) = delete;
+    htw_bucket& operator=(const htw_bucket&) = delete;
+
+    bool empty() const noexcept {
+        for (const auto& l : lane)
+            if (!l.empty()) return false;
+        return true;
+    }
+
+    void push_back(timer_node<Clock>* n) noexcept {
+        lane[next_lane].push_back(n);
+        next_lane = (next_lane + 1) % lanes;
+    }
+
+    // Calls f(node) for every node, emptying the bucket first (f may insert elsewhere). Lanes are
+    // visited in turn, each lane's next node prefetched while the others are handled.
+    template <class F>
+    void drain(F&& f) {
+        timer_node<Clock>* cur[lanes];
+        for (std::size_t i = 0; i < lanes; ++i) cur[i] = lane[i].detach();
+        next_lane = 0;
+        for (bool more = true; more;) {
+            more = false;
+            for (std::size_t i = 0; i < lanes; ++i) {
+                timer_node<Clock>* n = cur[i];
+                if (!n) continue;
+                timer_node<Clock>* next = n->next;
+                if (next) __builtin_prefetch(next, 1);
+                cur[i] = next;
+                more = true;
+                f(n);
+            }
+        }
     }
 };
 
@@ -198,7 +270,7 @@ public:
             refused = "hierarchical_timing_wheel: max_pending reached";
         } else {
             try {
-                place(n, to_ticks(deadline), true);
+                place(n, to_ticks(deadline), true, levels_[0].current);
             } catch (...) {
                 lk.unlock();
                 n->release(*this);
@@ -267,12 +339,17 @@ public:
             if (!r) return false;
             std::lock_guard lk(m_);
             if (stopped_) return false;
-            any = process(*r);
-            while (std::optional<bucket_ref> more = queue_.poll()) any = process(*more) || any;
+            const std::uint64_t now = floor_ticks(Clock::now());
+            any = process(*r, now);
+            while (std::optional<bucket_ref> more = queue_.poll()) any = process(*more, now) || any;
             if (any) {
                 // everything due now runs in this call; tasks scheduled from here on wait for the
                 // next one (their ready bucket is queued afresh)
-                splice_all(ready_, running_);
+                for (node* n = ready_.lane[0].detach(); n;) {
+                    node* next = n->next;
+                    push_run(n);
+                    n = next;
+                }
                 ready_.queued = false;
             }
         }
@@ -292,7 +369,15 @@ public:
             for (auto& lv : levels_)
                 for (std::size_t i = 0; i < wheel_size_; ++i) take_all(lv.buckets[i], nodes);
             take_all(ready_, nodes);
-            take_all(running_, nodes);
+            for (std::size_t i = run_pos_; i < run_.size(); ++i) {
+                if (node* n = run_[i]) {
+                    n->prev = n->next = nullptr;
+                    n->state.store(timer_state::cancelled, std::memory_order_release);
+                    nodes.push_back(n);
+                }
+            }
+            run_.clear();
+            run_pos_ = 0;
             size_ = 0;
             queue_.close();
             advance_cv_.notify_all();
@@ -367,6 +452,14 @@ private:
         return std::min(u, std::numeric_limits<std::uint64_t>::max() - 1);
     }
 
+    // The last tick at or before t (0 for anything at or before the origin).
+    std::uint64_t floor_ticks(time_point t) const noexcept {
+        if (t <= origin_) return 0;
+        const std::uint64_t diff = static_cast<std::uint64_t>(t.time_since_epoch().count()) -
+                                   static_cast<std::uint64_t>(origin_.time_since_epoch().count());
+        return diff / tick_count_;
+    }
+
     // The time of tick u, saturating at time_point::max().
     time_point to_time(std::uint64_t u) const noexcept {
         const wide_rep t = static_cast<wide_rep>(origin_.time_since_epoch().count()) +
@@ -374,34 +467,39 @@ private:
         return time_point{duration{clamp_count<rep>(t)}};
     }
 
-    static void unlink(node& n) noexcept {
-        n.prev->next = n.next;
-        n.next->prev = n.prev;
+    // Unlinks n from its bucket list, or clears its slot in run_.
+    void unlink(node& n) noexcept {
+        if (n.prev == &run_marker_) {
+            run_[reinterpret_cast<std::uintptr_t>(n.next)] = nullptr;
+        } else {
+            n.prev->next = n.next;
+            n.next->prev = n.prev;
+        }
         n.prev = n.next = nullptr;
     }
 
-    static void splice_all(bucket& from, bucket& to) noexcept {
-        if (from.empty()) return;
-        node* first = from.head.next;
-        node* last = from.head.prev;
-        first->prev = to.head.prev;
-        to.head.prev->next = first;
-        last->next = &to.head;
-        to.head.prev = last;
-        from.head.prev = from.head.next = &from.head;
+    // Under the lock: appends n to the tasks this advance runs. A node in run_ has prev ==
+    // &run_marker_ and its index in next, so that cancel() can clear its slot in O(1).
+    void push_run(node* n) noexcept {  // terminates if the vector cannot grow
+        n->prev = &run_marker_;
+        n->next = reinterpret_cast<node*>(static_cast<std::uintptr_t>(run_.size()));
+        run_.push_back(n);
     }
 
-    // Under the lock: unlinks every node of b, marks it cancelled and appends it to out (which has
-    // room: out was reserved for size_ nodes).
-    static void take_all(bucket& b, std::vector<node*>& out) noexcept {
-        for (node* n = b.head.next; n != &b.head;) {
+    // Under the lock: unlinks every node of l, marks it cancelled and appends it to out (which
+    // has room: out was reserved for size_ nodes).
+    static void take_all(htw_list<Clock>& l, std::vector<node*>& out) noexcept {
+        for (node* n = l.head.next; n != &l.head;) {
             node* next = n->next;
             n->prev = n->next = nullptr;
             n->state.store(timer_state::cancelled, std::memory_order_release);
             out.push_back(n);
             n = next;
         }
-        b.head.prev = b.head.next = &b.head;
+        l.clear();
+    }
+    static void take_all(bucket& b, std::vector<node*>& out) noexcept {
+        for (auto& l : b.lane) take_all(l, out);
         b.queued = false;
     }
 
@@ -416,12 +514,17 @@ private:
         b.queued = true;
     }
 
-    // Under the lock: puts n where tick u belongs. `wake`: a due task must get the ready bucket
-    // queued (schedule); a flush runs its ready tasks itself. Throws only before changing anything.
-    void place(node* n, std::uint64_t u, bool wake) {
-        if (u <= levels_[0].current) {
-            if (wake && !is_queued(ready_)) enqueue(ready_, 0, time_point::min());
-            ready_.push_back(n);
+    // Under the lock: puts n where tick u belongs. A task whose tick is at most `due` is ready:
+    // from schedule (`wake`), it goes to the ready bucket, which gets queued as due; from a flush,
+    // it goes straight to run_. Throws only before changing anything.
+    void place(node* n, std::uint64_t u, bool wake, std::uint64_t due) {
+        if (u <= due) {
+            if (wake) {
+                if (!is_queued(ready_)) enqueue(ready_, 0, time_point::min());
+                ready_.lane[0].push_back(n);
+            } else {
+                push_run(n);  // a flush: runs in this advance
+            }
             return;
         }
         for (std::size_t k = 0;; ++k) {
@@ -442,7 +545,9 @@ private:
     }
 
     // Under the lock: handles one reference taken from the queue. True unless it was stale.
-    bool process(const bucket_ref& r) noexcept {
+    // `now`: Clock's time in whole ticks. A task whose tick has passed on Clock runs in this
+    // advance straight from whatever level it is at, rather than falling level by level.
+    bool process(const bucket_ref& r, std::uint64_t now) noexcept {
         bucket& b = *r.bucket;
         if (!is_queued(b) || b.gen != r.gen || r.epoch != epoch_) return false;
         b.queued = false;
@@ -454,15 +559,10 @@ private:
             if (c > lv.current) lv.current = c;
         }
         // flush: re-insert every task; due ones become ready, the rest fall to finer levels
-        if (b.empty()) return true;
-        node* n = b.head.next;
-        b.head.prev->next = nullptr;
-        b.head.prev = b.head.next = &b.head;
-        while (n) {
-            node* next = n->next;
-            place(n, to_ticks(n->deadline), false);  // can only throw on allocation failure
-            n = next;
-        }
+        const std::uint64_t due = std::max(now, levels_[0].current);
+        b.drain([this, due](node* n) {
+            place(n, to_ticks(n->deadline), false, due);  // throws only on allocation failure
+        });
         return true;
     }
 
@@ -474,15 +574,29 @@ private:
         queue_.clear();
     }
 
-    // Runs the tasks in running_, one at a time; each stays cancellable until it starts.
+    // Runs the tasks in run_, one at a time; each stays cancellable until it starts. run_ is an
+    // array rather than a list so that the nodes ahead can be prefetched: running a large batch
+    // does not wait for one cache miss after another.
     void run_ready() {
+        constexpr std::size_t ahead = 8;
         for (;;) {
             node* n;
             {
                 std::lock_guard lk(m_);
-                if (running_.empty()) return;
-                n = running_.head.next;
-                unlink(*n);
+                while (run_pos_ < run_.size() && run_[run_pos_] == nullptr) ++run_pos_;
+                if (run_pos_ == run_.size()) {
+                    if (run_.capacity() > (std::size_t{1} << 16)) {
+                        std::vector<node*>().swap(run_);
+                    } else {
+                        run_.clear();
+                    }
+                    run_pos_ = 0;
+                    return;
+                }
+                n = run_[run_pos_++];
+                if (run_pos_ + ahead < run_.size() && run_[run_pos_ + ahead])
+                    __builtin_prefetch(run_[run_pos_ + ahead], 1);
+                n->prev = n->next = nullptr;
                 n->state.store(timer_state::expired, std::memory_order_release);
                 --size_;
             }
@@ -511,8 +625,10 @@ private:
 
     mutable std::mutex m_;
     std::vector<level> levels_;
-    bucket ready_;    // due tasks waiting for the next advance
-    bucket running_;  // due tasks the current advance is running
+    bucket ready_;                // due tasks waiting for the next advance (lane 0 only)
+    std::vector<node*> run_;      // due tasks the current advance runs; nullptr: cancelled
+    std::size_t run_pos_ = 0;     // the next one to run
+    node run_marker_;             // prev of a node in run_ (an address, never linked)
     std::size_t size_ = 0;
     std::uint64_t epoch_ = 0;
     bool stopped_ = false;
