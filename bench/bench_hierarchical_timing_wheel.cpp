@@ -16,15 +16,14 @@
 // 160 s) and own_thread = false; the hashed wheel with 65536 buckets (one round covers 65 s).
 #include <benchmark/benchmark.h>
 
-#include <delayq/delay_queue.hpp>
-#include <delayq/hashed_wheel_timer.hpp>
-#include <delayq/hierarchical_timing_wheel.hpp>
-#include <delayq/manual_clock.hpp>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <delayq/delay_queue.hpp>
+#include <delayq/hashed_wheel_timer.hpp>
+#include <delayq/hierarchical_timing_wheel.hpp>
+#include <delayq/manual_clock.hpp>
 #include <memory>
 #include <random>
 #include <vector>
@@ -60,7 +59,7 @@ struct item {
 // ---- the structures behind one interface -------------------------------------------------------
 
 class heap {
-public:
+  public:
     explicit heap(std::size_t) {}
     void insert(std::size_t, mtp at) { q_.put(item{at}); }
     void take_back(std::size_t, std::size_t count) {  // the `count` earliest, due or not
@@ -79,13 +78,13 @@ public:
         return k;
     }
 
-private:
+  private:
     delayq::delay_queue<item, mclock> q_;
 };
 
 template <class W>
 class wheel {
-public:
+  public:
     explicit wheel(std::size_t capacity) : w_(options()) { h_.resize(capacity); }
     ~wheel() { w_.stop(); }
     void insert(std::size_t slot, mtp at) { h_[slot] = w_.schedule_at(task{&fired}, at); }
@@ -105,7 +104,7 @@ public:
         return static_cast<std::size_t>(fired - before);
     }
 
-private:
+  private:
     static typename W::options options() {
         typename W::options o;
         o.tick = 1ms;
@@ -205,12 +204,17 @@ template <class S>
 void register_all(const char* name) {
     const std::string s = name;
     benchmark::RegisterBenchmark(("schedule/" + s).c_str(), schedule<S>)->Apply(sizes);
-    if constexpr (requires(S& x) { x.cancel(std::size_t{}); })
+    if constexpr (requires(S & x) { x.cancel(std::size_t{}); })
         benchmark::RegisterBenchmark(("cancel/" + s).c_str(), cancel<S>)->Apply(sizes);
-    benchmark::RegisterBenchmark(("expire/" + s).c_str(), [](benchmark::State& st) { expire<S>(st, false); })
-        ->Apply(sizes)->Iterations(1);
-    benchmark::RegisterBenchmark(("expire_stepped/" + s).c_str(), [](benchmark::State& st) { expire<S>(st, true); })
-        ->Arg(1'000)->Arg(1'000'000)->Iterations(1);
+    benchmark::RegisterBenchmark(("expire/" + s).c_str(),
+                                 [](benchmark::State& st) { expire<S>(st, false); })
+        ->Apply(sizes)
+        ->Iterations(1);
+    benchmark::RegisterBenchmark(("expire_stepped/" + s).c_str(),
+                                 [](benchmark::State& st) { expire<S>(st, true); })
+        ->Arg(1'000)
+        ->Arg(1'000'000)
+        ->Iterations(1);
 }
 
 }  // namespace

@@ -1,9 +1,8 @@
-#include <delayq/hierarchical_timing_wheel.hpp>
-#include <delayq/manual_clock.hpp>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <delayq/hierarchical_timing_wheel.hpp>
+#include <delayq/manual_clock.hpp>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -85,7 +84,8 @@ TEST_CASE("htw: already expired tasks run at the next advance, never inside sche
     wheel w(manual(1ms, 3));
     std::vector<int> ran;
     std::vector<handle> hs;
-    for (int d = -5; d <= -1; ++d) hs.push_back(w.schedule([&ran, d] { ran.push_back(d); }, std::chrono::milliseconds(d)));
+    for (int d = -5; d <= -1; ++d)
+        hs.push_back(w.schedule([&ran, d] { ran.push_back(d); }, std::chrono::milliseconds(d)));
     CHECK(ran.empty());  // never inside schedule
     CHECK(w.size() == 5);
     for (auto& h : hs) CHECK(h.pending());
@@ -119,7 +119,8 @@ TEST_CASE("htw: delays 0..499 each run exactly once, on time") {
         deadline[i] = h.deadline();
     }
     std::vector<int> extra(10, 0);
-    for (int i = 0; i < 10; ++i) w.schedule([&extra, i] { ++extra[i]; }, std::chrono::milliseconds(i));
+    for (int i = 0; i < 10; ++i)
+        w.schedule([&extra, i] { ++extra[i]; }, std::chrono::milliseconds(i));
     CHECK(w.size() == 510);
     CHECK(w.levels() >= 5);  // 3, 9, 27, 81, 243, 729 ticks
     for (int step = 0; step < 2000 && w.size() > 0; ++step) {
@@ -239,8 +240,8 @@ TEST_CASE("htw: never early and at most one tick late across 5 levels") {
     for (int i = 0; i < n; ++i) {
         INFO("task " << i << " deadline " << deadline[i].time_since_epoch().count());
         REQUIRE(count[i] == 1);
-        REQUIRE(ran_at[i] >= deadline[i]);                  // never early
-        REQUIRE(ran_at[i] - deadline[i] < tick);            // less than one tick late
+        REQUIRE(ran_at[i] >= deadline[i]);                   // never early
+        REQUIRE(ran_at[i] - deadline[i] < tick);             // less than one tick late
         REQUIRE(ran_at[i] == grid_ceil(deadline[i], tick));  // exactly at the grid point
         if (ran_at[i] == deadline[i]) ++exact;
     }
@@ -316,7 +317,7 @@ TEST_CASE("htw: cancel frees the task and the place at once; max_pending") {
     CHECK(h1.cancel());
     CHECK(p.use_count() == 1);  // destroyed inside cancel()
     CHECK(w.size() == 1);
-    CHECK_FALSE(h1.cancel());   // only once
+    CHECK_FALSE(h1.cancel());  // only once
     CHECK(h1.cancelled());
     CHECK_FALSE(h1.expired());
     auto h3 = w.schedule([] {}, 30ms);  // the place is free at once
@@ -506,7 +507,12 @@ TEST_CASE("htw: own_thread runs tasks on the reaper, driven by the clock") {
     wheel w(o);
     std::atomic<int> ran{0};
     std::thread::id runner;
-    auto h = w.schedule([&] { runner = std::this_thread::get_id(); ++ran; }, 10ms);
+    auto h = w.schedule(
+        [&] {
+            runner = std::this_thread::get_id();
+            ++ran;
+        },
+        10ms);
     REQUIRE(eventually([] { return manual_clock::sleepers() > 0; }));
     manual_clock::advance(9ms);
     REQUIRE(eventually([] { return manual_clock::sleepers() > 0; }));
@@ -543,7 +549,12 @@ TEST_CASE("htw: stop and destruction from inside a task do not deadlock") {
 
     std::atomic<bool> destroyed{false};
     auto w2 = std::make_unique<wheel>(o);
-    w2->schedule([&] { w2.reset(); destroyed = true; }, 0ms);
+    w2->schedule(
+        [&] {
+            w2.reset();
+            destroyed = true;
+        },
+        0ms);
     REQUIRE(eventually([&] { return destroyed.load(); }));
 }
 
@@ -553,7 +564,8 @@ TEST_CASE("htw: property: random schedule, cancel and advance against a sorted m
         manual_clock::reset();
         wheel w(manual(tick, seed == 4 ? 2 : 5));
         std::mt19937_64 rng(seed);
-        std::multimap<mtp, int> model;  // the reference: pending tasks by the grid point they run at
+        std::multimap<mtp, int>
+            model;  // the reference: pending tasks by the grid point they run at
         std::map<int, std::multimap<mtp, int>::iterator> where;
         std::vector<handle> hs;
         std::vector<int> runs;
@@ -563,7 +575,8 @@ TEST_CASE("htw: property: random schedule, cancel and advance against a sorted m
         for (; steps < 6000; ++steps) {
             const int op = static_cast<int>(rng() % 10);
             if (op < 5) {  // schedule, from 3 ticks in the past to ~2000 ticks ahead, off the grid
-                const std::int64_t span = static_cast<std::int64_t>(rng() % 2'000'000'000ULL) - 3'000'000;
+                const std::int64_t span =
+                    static_cast<std::int64_t>(rng() % 2'000'000'000ULL) - 3'000'000;
                 const std::int64_t d = (rng() % 4 == 0) ? span - span % tick.count() : span;
                 const int id = static_cast<int>(hs.size());
                 const mtp dl = manual_clock::now() + std::chrono::nanoseconds(d);
@@ -588,8 +601,9 @@ TEST_CASE("htw: property: random schedule, cancel and advance against a sorted m
                 REQUIRE(hs[id].pending() == false);
             } else {  // move the clock, mostly a little, sometimes far, and advance
                 const auto r = rng() % 100;
-                const std::int64_t by = r < 90 ? static_cast<std::int64_t>(rng() % 5'000'000)
-                                               : static_cast<std::int64_t>(rng() % 3'000'000'000ULL);
+                const std::int64_t by = r < 90
+                                            ? static_cast<std::int64_t>(rng() % 5'000'000)
+                                            : static_cast<std::int64_t>(rng() % 3'000'000'000ULL);
                 manual_clock::advance(std::chrono::nanoseconds(by));
                 ran_now.clear();
                 w.advance_clock(0ns);  // one call runs everything due
@@ -610,7 +624,8 @@ TEST_CASE("htw: property: random schedule, cancel and advance against a sorted m
         for (std::size_t i = 0; i < runs.size(); ++i) REQUIRE(runs[i] <= 1);
         auto left = w.stop();
         REQUIRE(left.size() == model.size());
-        for (std::size_t i = 1; i < left.size(); ++i) REQUIRE(left[i - 1].deadline() <= left[i].deadline());
+        for (std::size_t i = 1; i < left.size(); ++i)
+            REQUIRE(left[i - 1].deadline() <= left[i].deadline());
     }
 }
 
@@ -636,7 +651,8 @@ TEST_CASE("htw: threads schedule and cancel; every task runs once or is cancelle
             for (int i = 0; i < per; ++i) {
                 const int id = t * per + i;
                 const auto d = std::chrono::microseconds(rng() % 50'000);
-                deadlines[id] = manual_clock::now() + d;  // written before schedule: read by the task
+                deadlines[id] =
+                    manual_clock::now() + d;  // written before schedule: read by the task
                 auto dl = deadlines[id];
                 mine.emplace_back(id, w.schedule_at(
                                           [&, id, dl] {
@@ -695,9 +711,11 @@ TEST_CASE("htw: real clock: tasks run on time on the reaper thread") {
             [&, dl] {
                 const auto now = std::chrono::steady_clock::now();
                 if (now < dl) ++early;
-                const auto late = std::chrono::duration_cast<std::chrono::microseconds>(now - dl).count();
+                const auto late =
+                    std::chrono::duration_cast<std::chrono::microseconds>(now - dl).count();
                 std::int64_t w0 = worst_late_us.load();
-                while (late > w0 && !worst_late_us.compare_exchange_weak(w0, late)) {}
+                while (late > w0 && !worst_late_us.compare_exchange_weak(w0, late)) {
+                }
                 ++ran;
             },
             dl);
@@ -706,4 +724,60 @@ TEST_CASE("htw: real clock: tasks run on time on the reaper thread") {
     CHECK(early == 0);
     CHECK(w.size() == 0);
     WARN("worst lateness " << worst_late_us.load() << " us (tick 1 ms)");
+}
+
+namespace {
+struct owning_task {  // move-only; a moved-from one has no body
+    std::unique_ptr<int> body = std::make_unique<int>(1);
+    void operator()() const {}
+};
+}  // namespace
+
+TEST_CASE("htw: a refused schedule leaves the task untouched") {
+    manual_clock::reset();
+    auto o = manual(1ms, 8);
+    o.max_pending = 1;
+    wheel w(o);
+    w.schedule(owning_task{}, 1ms);
+    owning_task t;
+    CHECK_THROWS_AS(w.schedule(std::move(t), 1ms), delayq::rejected_error);
+    CHECK(t.body != nullptr);  // not moved from
+    CHECK(w.size() == 1);
+    w.stop();
+    owning_task t2;
+    CHECK_THROWS_AS(w.schedule(std::move(t2), 1ms), delayq::rejected_error);
+    CHECK(t2.body != nullptr);
+    CHECK(w.size() == 0);
+}
+
+TEST_CASE("htw: a clock near time_point::min() or max()") {
+    // never early, and run within one more tick, at both ends of the clock's range
+    for (mtp start : {mtp::min() + 5ns, mtp::max() - 10us}) {
+        manual_clock::set(start);
+        wheel w(manual(1000ns, 4));
+        int ran = 0;
+        mtp ran_at{};
+        auto h = w.schedule(
+            [&] {
+                ++ran;
+                ran_at = manual_clock::now();
+            },
+            5000ns);
+        auto never = w.schedule([&] { ++ran; }, 1h);  // saturates near max(): then never runs
+        manual_clock::advance(4999ns);
+        drain(w);
+        CHECK(ran == 0);
+        manual_clock::advance(1ns);  // at the deadline
+        drain(w);
+        manual_clock::advance(1000ns);  // one tick later at the latest
+        drain(w);
+        CHECK(h.expired());
+        CHECK(ran_at >= h.deadline());
+        CHECK(ran_at - h.deadline() <= 1000ns);  // observed at our step: at most one tick
+        if (never.deadline() == mtp::max()) {
+            CHECK(ran == 1);
+            CHECK(never.pending());
+        }
+    }
+    manual_clock::reset();
 }

@@ -7,14 +7,15 @@
 // `wheel_size` buckets each as wide as the whole of level k, and is created only when a task needs
 // it. Each level has a current time (its own tick grid, rounded down). A task goes to the finest
 // level whose span from that level's current time covers u, into the bucket of u; the bucket's
-// expiry is the start of its span (u rounded down to the level's tick). A bucket is a circular
-// intrusive list of task nodes. Whenever an insertion gives a bucket a new expiry, a reference to
-// the bucket is put into a delay_queue<bucket_ref, Clock>: the buckets model Delayed and the same
-// queue that serves as a heap of elements serves as the wheel's clock. advance_clock() takes the
-// first due bucket from that queue (sleeping until one is due, up to a limit), moves every level's
-// current time up to the bucket's expiry, empties the bucket and re-inserts each task: a task whose
-// tick u has been reached becomes ready and runs; the others fall to a finer level. Then every
-// other due bucket is taken without blocking. Empty ticks cost nothing: no bucket, no wake-up.
+// expiry is the start of its span (u rounded down to the level's tick). A bucket holds its task
+// nodes in circular intrusive lists (O(1) insert and cancel). Whenever an insertion gives a bucket
+// a new expiry, a reference to the bucket is put into a delay_queue<bucket_ref, Clock>: buckets
+// model Delayed, and the queue that serves as a heap of elements serves as the wheel's clock.
+// advance_clock() takes the first due bucket from that queue (sleeping until one is due, up to a
+// limit), moves every level's current time up to the bucket's expiry, empties the bucket and
+// re-inserts each task: a task whose tick u has been reached becomes ready and runs; the others
+// fall to a finer level. Then every other due bucket is taken without blocking. Empty ticks cost
+// nothing: no bucket, no wake-up.
 //
 //              level 2: tick 25, span 125     [ 0  | 25 | 50 | 75 | 100 ]
 //                                                     |  flushed at 25: its tasks re-insert
@@ -36,9 +37,17 @@
 //   advance_clock() takes buckets without the core lock, flushes them under it, and runs each task
 //   with no lock held. Only one thread advances at a time; a call from inside a task returns false.
 // - A task that is due when scheduled goes to a "ready" bucket that is queued as already due, so it
-//   runs in the next advance_clock(), never inside schedule().
-// - Tasks taken for running stay cancellable until the moment each one starts: cancelling a task
-//   whose bucket is being flushed works (cancel() returns true and the task never runs).
+//   runs in the next advance_clock(), never inside schedule(). A task that a task schedules runs in
+//   a later advance_clock(), so one call does a bounded amount of work.
+// - When a bucket is flushed, a task whose tick has already passed on Clock (the driver was late,
+//   or the clock jumped) runs straight away instead of falling level by level: a late driver pays
+//   one flush per task, not one per level.
+// - The tasks a flush makes due sit in an array until each one runs and stay cancellable until the
+//   moment it starts: cancelling a task whose bucket is being flushed works (cancel() returns true,
+//   the task never runs). The array lets the runner prefetch the nodes ahead.
+// - A bucket's tasks are spread over a few lists ("lanes") that a flush walks in turn, prefetching
+//   each lane's next node: a flush waits for several cache misses at once rather than one after the
+//   other down one long list.
 // - Buckets whose tasks were all cancelled stay in the delay queue until due (as in Kafka) and are
 //   then flushed empty; when the last pending task is cancelled the queue is cleared, so an idle
 //   timer sleeps without a deadline (the reaper may wake once more, at the old head's deadline).
@@ -84,10 +93,10 @@ struct hierarchical_timing_wheel_options {
     using duration = typename Clock::duration;
 
     duration tick = std::chrono::duration_cast<duration>(std::chrono::milliseconds(1));  // > 0
-    std::size_t wheel_size = 20;   // > 1 (and at most 2^24)
-    std::size_t max_pending = 0;   // 0 = unbounded
+    std::size_t wheel_size = 20;                       // > 1 (and at most 2^24)
+    std::size_t max_pending = 0;                       // 0 = unbounded
     std::function<void(std::exception_ptr)> on_error;  // a task that throws; the wheel carries on
-    bool own_thread = true;        // false: the caller drives advance_clock()
+    bool own_thread = true;                            // false: the caller drives advance_clock()
 };
 
 namespace detail {
@@ -147,7 +156,7 @@ struct htw_bucket {
     std::uint64_t gen = 0;     // bumped at each put into the delay queue
     std::uint64_t epoch = 0;   // the core's epoch at that put
     unsigned next_lane = 0;
-    bool queued = false;       // a reference with this gen is in the delay queue
+    bool queued = false;  // a reference with this gen is in the delay queue
 
     htw_bucket() noexcept = default;
     htw_bucket(const htw_bucket&) = delete;
@@ -218,7 +227,7 @@ inline void htw_set_timer_slack() noexcept {
 // Reference-counted (timer_core): the timer, its reaper thread and every live node hold it.
 template <class Clock>
 class htw_core final : public timer_core<Clock> {
-public:
+  public:
     using node = timer_node<Clock>;
     using bucket = htw_bucket<Clock>;
     using bucket_ref = htw_bucket_ref<Clock>;
@@ -227,14 +236,18 @@ public:
     using rep = typename duration::rep;
 
     htw_core(const hierarchical_timing_wheel_options<Clock>& o, time_point start)
-        : tick_(o.tick), tick_count_(static_cast<std::uint64_t>(o.tick.count())),
-          wheel_size_(o.wheel_size), max_pending_(o.max_pending), on_error_(o.on_error) {
-        // origin = start rounded down to the tick grid (floor, also for negative times)
+        : tick_(o.tick),
+          tick_count_(static_cast<std::uint64_t>(o.tick.count())),
+          wheel_size_(o.wheel_size),
+          max_pending_(o.max_pending),
+          on_error_(o.on_error) {
+        // origin = start rounded down to the tick grid (floor, also for negative times; a start
+        // within one tick of time_point::min() gives time_point::min(), off the grid)
         const rep t = start.time_since_epoch().count();
         const rep k = o.tick.count();
         rep q = t / k;
         if (t % k != 0 && t < 0) --q;
-        origin_ = time_point{duration{q * k}};
+        origin_ = time_point{duration{clamp_count<rep>(static_cast<wide_rep>(q) * k)}};
         levels_.push_back(make_level(1));
     }
 
@@ -246,7 +259,7 @@ public:
             if (n.load_state() != timer_state::pending) return false;
             unlink(n);
             n.state.store(timer_state::cancelled, std::memory_order_release);
-            if (--size_ == 0) forget_buckets();
+            unreserve();
         }
         n.destroy_task();  // the node is ours alone now: destroy the task outside the lock
         n.release(*this);  // the timer's reference
@@ -258,31 +271,36 @@ public:
     template <class F>
     timeout<Clock> schedule_at(F&& task, time_point deadline) {
         {
-            std::lock_guard lk(m_);  // cheap early refusal, before allocating
+            // Refuse, or reserve a place (size() counts it from now), before the task is moved:
+            // a refused task is left untouched.
+            std::lock_guard lk(m_);
             if (stopped_) throw rejected_error("hierarchical_timing_wheel: stopped");
+            if (max_pending_ != 0 && size_ >= max_pending_)
+                throw rejected_error("hierarchical_timing_wheel: max_pending reached");
+            ++size_;
         }
-        node* n = make_node<Clock>(std::forward<F>(task), deadline, *this);
+        node* n;
+        try {
+            n = make_node<Clock>(std::forward<F>(task), deadline, *this);
+        } catch (...) {
+            std::lock_guard lk(m_);
+            if (!stopped_) unreserve();
+            throw;
+        }
         std::unique_lock lk(m_);
-        const char* refused = nullptr;
-        if (stopped_) {
-            refused = "hierarchical_timing_wheel: stopped";
-        } else if (max_pending_ != 0 && size_ >= max_pending_) {
-            refused = "hierarchical_timing_wheel: max_pending reached";
-        } else {
-            try {
-                place(n, to_ticks(deadline), true, levels_[0].current);
-            } catch (...) {
-                lk.unlock();
-                n->release(*this);
-                throw;
-            }
-        }
-        if (refused) {
+        if (stopped_) {  // stop() came in between (it has already let go of the reservation)
             lk.unlock();
             n->release(*this);
-            throw rejected_error(refused);
+            throw rejected_error("hierarchical_timing_wheel: stopped");
         }
-        ++size_;
+        try {
+            place(n, to_ticks(deadline), true, levels_[0].current);
+        } catch (...) {
+            unreserve();
+            lk.unlock();
+            n->release(*this);
+            throw;
+        }
         n->acquire();  // the timer's reference; the caller's becomes the handle's
         return timeout<Clock>(n, this);
     }
@@ -419,11 +437,12 @@ public:
         const std::uint64_t u = to_ticks(t.deadline());
         if (u <= levels_[0].current) return -1;
         for (std::size_t k = 0; k < levels_.size(); ++k)
-            if (u < htw_sat_add(levels_[k].current, levels_[k].interval)) return static_cast<int>(k);
+            if (u < htw_sat_add(levels_[k].current, levels_[k].interval))
+                return static_cast<int>(k);
         return -1;
     }
 
-private:
+  private:
     struct level {
         std::uint64_t tick;      // in level-0 ticks
         std::uint64_t interval;  // tick * wheel_size (saturating)
@@ -566,6 +585,11 @@ private:
         return true;
     }
 
+    // Under the lock: one pending task fewer (cancelled, or a schedule that failed).
+    void unreserve() noexcept {
+        if (--size_ == 0) forget_buckets();
+    }
+
     // Under the lock, when nothing is pending: drops every bucket reference, so that an idle
     // reaper sleeps without a deadline.
     void forget_buckets() noexcept {
@@ -625,10 +649,10 @@ private:
 
     mutable std::mutex m_;
     std::vector<level> levels_;
-    bucket ready_;                // due tasks waiting for the next advance (lane 0 only)
-    std::vector<node*> run_;      // due tasks the current advance runs; nullptr: cancelled
-    std::size_t run_pos_ = 0;     // the next one to run
-    node run_marker_;             // prev of a node in run_ (an address, never linked)
+    bucket ready_;             // due tasks waiting for the next advance (lane 0 only)
+    std::vector<node*> run_;   // due tasks the current advance runs; nullptr: cancelled
+    std::size_t run_pos_ = 0;  // the next one to run
+    node run_marker_;          // prev of a node in run_ (an address, never linked)
     std::size_t size_ = 0;
     std::uint64_t epoch_ = 0;
     bool stopped_ = false;
@@ -644,7 +668,7 @@ private:
 /// Kafka's hierarchical timing wheel (see the top of this header). Thread-safe.
 template <class Clock = std::chrono::steady_clock>
 class hierarchical_timing_wheel {
-public:
+  public:
     using clock = Clock;
     using time_point = typename Clock::time_point;
     using duration = typename Clock::duration;
@@ -692,12 +716,14 @@ public:
     /// Runs `task` (any void() callable, move-only included) once `delay` has passed.
     /// Throws rejected_error when stopped or at max_pending.
     template <class F, class Rep, class Period>
+        requires std::is_invocable_v<std::decay_t<F>&>
     timeout<Clock> schedule(F&& task, std::chrono::duration<Rep, Period> delay) {
         return core_->schedule_at(std::forward<F>(task), detail::deadline_after<Clock>(delay));
     }
 
     /// Runs `task` once Clock reaches `deadline` (a past deadline: at the next advance).
     template <class F>
+        requires std::is_invocable_v<std::decay_t<F>&>
     timeout<Clock> schedule_at(F&& task, time_point deadline) {
         return core_->schedule_at(std::forward<F>(task), deadline);
     }
@@ -743,7 +769,7 @@ public:
     /// The level a pending task sits at, or -1 when it is ready to run or no longer pending.
     int level_of(const timeout<Clock>& t) const { return core_->level_of(t); }
 
-private:
+  private:
     detail::htw_core<Clock>* core_ = nullptr;
     std::mutex join_m_;
     std::jthread thread_;
