@@ -23,7 +23,7 @@ struct hierarchical {
         wheel::options o;
         o.tick = duration{tick};
         o.wheel_size = in.ConsumeBool() ? in.ConsumeIntegralInRange<std::size_t>(2, 8)
-                                        : in.ConsumeIntegralInRange<std::size_t>(2, 512);
+                                        : in.ConsumeIntegralInRange<std::size_t>(2, 64);
         o.max_pending = max_pending;
         o.on_error = on_error;
         o.own_thread = false;
