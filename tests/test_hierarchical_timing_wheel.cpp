@@ -781,3 +781,28 @@ TEST_CASE("htw: a clock near time_point::min() or max()") {
     }
     manual_clock::reset();
 }
+
+TEST_CASE("htw: next_expiry tells an event loop when to call advance_clock") {
+    manual_clock::reset();
+    wheel w(manual(1ms, 4));
+    CHECK_FALSE(w.next_expiry());
+    auto h = w.schedule([] {}, 2500us);
+    REQUIRE(w.next_expiry());
+    CHECK(*w.next_expiry() <= mtp{3ms});  // never late: the bucket's expiry
+    CHECK(h.cancel());
+    CHECK_FALSE(w.next_expiry());  // nothing pending: nothing to wait for
+    int ran = 0;
+    w.schedule([&] { ++ran; }, 2500us);
+    // an event loop: sleep (move the clock) until next_expiry, then advance
+    for (int i = 0; i < 10 && ran == 0; ++i) {
+        auto next = w.next_expiry();
+        REQUIRE(next);
+        if (*next > manual_clock::now()) manual_clock::set(*next);
+        w.advance_clock(0ns);
+    }
+    CHECK(ran == 1);
+    CHECK(manual_clock::now() == mtp{3ms});
+    w.schedule([] {}, -1ms);
+    REQUIRE(w.next_expiry());
+    CHECK(*w.next_expiry() <= manual_clock::now());  // due now
+}

@@ -310,6 +310,8 @@ class htw_core final : public timer_core<Clock> {
         return size_;
     }
 
+    std::optional<time_point> next_expiry() const { return queue_.next_deadline(); }
+
     bool stopped() const {
         std::lock_guard lk(m_);
         return stopped_;
@@ -744,6 +746,11 @@ class hierarchical_timing_wheel {
 
     /// Tasks neither run nor cancelled (due ones included).
     std::size_t size() const { return core_->size(); }
+
+    /// When advance_clock() will next have a bucket to process (a time in the past: now), for an
+    /// event loop's poll timeout with own_thread = false; nullopt when nothing is queued. It may be
+    /// early (a bucket whose tasks were all cancelled), never late.
+    std::optional<time_point> next_expiry() const { return core_->next_expiry(); }
 
     /// Refuses further schedules, cancels every pending task and returns their handles (now
     /// cancelled(), their cancel() false), earliest first. Joins the reaper unless called from one
