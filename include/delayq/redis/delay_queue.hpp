@@ -35,7 +35,11 @@
 // interval only) and ends the block itself with CLIENT UNBLOCK from a second connection. With
 // nothing pending it blocks for at most `max_block` (a lost wake-up is bounded by it) and then
 // runs the take script again: two commands per `max_block` while idle. Timeouts are never below
-// 2 ms (Redis < 7.0.8 reads a tiny timeout as "forever").
+// 2 ms (Redis < 7.0.8 reads a tiny timeout as "forever"). Every idle consumer waits for the same
+// head, so when it comes due they all look; one gets it, the others wait for the next.
+//
+// Batches. put_many, take_many and ack_many run the same scripts over up to 500 jobs per call: a
+// round trip costs far more than a job's share of script time, so they are the way to throughput.
 //
 // Threads and connections. A hiredis context is not thread-safe, so the object keeps a pool of
 // connections: a call borrows one, gives it back afterwards, and drops it after an I/O error so the
@@ -43,7 +47,11 @@
 // A take blocked on one thread holds only its own connection.
 #pragma once
 
+#if __has_include(<hiredis/hiredis.h>)
 #include <hiredis/hiredis.h>
+#else
+#include <hiredis.h>  // hiredis 1.0's pkg-config file points inside include/hiredis
+#endif
 #include <poll.h>
 #include <sys/time.h>
 
@@ -55,7 +63,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -117,7 +124,7 @@ inline timeval to_timeval(milliseconds d) {
     return tv;
 }
 
-inline bool starts_with(const redisReply* r, std::string_view prefix) {
+inline bool error_starts_with(const redisReply* r, std::string_view prefix) {
     return r->type == REDIS_REPLY_ERROR && std::string_view(r->str, r->len).substr(0, prefix.size()) == prefix;
 }
 
@@ -192,7 +199,7 @@ public:
         reply_ptr reply(static_cast<redisReply*>(r));
         // The server closes the connection right after a protocol error (e.g. a payload beyond
         // proto-max-bulk-len): do not hand it to the next call.
-        if (starts_with(reply.get(), "ERR Protocol error")) broken_ = true;
+        if (error_starts_with(reply.get(), "ERR Protocol error")) broken_ = true;
         return reply;
     }
 
@@ -549,7 +556,7 @@ private:
         const auto give_up = std::chrono::steady_clock::now() + opt_.io_timeout;
         for (;;) {
             auto r = c.command(args);
-            if (!detail::starts_with(r.get(), "LOADING") || std::chrono::steady_clock::now() >= give_up) return r;
+            if (!detail::error_starts_with(r.get(), "LOADING") || std::chrono::steady_clock::now() >= give_up) return r;
             std::this_thread::sleep_for(std::chrono::milliseconds(10));
         }
     }
@@ -590,7 +597,7 @@ private:
         for (bool reloaded = false;; reloaded = true) {
             auto r = run(c, argv);
             if (r->type != REDIS_REPLY_ERROR) return r;
-            if (reloaded || !detail::starts_with(r.get(), "NOSCRIPT")) bad_reply("script", r.get());
+            if (reloaded || !detail::error_starts_with(r.get(), "NOSCRIPT")) bad_reply("script", r.get());
             load(c, s);
         }
     }
