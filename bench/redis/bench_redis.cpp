@@ -51,12 +51,7 @@ std::string id_of(int run, int i) {
 
 const std::string payload16 = "0123456789abcdef";
 
-delayq::redis::options opts(int port, const std::string& name) {
-    delayq::redis::options o;
-    o.port = port;
-    o.name = name;
-    return o;
-}
+using delayq_test::queue_options;
 
 double seconds(clk::duration d) { return std::chrono::duration<double>(d).count(); }
 
@@ -67,7 +62,7 @@ long long info_number(const delayq_test::redis_server& srv, const std::string& s
 
 // 4 producer threads sharing one queue object; `batch` > 1 uses put_many with that many jobs a call.
 void put_only(int port, int jobs, int batch) {
-    delayq::redis::delay_queue q(opts(port, "bench-put-" + std::to_string(batch)));
+    delayq::redis::delay_queue q(queue_options(port, "bench-put-" + std::to_string(batch)));
     const int per = jobs / 4;
     const auto start = clk::now();
     std::vector<std::thread> ts;
@@ -114,7 +109,7 @@ struct lateness {
 // Consumers take and ack until every job is acked.
 // `batch` > 1: producers use put_many and consumers take_many/ack_many, `batch` jobs a call.
 void end_to_end(int port, int jobs, double rate, int batch, const char* name) {
-    delayq::redis::delay_queue q(opts(port, name));
+    delayq::redis::delay_queue q(queue_options(port, name));
     std::atomic<int> acked{0};
     lateness late;
     const int per = jobs / 4;
@@ -173,7 +168,7 @@ void end_to_end(int port, int jobs, double rate, int batch, const char* name) {
 // One consumer blocked in take(1 h) on an empty queue; counts the commands it sends (commandstats
 // also counts the commands its scripts run inside the server: those are left out).
 void idle(const delayq_test::redis_server& srv, int seconds_) {
-    delayq::redis::delay_queue q(opts(srv.port(), "bench-idle"));
+    delayq::redis::delay_queue q(queue_options(srv.port(), "bench-idle"));
     (void)q.take(0ms);  // connect and load the scripts first
     std::atomic<bool> stop{false};
     std::thread consumer([&] {
@@ -187,7 +182,7 @@ void idle(const delayq_test::redis_server& srv, int seconds_) {
     const std::string stats = srv.text({"INFO", "commandstats"});
     const double s = seconds(clk::now() - start);
     stop = true;
-    delayq::redis::delay_queue(opts(srv.port(), "bench-idle")).put_after("stop", "", 0ms);
+    delayq::redis::delay_queue(queue_options(srv.port(), "bench-idle")).put_after("stop", "", 0ms);
     consumer.join();
     long long calls = 0;
     for (const char* cmd : {"cmdstat_evalsha:", "cmdstat_bzpopmin:", "cmdstat_client|unblock:", "cmdstat_client|id:",
@@ -200,7 +195,7 @@ void idle(const delayq_test::redis_server& srv, int seconds_) {
 }
 
 void memory(const delayq_test::redis_server& srv, int n) {
-    delayq::redis::delay_queue q(opts(srv.port(), "bench-mem"));
+    delayq::redis::delay_queue q(queue_options(srv.port(), "bench-mem"));
     (void)q.size();
     const long long before = info_number(srv, "memory", "used_memory:");
     const int per = n / 4;

@@ -3,6 +3,7 @@
 // nothing behind. The tests never touch a server they did not start.
 #pragma once
 
+#include <delayq/redis/delay_queue.hpp>
 #include <hiredis/hiredis.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -221,6 +222,18 @@ bool eventually(F&& cond, std::chrono::milliseconds limit = std::chrono::seconds
         std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
     return true;
+}
+
+// Options for queue `name` on the server at `port`, everything else left at its default.
+inline delayq::redis::options queue_options(int port, std::string name = "q") {
+    delayq::redis::options o;
+    o.port = port;
+    o.name = std::move(name);
+    return o;
+}
+
+inline delayq::redis::options opts(const redis_server& s, std::string name = "q") {
+    return queue_options(s.port(), std::move(name));
 }
 
 }  // namespace delayq_test

@@ -20,18 +20,8 @@
 using namespace std::chrono_literals;
 using delayq::redis::delay_queue;
 using delayq_test::eventually;
+using delayq_test::opts;
 using delayq_test::redis_server;
-
-namespace {
-
-delayq::redis::options opts(const redis_server& s, std::string name = "q") {
-    delayq::redis::options o;
-    o.port = s.port();
-    o.name = std::move(name);
-    return o;
-}
-
-}  // namespace
 
 TEST_CASE("bad options and ids are std::invalid_argument naming the problem") {
     delayq::redis::options o;

@@ -24,16 +24,10 @@
 using namespace std::chrono_literals;
 using delayq::redis::delay_queue;
 using delayq_test::eventually;
+using delayq_test::opts;
 using delayq_test::redis_server;
 
 namespace {
-
-delayq::redis::options opts(const redis_server& s, std::string name = "q") {
-    delayq::redis::options o;
-    o.port = s.port();
-    o.name = std::move(name);
-    return o;
-}
 
 // A child process whose stdout we read; killed and reaped on destruction.
 struct child {
