@@ -1,5 +1,6 @@
 // delayq::redis::delay_queue: a named delay queue shared through Redis (or Valkey) by many
-// producers and consumers on many machines. Needs hiredis (0.14 or 1.x) and Redis >= 5.
+// producers and consumers on many machines. Needs hiredis (0.14 or 1.x) and Redis >= 6.0 (fractional
+// BZPOPMIN timeouts) or Valkey.
 //
 // Keys. Every key of queue `name` is `dq:v1:{name}:<part>`; the hash tag `{name}` keeps them in one
 // Redis Cluster slot so each script may touch all of them, and `v1` lets a later layout coexist.
