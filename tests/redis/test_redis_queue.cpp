@@ -203,6 +203,8 @@ TEST_CASE("take with max_wait <= 0 does not block: a bounded take gives up on ti
     const auto took = std::chrono::steady_clock::now() - start;
     CHECK(took >= 300ms);
     CHECK(took < 3s);
+    REQUIRE(q.put_after("now", "", 0ms));
+    CHECK(q.take(std::chrono::milliseconds::max()));  // "forever" saturates, and a due job ends it
 }
 
 TEST_CASE("an idle consumer does not poll: INFO commandstats") {

@@ -454,7 +454,8 @@ public:
     /// first. Every job has its own lease and token.
     std::vector<job> take_many(std::size_t max_jobs, std::chrono::milliseconds max_wait) {
         using clock = std::chrono::steady_clock;
-        const auto limit = clock::now() + std::max(max_wait, std::chrono::milliseconds::zero());
+        const auto limit =
+            delayq::detail::saturating_add(clock::now(), std::max(max_wait, std::chrono::milliseconds::zero()));
         const std::string count = std::to_string(std::clamp<std::size_t>(max_jobs, 1, max_batch));
         auto c = borrow();
         bool recovered = false;
