@@ -56,6 +56,20 @@ void operator delete(void* p) noexcept {
         g_usable.fetch_sub(static_cast<std::int64_t>(malloc_usable_size(p)) + 8, std::memory_order_relaxed);
     std::free(p);
 }
+void* operator new(std::size_t n, std::align_val_t a) {
+    void* p = std::aligned_alloc(static_cast<std::size_t>(a), (n + static_cast<std::size_t>(a) - 1) & ~(static_cast<std::size_t>(a) - 1));
+    if (!p) throw std::bad_alloc();
+    if (g_counting.load(std::memory_order_relaxed)) {
+        g_requested.fetch_add(static_cast<std::int64_t>(n), std::memory_order_relaxed);
+        g_usable.fetch_add(static_cast<std::int64_t>(malloc_usable_size(p)) + 8, std::memory_order_relaxed);
+    }
+    return p;
+}
+void operator delete(void* p, std::align_val_t) noexcept { operator delete(p); }
+void operator delete(void* p, std::size_t n, std::align_val_t) noexcept {
+    if (p && g_counting.load(std::memory_order_relaxed)) g_requested.fetch_sub(static_cast<std::int64_t>(n), std::memory_order_relaxed);
+    operator delete(p);
+}
 void operator delete(void* p, std::size_t n) noexcept {
     if (p && g_counting.load(std::memory_order_relaxed)) g_requested.fetch_sub(static_cast<std::int64_t>(n), std::memory_order_relaxed);
     operator delete(p);

@@ -8,6 +8,7 @@
 #include <delayq/manual_clock.hpp>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -627,4 +628,37 @@ TEST_CASE("timer: threads schedule and cancel 1M tasks and every one is accounte
     CHECK(left.size() > 0);
     CHECK(ran + cancelled + left.size() == total);
     CHECK(t.pending() == 0);
+}
+
+TEST_CASE("tasks of every size: pooled slots of each size class and large captures on the heap") {
+    mc::reset();
+    auto alive = std::make_shared<std::atomic<int>>(0);
+    int ran = 0;
+    std::vector<handle> cancelled_ones;
+    {
+        wheel w(opts(1ms, 8));
+        auto add = [&](auto pad) {
+            for (int i = 0; i < 3000; ++i) {  // several slabs' worth of the small sizes
+                auto h = w.schedule([pad, t = tracker(alive), &ran] { ran += static_cast<int>(sizeof(pad) > 0); }, 1ms * (i % 5));
+                if (i % 3 == 0) {
+                    REQUIRE(h.cancel());
+                    cancelled_ones.push_back(h);
+                }
+            }
+        };
+        add(std::array<char, 1>{});
+        add(std::array<char, 40>{});
+        add(std::array<char, 200>{});   // the largest pooled size class
+        add(std::array<char, 1000>{});  // beyond the pool: one ordinary allocation
+        CHECK(*alive == 4 * 2000);
+        mc::set(tp{} + 4ms);
+        CHECK(w.advance() == 4 * 2000);
+        CHECK(ran == 4 * 2000);
+        CHECK(*alive == 0);
+        // The freed slots are used again.
+        for (int i = 0; i < 100; ++i) w.schedule([t = tracker(alive)] {}, 1h);
+        CHECK(w.pending() == 100);
+    }
+    CHECK(*alive == 0);
+    for (auto& h : cancelled_ones) CHECK(h.cancelled());
 }

@@ -26,7 +26,10 @@
 // - a task that throws goes to on_error and the worker carries on;
 // - tasks run outside the lock: a task may schedule, cancel, or stop() the timer (stop() from a
 //   task does not join; the destructor, or a stop() on another thread, does);
-// - one allocation per schedule, move-only callables welcome.
+// - one allocation per schedule at most, move-only callables welcome: a node whose callable is
+//   small (node + capture <= 256 B) comes from the core's own slab pool (detail/hashed_wheel.hpp),
+//   exactly its size, with no malloc; the task is moved into it under the lock, so a task's move
+//   constructor must not call back into the timer.
 //
 // Tasks due together run in one batch in deadline order (first in, first out among equal
 // deadlines). A batch is handed to run as a whole: once a task is expired(), cancelling it fails,
@@ -93,16 +96,55 @@ public:
     timeout<Clock> schedule_at(F&& task, time_point deadline) {
         if (stopped_.load(std::memory_order_acquire)) throw rejected_error("delayq: timer is stopped");
         if (max_pending_ != 0) reserve();
+        using fn = std::decay_t<F>;
+        static_assert(std::is_nothrow_destructible_v<fn>, "a task's destructor must not throw");
+        using pooled = pooled_node<Clock, fn>;
         node* n;
-        try {
-            n = make_node<Clock>(std::forward<F>(task), deadline, *this);
-        } catch (...) {
-            unreserve(1);
-            throw;
-        }
-        n->refs.store(2, std::memory_order_relaxed);  // the timer's and the handle's
         bool wake = false;
-        {
+        if constexpr (node_pool::fits(sizeof(pooled), alignof(pooled))) {
+            // A pooled node: taken from the pool and filled under the lock (so a rejected task is
+            // never touched, even when stop() races with this call).
+            std::unique_lock lk(m_);
+            if (stopped_.load(std::memory_order_relaxed)) {
+                lk.unlock();
+                unreserve(1);
+                throw rejected_error("delayq: timer is stopped");
+            }
+            void* mem;
+            try {
+                mem = pool_.allocate(sizeof(pooled));
+            } catch (...) {
+                lk.unlock();
+                unreserve(1);
+                throw;
+            }
+            pooled* p;
+            try {
+                p = ::new (mem) pooled(std::forward<F>(task));
+            } catch (...) {
+                node_pool::deallocate(mem, sizeof(pooled));
+                lk.unlock();
+                unreserve(1);
+                throw;
+            }
+            p->ops = &pooled::table;
+            p->deadline = deadline;
+            p->refs.store(2, std::memory_order_relaxed);  // the timer's and the handle's
+            this->ref();                                  // the node's on the core
+            n = p;
+            const time_point when = ring_.link(n);
+            if (when < wake_at_) {
+                wake_at_ = when;
+                wake = true;
+            }
+        } else {
+            try {
+                n = make_node<Clock>(std::forward<F>(task), deadline, *this);
+            } catch (...) {
+                unreserve(1);
+                throw;
+            }
+            n->refs.store(2, std::memory_order_relaxed);  // the timer's and the handle's
             std::unique_lock lk(m_);
             if (stopped_.load(std::memory_order_relaxed)) {
                 // stop() came in between: the task was moved into the node; it is destroyed.
@@ -289,6 +331,7 @@ private:
     const std::size_t max_pending_;
     std::atomic<std::size_t> reserved_{0};  // pending + being scheduled; used when max_pending_ > 0
     std::function<void(std::exception_ptr)> on_error_;
+    node_pool pool_;  // its slabs go with the core, after the last node (each node holds a core reference)
 };
 
 }  // namespace detail

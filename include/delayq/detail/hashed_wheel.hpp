@@ -33,6 +33,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <new>
+#include <atomic>
 #include <optional>
 #include <stdexcept>
 #include <type_traits>
@@ -40,7 +42,142 @@
 
 #include "timer_node.hpp"
 
+#if defined(__SANITIZE_ADDRESS__)
+#define DELAYQ_HW_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define DELAYQ_HW_ASAN 1
+#endif
+#endif
+#ifndef DELAYQ_HW_ASAN
+#define DELAYQ_HW_ASAN 0
+#endif
+#if DELAYQ_HW_ASAN
+#include <sanitizer/asan_interface.h>
+#endif
+
 namespace delayq::detail {
+
+// The nodes of one timer come from its node_pool: slabs of 64 KiB cut into slots of a few sizes
+// (multiples of 16 bytes up to 256), so a node with a small capture costs exactly its size (48 B)
+// instead of malloc's 64, and allocating is a pop from a list. Slots are taken under the timer's
+// lock; a node is freed from any thread (its last reference may be a handle anywhere), so a freed
+// slot is pushed onto a lock-free per-size list that the allocator takes over whole when its own
+// list runs dry (push and take-all: no ABA problem). A slab's first bytes point back to its pool,
+// so a node finds its pool from its own address. Slabs are released with the pool, that is when
+// the timer's core goes, after the last node.
+class node_pool {
+public:
+    static constexpr std::size_t slab_bytes = std::size_t{1} << 16;
+    static constexpr std::size_t granule = 16;
+    static constexpr std::size_t max_slot = 256;
+
+    /// Whether a block of this size and alignment comes from the pool.
+    static constexpr bool fits(std::size_t size, std::size_t align) noexcept {
+        return size <= max_slot && align <= granule;
+    }
+
+    node_pool() = default;
+    node_pool(const node_pool&) = delete;
+    node_pool& operator=(const node_pool&) = delete;
+    ~node_pool() {
+        while (slabs_) {
+            header* h = slabs_;
+            slabs_ = h->next;
+            unpoison(h, slab_bytes);
+            ::operator delete(static_cast<void*>(h), std::align_val_t{slab_bytes});
+        }
+    }
+
+    /// A block of `size` bytes (fits()). Under the owner's lock. Throws std::bad_alloc.
+    void* allocate(std::size_t size) {
+        const std::size_t c = class_of(size);
+        cls& k = classes_[c];
+        if (!k.local) k.local = k.remote.exchange(nullptr, std::memory_order_acquire);
+        if (slot* s = k.local) {
+            unpoison(s, c * granule);
+            k.local = s->next;
+            return s;
+        }
+        const std::size_t bytes = c * granule;
+        if (static_cast<std::size_t>(k.end - k.bump) < bytes) {
+            void* mem = ::operator new(slab_bytes, std::align_val_t{slab_bytes});
+            auto* h = ::new (mem) header{this, slabs_};
+            slabs_ = h;
+            k.bump = static_cast<char*>(mem) + sizeof(header);
+            k.end = static_cast<char*>(mem) + slab_bytes;
+        }
+        void* p = k.bump;
+        k.bump += bytes;
+        return p;
+    }
+
+    /// Returns a block that allocate(size) gave, from any thread.
+    static void deallocate(void* p, std::size_t size) noexcept {
+        auto* h = reinterpret_cast<header*>(reinterpret_cast<std::uintptr_t>(p) & ~(slab_bytes - 1));
+        const std::size_t c = class_of(size);
+        cls& k = h->pool->classes_[c];
+        auto* s = static_cast<slot*>(p);
+        poison(reinterpret_cast<char*>(s) + sizeof(slot), c * granule - sizeof(slot));
+        slot* head = k.remote.load(std::memory_order_relaxed);
+        do {
+            s->next = head;
+        } while (!k.remote.compare_exchange_weak(head, s, std::memory_order_release, std::memory_order_relaxed));
+    }
+
+private:
+    struct slot {
+        slot* next;
+    };
+    struct alignas(64) header {
+        node_pool* pool;
+        header* next;
+    };
+    struct cls {
+        slot* local = nullptr;                // taken under the owner's lock
+        char* bump = nullptr;                 // the rest of the current slab for this size
+        char* end = nullptr;
+        alignas(64) std::atomic<slot*> remote{nullptr};  // freed by anyone
+    };
+
+    static constexpr std::size_t class_of(std::size_t size) noexcept { return (size + granule - 1) / granule; }
+
+    static void poison([[maybe_unused]] const void* p, [[maybe_unused]] std::size_t n) noexcept {
+#if DELAYQ_HW_ASAN
+        __asan_poison_memory_region(p, n);
+#endif
+    }
+    static void unpoison([[maybe_unused]] const void* p, [[maybe_unused]] std::size_t n) noexcept {
+#if DELAYQ_HW_ASAN
+        __asan_unpoison_memory_region(p, n);
+#endif
+    }
+
+    cls classes_[max_slot / granule + 1];
+    header* slabs_ = nullptr;
+};
+
+// A node and its callable in one pooled block (node_with, with the pool's deallocation).
+template <class Clock, class F>
+struct pooled_node final : timer_node<Clock> {
+    union {
+        F fn;  // alive while has_task
+    };
+
+    template <class G>
+    explicit pooled_node(G&& g) : fn(std::forward<G>(g)) {}
+    ~pooled_node() {}
+
+    static void run(timer_node<Clock>& n) { static_cast<pooled_node&>(n).fn(); }
+    static void destroy(timer_node<Clock>& n) noexcept { static_cast<pooled_node&>(n).fn.~F(); }
+    static void deallocate(timer_node<Clock>* n) noexcept {
+        auto* p = static_cast<pooled_node*>(n);
+        p->~pooled_node();
+        node_pool::deallocate(p, sizeof(pooled_node));
+    }
+
+    static constexpr task_ops<Clock> table{&run, &destroy, &deallocate};
+};
 
 template <class Clock>
 class hashed_wheel_ring {
