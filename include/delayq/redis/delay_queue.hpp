@@ -415,7 +415,7 @@ public:
         std::chrono::milliseconds delay{0};
     };
 
-    /// put_after for many jobs in one round trip (and one script call per 500 jobs). Element i of
+    /// put_after for many jobs: one round trip and one script call per 500 jobs. Element i of
     /// the result is what put_after would have returned for jobs[i]; a duplicate id is refused.
     std::vector<bool> put_many(std::span<const put_request> jobs) {
         std::vector<std::string> ms;
@@ -487,7 +487,7 @@ public:
     /// Done with the job: it is gone for good. False if the lease was lost (ended, or cancelled).
     bool ack(const job& j) { return settle({&j, 1}, "ack").front(); }
 
-    /// ack for many jobs in one round trip; element i is what ack(jobs[i]) would have returned.
+    /// ack for many jobs, one round trip per 500; element i is what ack(jobs[i]) would have returned.
     std::vector<bool> ack_many(std::span<const job> jobs) { return settle(jobs, "ack"); }
 
     /// Back to the queue, due `retry_after` from now (or dead-lettered after max_attempts).
