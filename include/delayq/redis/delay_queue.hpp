@@ -450,7 +450,7 @@ public:
         return std::move(jobs.front());
     }
 
-    /// Leases up to `max_jobs` due jobs (earliest first) at once, waiting up to `max_wait` for the
+    /// Leases up to `max_jobs` (at most 500) due jobs, earliest first, waiting up to `max_wait` for the
     /// first. Every job has its own lease and token.
     std::vector<job> take_many(std::size_t max_jobs, std::chrono::milliseconds max_wait) {
         using clock = std::chrono::steady_clock;
