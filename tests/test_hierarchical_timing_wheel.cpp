@@ -635,7 +635,7 @@ TEST_CASE("htw: threads schedule and cancel; every task runs once or is cancelle
     o.tick = 1ms;
     o.wheel_size = 8;
     wheel w(o);
-    constexpr int threads = 4, per = 3000;
+    constexpr int threads = 4, per = 10000;
     std::vector<std::atomic<int>> runs(threads * per);
     std::vector<std::atomic<int>> cancels(threads * per);
     std::vector<mtp> deadlines(threads * per);
