@@ -302,7 +302,7 @@ TEST_CASE("htw: cancel of a task made ready in the same advance") {
     CHECK(w.size() == 0);
 }
 
-TEST_CASE("htw: cancel frees the task and the place at once; max_pending") {
+TEST_CASE("htw: cancel frees the task and the place at once, max_pending") {
     manual_clock::reset();
     auto o = manual(1ms, 8);
     o.max_pending = 2;
@@ -330,7 +330,7 @@ TEST_CASE("htw: cancel frees the task and the place at once; max_pending") {
     CHECK_NOTHROW(w.schedule([] {}, 1ms));
 }
 
-TEST_CASE("htw: own_thread = false: due tasks wait for advance_clock; size counts them") {
+TEST_CASE("htw: own_thread = false: due tasks wait for advance_clock, size counts them") {
     manual_clock::reset();
     wheel w(manual(1ms, 8));
     int ran = 0;
@@ -425,7 +425,7 @@ TEST_CASE("htw: a throwing task goes to on_error and the wheel carries on") {
     CHECK(ran == 3);
 }
 
-TEST_CASE("htw: move-only tasks; saturating deadlines") {
+TEST_CASE("htw: move-only tasks, saturating deadlines") {
     manual_clock::reset();
     wheel w(manual(1ms, 8));
     int got = 0;
@@ -449,7 +449,7 @@ TEST_CASE("htw: move-only tasks; saturating deadlines") {
     CHECK(left.size() == 2);
 }
 
-TEST_CASE("htw: stop returns the pending tasks, cancelled, earliest first; idempotent") {
+TEST_CASE("htw: stop returns the pending tasks, cancelled, earliest first, idempotent") {
     manual_clock::reset();
     wheel w(manual(1ms, 4));
     auto p = std::make_shared<int>(0);
@@ -481,7 +481,7 @@ TEST_CASE("htw: stop returns the pending tasks, cancelled, earliest first; idemp
     CHECK(ran == 2);
 }
 
-TEST_CASE("htw: handles outlive the wheel; destruction drops pending tasks") {
+TEST_CASE("htw: handles outlive the wheel, destruction drops pending tasks") {
     manual_clock::reset();
     auto p = std::make_shared<int>(0);
     handle h, done;
@@ -629,7 +629,7 @@ TEST_CASE("htw: property: random schedule, cancel and advance against a sorted m
     }
 }
 
-TEST_CASE("htw: threads schedule and cancel; every task runs once or is cancelled") {
+TEST_CASE("htw: threads schedule and cancel, every task runs once or is cancelled") {
     manual_clock::reset();
     wheel::options o;
     o.tick = 1ms;
