@@ -639,7 +639,7 @@ TEST_CASE("tasks of every size: pooled slots of each size class and large captur
         wheel w(opts(1ms, 8));
         auto add = [&](auto pad) {
             for (int i = 0; i < 3000; ++i) {  // several slabs' worth of the small sizes
-                auto h = w.schedule([pad, t = tracker(alive), &ran] { ran += static_cast<int>(sizeof(pad) > 0); }, 1ms * (i % 5));
+                auto h = w.schedule([pad, t = tracker(alive), &ran] { ran += 1 + pad[0]; }, 1ms * (i % 5));
                 if (i % 3 == 0) {
                     REQUIRE(h.cancel());
                     cancelled_ones.push_back(h);

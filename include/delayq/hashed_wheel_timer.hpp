@@ -417,7 +417,8 @@ public:
 
     /// Runs `task` on the worker once `delay` (saturating; <= 0: due now) has passed on Clock.
     /// Throws rejected_error after stop() or when max_pending tasks are pending; the task is then
-    /// left untouched (unless stop() races with this call).
+    /// left untouched (unless the callable is too large for the node pool, over 216 B, and stop()
+    /// races with this call: then it is destroyed).
     template <class F, class Rep, class Period>
         requires std::is_invocable_v<std::decay_t<F>&>
     timeout<Clock> schedule(F&& task, std::chrono::duration<Rep, Period> delay) {
