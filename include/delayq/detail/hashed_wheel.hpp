@@ -275,12 +275,12 @@ public:
         node** tail = &head;
         bool sorted = true;
         rep last = std::numeric_limits<rep>::min();
-        auto take = [&](list& l, rep now) {
+        auto take = [&](list& l, rep upto) {
             rep lo = never;
             for (node* n = l.head; n;) {
                 node* next = n->next;
                 const rep d = n->deadline.time_since_epoch().count();
-                if (d <= now) {
+                if (d <= upto) {
                     remove(l, n);
                     if (d < last) sorted = false;
                     last = d;
