@@ -3,7 +3,7 @@
 file(REMOVE_RECURSE ${SCRATCH})
 file(MAKE_DIRECTORY ${SCRATCH}/new ${SCRATCH}/artifacts)
 execute_process(
-  COMMAND ${FUZZER} -runs=${RUNS} -seed=1 -max_len=4096 -timeout=20 -rss_limit_mb=2048
+  COMMAND ${FUZZER} -runs=${RUNS} -seed=1 -max_len=4096 -timeout=60 -rss_limit_mb=2048
           -print_final_stats=1 -artifact_prefix=${SCRATCH}/artifacts/
           ${SCRATCH}/new ${CORPUS}
   RESULT_VARIABLE rc)
