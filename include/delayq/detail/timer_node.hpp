@@ -108,6 +108,7 @@ struct node_with final : timer_node<Clock> {
     };
 
     template <class G>
+        requires(!std::is_same_v<std::remove_cvref_t<G>, node_with>)
     explicit node_with(G&& g) : fn(std::forward<G>(g)) {}
     ~node_with() {}
 

@@ -46,7 +46,9 @@ void wait_until(CV& cv, std::unique_lock<std::mutex>& lk, typename Clock::time_p
                 std::stop_token st = {}) {
     if (tp == Clock::time_point::max()) {
         wait(cv, lk, std::move(st));
-    } else if constexpr (has_wait_hook<Clock, CV>) {
+        return;
+    }
+    if constexpr (has_wait_hook<Clock, CV>) {
         Clock::wait_until(cv, lk, tp, std::move(st));
     } else if constexpr (std::is_same_v<CV, std::condition_variable_any>) {
         cv.wait_until(lk, std::move(st), tp, once{});
