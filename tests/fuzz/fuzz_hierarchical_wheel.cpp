@@ -14,9 +14,8 @@ struct hierarchical {
     using wheel = delayq::hierarchical_timing_wheel<mclock>;
     static constexpr bool ordered = false;
     static constexpr bool exact_cancel = true;
-    // FINDING (reported): schedule_at() moves the task into its node before it checks
-    // max_pending, so a refused task is destroyed (hashed_wheel leaves it untouched).
-    static constexpr bool keeps_task_at_max_pending = false;
+    // This target found that a refused schedule destroyed the task; fixed in d0d47e6.
+    static constexpr bool keeps_task_at_max_pending = true;
 
     template <class OnError>
     static std::unique_ptr<wheel> make(FuzzedDataProvider& in, rep tick, std::size_t max_pending, OnError on_error) {
@@ -39,20 +38,9 @@ struct hierarchical {
         }
     }
 
-    // KNOWN BUG (reported, see docs/misuse.md and test_misuse.cpp "[finding]"): htw_core's
-    // constructor rounds the start down to the tick grid with `q * k` in Clock::rep, which
-    // overflows (UB) when the clock reads within one tick of time_point::min(). Until the header
-    // is fixed, start the clock one tick above that corner. Define DELAYQ_FUZZ_HTW_MIN_START to
-    // fuzz that corner too.
-    static time_point usable_start(time_point t, rep tick) {
-#ifndef DELAYQ_FUZZ_HTW_MIN_START
-        const time_point floor = time_point{duration{std::numeric_limits<rep>::min() + tick}};
-        if (t < floor) return floor;
-#else
-        (void)tick;
-#endif
-        return t;
-    }
+    // This target found a signed overflow for a start within one tick of time_point::min() (the
+    // origin's rounding); fixed in d0d47e6, so the clock starts anywhere.
+    static time_point usable_start(time_point t, rep) { return t; }
 
     static std::size_t pending(const wheel& wh) { return wh.size(); }
 

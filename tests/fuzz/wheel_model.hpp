@@ -112,7 +112,7 @@ inline bool must_have_run(time_point deadline, rep tick, time_point now) {
 //   static void advance(wheel&, world&) (runs what is due at mclock::now());
 //   static std::size_t pending(const wheel&);
 //   static void check_idle(const wheel&, const world&, rep tick) (e.g. next_expiry());
-//   static time_point usable_start(time_point, rep tick) (steers around a known, reported bug).
+//   static time_point usable_start(time_point, rep tick) (where the clock may start).
 template <class A>
 void run_wheel(FuzzedDataProvider& in) {
     using wheel = typename A::wheel;

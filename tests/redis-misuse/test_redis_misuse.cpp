@@ -97,34 +97,23 @@ TEST_CASE("redis misuse: unreachable host") {
     }
 }
 
-TEST_CASE("redis misuse: payload larger than the server's proto-max-bulk-len") {
+TEST_CASE("redis misuse: payload larger than the server's proto-max-bulk-len", "[finding]") {
+    // The server closes the connection after "ERR Protocol error"; that connection used to go back
+    // to the pool, so the next call failed too ("Connection reset by peer"). Fixed in the header
+    // (a protocol error marks the connection broken): the next call reconnects.
     delayq_test::redis_server server({"--proto-max-bulk-len", "1mb"});
     delay_queue q(opts(server.port()));
     const std::string big(2 * 1024 * 1024, 'x');
     const std::string m = message_of<delayq::redis::error>([&] { q.put_after("big", big, 0ms); });
     INFO(m);
-    CHECK(contains(m, "bulk length"));  // the server's words: "ERR Protocol error: invalid bulk length"
-    // The server closes the connection after a protocol error, and the pooled connection does not
-    // know it yet: today the next call may fail once more ("Connection reset by peer"); the one
-    // after reconnects. (The contract says the next call reconnects: see the [finding] test.)
-    std::size_t n = 1;
-    try {
-        n = q.size();
-    } catch (const delayq::redis::error&) {
-        n = q.size();
-    }
-    CHECK(n == 0);  // nothing half-queued
+    // the server's words ("ERR Protocol error: invalid bulk length"), or, when the server's reset
+    // of the connection wins the race with that reply, the connection error
+    CHECK((contains(m, "bulk length") || contains(m, "reset") || contains(m, "Broken pipe")));
+    CHECK(q.size() == 0);               // nothing half-queued, and the very next call works
     CHECK(q.put_after("small", "p", 0ms));
     auto j = q.take(1s);
     REQUIRE(j);
     CHECK(j->id == "small");
     CHECK(q.ack(*j));
     CHECK(q.size() == 0);
-}
-
-TEST_CASE("redis misuse: the call after a protocol error reconnects", "[.][finding]") {
-    delayq_test::redis_server server({"--proto-max-bulk-len", "1mb"});
-    delay_queue q(opts(server.port()));
-    CHECK_THROWS_AS(q.put_after("big", std::string(2 * 1024 * 1024, 'x'), 0ms), delayq::redis::error);
-    CHECK(q.size() == 0);  // fails today: the connection the server closed went back to the pool
 }
