@@ -109,7 +109,8 @@ struct node_with final : timer_node<Clock> {
 
     template <class G>
         requires(!std::is_same_v<std::remove_cvref_t<G>, node_with>)
-    explicit node_with(G&& g) : fn(std::forward<G>(g)) {}
+    explicit node_with(G&& g)  // NOLINT(bugprone-forwarding-reference-overload): constrained
+        : fn(std::forward<G>(g)) {}
     ~node_with() {}
 
     static void run(timer_node<Clock>& n) { static_cast<node_with&>(n).fn(); }
