@@ -16,6 +16,9 @@
 // - bytes_per_timer: glibc's in-use heap bytes (mallinfo2) after filling N, minus before, over N,
 //   with handles dropped where the structure allows it (the user's handle is not counted).
 // - Wall-clock time (UseRealTime): the hashed wheel's expiry runs on its worker thread.
+// - Configurations: hashed_wheel_timer at Netty's default 100 ms tick with 1024 buckets (one
+//   rotation spans the 60 s of deadlines); hierarchical_timing_wheel at Kafka's defaults (1 ms tick,
+//   20 buckets per level), own_thread = false, driven by advance_clock() on the benchmark's thread.
 #include <benchmark/benchmark.h>
 
 #include <delayq/delayq.hpp>
@@ -34,9 +37,6 @@
 #include <vector>
 
 #if __has_include(<boost/asio.hpp>) && !defined(DELAYQ_BENCH_NO_ASIO)
-// Asio's timerfd would arm itself with real time; without it Asio checks its timer queue, with our
-// clock, on every poll.
-#define BOOST_ASIO_DISABLE_TIMERFD
 #include <boost/asio/basic_waitable_timer.hpp>
 #include <boost/asio/io_context.hpp>
 #define DELAYQ_BENCH_ASIO 1
@@ -177,10 +177,12 @@ public:
 protected:
     static typename Timer::options make_options() {
         typename Timer::options o;
-        o.tick = 1ms;
         if constexpr (requires { o.ticks_per_wheel; }) {
-            o.ticks_per_wheel = 65536;  // spans 65 s: the deadlines here need at most one round
+            // Netty's default tick, and a ring that spans the deadlines' 60 s range in one round.
+            o.tick = 100ms;
+            o.ticks_per_wheel = 1024;
         } else {
+            o.tick = 1ms;  // Kafka's default tick and wheel size (20)
             o.own_thread = false;  // driven by advance_clock(), on the benchmark's thread
         }
         return o;
@@ -200,8 +202,16 @@ struct hierarchical_adapter : wheel_adapter<delayq::hierarchical_timing_wheel<mc
 };
 
 #ifdef DELAYQ_BENCH_ASIO
+// Asio arms a timerfd with the real time left until its earliest timer; on manual_clock that time
+// never passes by itself. These traits say "check now" to the reactor, whose check then compares
+// the deadlines with manual_clock::now(), so a poll() runs exactly the timers that are due.
+struct check_now_traits {
+    static mclock::duration to_wait_duration(const mclock::duration&) { return mclock::duration::zero(); }
+    static mclock::duration to_wait_duration(const mclock::time_point&) { return mclock::duration::zero(); }
+};
+
 class asio_adapter {
-    using timer = boost::asio::basic_waitable_timer<mclock>;
+    using timer = boost::asio::basic_waitable_timer<mclock, check_now_traits>;
 
 public:
     static constexpr const char* name = "asio_steady_timer";
@@ -327,9 +337,13 @@ template <class Timer>
 void schedule_delay_or_deadline(benchmark::State& state, bool with_delay) {
     const auto n = static_cast<std::size_t>(state.range(0));
     typename Timer::options o;
-    o.tick = 1ms;
-    if constexpr (requires { o.ticks_per_wheel; }) o.ticks_per_wheel = 65536;
-    else o.own_thread = false;
+    if constexpr (requires { o.ticks_per_wheel; }) {
+        o.tick = 100ms;
+        o.ticks_per_wheel = 1024;
+    } else {
+        o.tick = 1ms;
+        o.own_thread = false;
+    }
     Timer t(o);
     std::vector<delayq::timeout<std::chrono::steady_clock>> h(n + batch);
     const auto now = std::chrono::steady_clock::now();
