@@ -39,8 +39,20 @@ struct hierarchical {
     }
 
     // This target found a signed overflow for a start within one tick of time_point::min() (the
-    // origin's rounding); fixed in d0d47e6, so the clock starts anywhere.
-    static time_point usable_start(time_point t, rep) { return t; }
+    // origin's rounding); fixed in d0d47e6. It then found that with the origin at
+    // time_point::min(), a deadline of time_point::max() maps to tick 2^64 - 2, one tick before it
+    // (to_ticks clamps), so the task runs early (docs/misuse.md, finding 4; test_misuse
+    // "[finding]"). Until that is fixed the clock starts two ticks above time_point::min();
+    // compile with -DDELAYQ_FUZZ_HTW_MIN_START to fuzz that corner too.
+    static time_point usable_start(time_point t, rep tick) {
+#ifndef DELAYQ_FUZZ_HTW_MIN_START
+        const time_point floor = time_point{duration{std::numeric_limits<rep>::min() + 2 * tick}};
+        if (t < floor) return floor;
+#else
+        (void)tick;
+#endif
+        return t;
+    }
 
     static std::size_t pending(const wheel& wh) { return wh.size(); }
 
