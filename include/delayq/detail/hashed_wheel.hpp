@@ -165,6 +165,7 @@ struct pooled_node final : timer_node<Clock> {
     };
 
     template <class G>
+        requires(!std::is_same_v<std::remove_cvref_t<G>, pooled_node>)
     explicit pooled_node(G&& g) : fn(std::forward<G>(g)) {}
     ~pooled_node() {}
 
