@@ -54,10 +54,6 @@
 #include <utility>
 #include <vector>
 
-#if defined(__linux__)
-#include <sys/prctl.h>
-#endif
-
 #include "detail/hashed_wheel.hpp"
 #include "detail/time.hpp"
 #include "detail/timer_node.hpp"
@@ -258,9 +254,7 @@ private:
     // The worker: run what is due, then sleep until the next expiry (or a schedule that makes it
     // earlier, or stop).
     void work() {
-#if defined(__linux__)
-        ::prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
-#endif
+        reduce_timer_slack();
         std::unique_lock lk(m_);
         while (!stopped_.load(std::memory_order_relaxed)) {
             std::size_t count;
@@ -292,21 +286,9 @@ private:
         while (batch) {
             node* n = std::exchange(batch, batch->next);
             n->next = nullptr;
-            try {
-                n->run();
-            } catch (...) {
-                report(std::current_exception());
-            }
+            run_reporting(*n, on_error_);
             n->destroy_task();
             n->release(*this);
-        }
-    }
-
-    void report(std::exception_ptr e) noexcept {
-        if (!on_error_) return;
-        try {
-            on_error_(std::move(e));
-        } catch (...) {  // an on_error that throws is ignored: the timer carries on
         }
     }
 

@@ -74,10 +74,6 @@
 #include <utility>
 #include <vector>
 
-#if defined(__linux__)
-#include <sys/prctl.h>
-#endif
-
 #include "delay_queue.hpp"
 #include "detail/time.hpp"
 #include "detail/timer_node.hpp"
@@ -214,13 +210,6 @@ inline std::uint64_t htw_sat_add(std::uint64_t a, std::uint64_t b) noexcept {
 inline std::uint64_t htw_sat_mul(std::uint64_t a, std::uint64_t b) noexcept {
     std::uint64_t r;
     return __builtin_mul_overflow(a, b, &r) ? std::numeric_limits<std::uint64_t>::max() : r;
-}
-
-template <class Clock>
-inline void htw_set_timer_slack() noexcept {
-#if defined(__linux__) && defined(PR_SET_TIMERSLACK)
-    (void)::prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
-#endif
 }
 
 // The shared state of a hierarchical_timing_wheel: the levels, the bucket queue and the lock.
@@ -626,17 +615,7 @@ class htw_core final : public timer_core<Clock> {
                 n->state.store(timer_state::expired, std::memory_order_release);
                 --size_;
             }
-            try {
-                n->run();
-            } catch (...) {
-                if (on_error_) {
-                    try {
-                        on_error_(std::current_exception());
-                    } catch (...) {
-                        // an on_error that throws is ignored: the wheel carries on
-                    }
-                }
-            }
+            run_reporting(*n, on_error_);
             n->destroy_task();
             n->release(*this);  // the timer's reference, which the runner held
         }
@@ -688,7 +667,7 @@ class hierarchical_timing_wheel {
             core_->ref();  // the reaper's reference
             try {
                 thread_ = std::jthread([c = core_](std::stop_token st) {
-                    detail::htw_set_timer_slack<Clock>();
+                    detail::reduce_timer_slack();
                     c->set_worker();
                     while (!st.stop_requested() && !c->stopped()) c->advance(time_point::max(), st);
                     c->unref();
