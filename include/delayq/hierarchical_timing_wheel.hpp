@@ -178,12 +178,12 @@ struct htw_bucket {
         next_lane = 0;
         for (bool more = true; more;) {
             more = false;
-            for (std::size_t i = 0; i < lanes; ++i) {
-                timer_node<Clock>* n = cur[i];
+            for (timer_node<Clock>*& slot : cur) {
+                timer_node<Clock>* n = slot;
                 if (!n) continue;
                 timer_node<Clock>* next = n->next;
                 if (next) __builtin_prefetch(next, 1);
-                cur[i] = next;
+                slot = next;
                 more = true;
                 f(n);
             }
@@ -492,6 +492,7 @@ class htw_core final : public timer_core<Clock> {
     // &run_marker_ and its index in next, so that cancel() can clear its slot in O(1).
     void push_run(node* n) noexcept {  // terminates if the vector cannot grow
         n->prev = &run_marker_;
+        // NOLINTNEXTLINE(performance-no-int-to-ptr): an index into run_, never dereferenced
         n->next = reinterpret_cast<node*>(static_cast<std::uintptr_t>(run_.size()));
         run_.push_back(n);
     }

@@ -114,7 +114,9 @@ public:
 
     /// Returns a block that allocate(size) gave, from any thread.
     static void deallocate(void* p, std::size_t size) noexcept {
-        auto* h = reinterpret_cast<header*>(reinterpret_cast<std::uintptr_t>(p) & ~(slab_bytes - 1));
+        // The slab's header starts at the slab-aligned address below p: step back by p's offset.
+        auto* h = reinterpret_cast<header*>(static_cast<char*>(p) -
+                                            (reinterpret_cast<std::uintptr_t>(p) & (slab_bytes - 1)));
         const std::size_t c = class_of(size);
         cls& k = h->pool->classes_[c];
         auto* s = static_cast<slot*>(p);
@@ -166,7 +168,8 @@ struct pooled_node final : timer_node<Clock> {
 
     template <class G>
         requires(!std::is_same_v<std::remove_cvref_t<G>, pooled_node>)
-    explicit pooled_node(G&& g) : fn(std::forward<G>(g)) {}
+    explicit pooled_node(G&& g)  // NOLINT(bugprone-forwarding-reference-overload): constrained
+        : fn(std::forward<G>(g)) {}
     ~pooled_node() {}
 
     static void run(timer_node<Clock>& n) { static_cast<pooled_node&>(n).fn(); }
