@@ -39,6 +39,25 @@
 
 namespace delayq {
 
+namespace detail {
+
+// T from args: with parentheses, or with braces for an aggregate such as delayed<V> (clang 14 has
+// no parenthesized aggregate initialization).
+template <class T, class... A>
+concept constructible =
+    std::is_constructible_v<T, A...> || requires(A&&... a) { T{std::forward<A>(a)...}; };
+
+template <class T, class... A>
+T construct(A&&... args) {
+    if constexpr (std::is_constructible_v<T, A...>) {
+        return T(std::forward<A>(args)...);
+    } else {
+        return T{std::forward<A>(args)...};
+    }
+}
+
+}  // namespace detail
+
 template <class T, class Clock = std::chrono::steady_clock>
     requires Delayed<T, Clock>
 class delay_queue {
@@ -58,7 +77,7 @@ public:
 
     /// Constructs an element in place from args. Returns false once the queue is closed.
     template <class... A>
-        requires std::is_constructible_v<T, A...>
+        requires detail::constructible<T, A...>
     bool emplace(A&&... args) {
         std::unique_lock lk(m_);
         if (closed_) return false;
@@ -219,9 +238,13 @@ private:
         template <class... A>
         static stored make(A&&... args) {
             if constexpr (in_place) {
-                return T(std::forward<A>(args)...);
+                return detail::construct<T>(std::forward<A>(args)...);
             } else {
-                return std::make_unique<T>(std::forward<A>(args)...);
+                if constexpr (std::is_constructible_v<T, A...>) {
+                    return std::make_unique<T>(std::forward<A>(args)...);
+                } else {
+                    return std::unique_ptr<T>(new T{std::forward<A>(args)...});
+                }
             }
         }
         T& get() noexcept {

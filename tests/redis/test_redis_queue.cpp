@@ -420,15 +420,3 @@ TEST_CASE("put_many then take_many then ack_many: batches keep the single calls'
     CHECK(q.take_many(10, 0ms).empty());
 }
 
-TEST_CASE("after a protocol error (payload beyond proto-max-bulk-len) the very next call works") {
-    redis_server srv({"--proto-max-bulk-len", "1mb"});
-    delay_queue q(opts(srv));
-    try {
-        q.put_after("big", std::string(2 * 1024 * 1024, 'x'), 0ms);
-        FAIL("no error for a payload the server refuses");
-    } catch (const delayq::redis::error& e) {
-        CHECK(std::string(e.what()).find("bulk length") != std::string::npos);
-    }
-    CHECK(q.size() == 0);  // the connection the server closed was not reused
-    CHECK(q.put_after("small", "", 0ms));
-}
