@@ -16,12 +16,13 @@ ap.add_argument("--build", default="build/release")
 ap.add_argument("--out", default="bench/results")
 ap.add_argument("--repetitions", type=int, default=None)
 ap.add_argument("--filter", default=None, help="a Google Benchmark filter regex")
+ap.add_argument("--from-json", default=None, help="only render the table and plot of an earlier run")
 args = ap.parse_args()
 
 root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.chdir(root)
 binary = os.path.join(args.build, "bench", "bench_compare")
-if not os.path.exists(binary):
+if not args.from_json and not os.path.exists(binary):
     sys.exit(f"{binary} is missing: build the release preset first (scripts/demo does)")
 os.makedirs(args.out, exist_ok=True)
 raw = os.path.join(args.out, "compare-quick.json" if args.quick else "compare.json")
@@ -36,8 +37,12 @@ else:
 cmd = [binary, f"--benchmark_filter={flt}", f"--benchmark_min_time={min_time}",
        f"--benchmark_repetitions={reps}", "--benchmark_report_aggregates_only=true",
        "--benchmark_out_format=json", f"--benchmark_out={raw}"]
-print("running:", " ".join(cmd), flush=True)
-subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+if args.from_json:
+    raw = args.from_json
+    reps = json.load(open(raw))["benchmarks"][0].get("repetitions", reps)
+else:
+    print("running:", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
 
 data = json.load(open(raw))
 # name: workload/structure/N[/iterations:..][/threads:..][/real_time]_median
@@ -109,7 +114,7 @@ if shutil.which("gnuplot"):
                     if s in rows[(w, n)]:
                         f.write(f"{n} {rows[(w, n)][s][0]}\n")
                 f.write("\n\n")
-    script = ["set terminal png size 1400,1000",
+    script = ["set terminal png size 1400,1000", "set termoption noenhanced",
               f"set output '{png}'", "set logscale xy", "set grid", "set key top left",
               "set xlabel 'N pending'", "set ylabel 'ns per operation'",
               f"set multiplot layout 2,2 title 'delayq: heap vs wheels (lower is better)'"]
