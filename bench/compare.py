@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Runs bench_compare (and the lateness program when built), then writes a markdown table of
+"""Runs bench_compare, then writes a markdown table of
 ns/op per structure x workload x N with ratios to the locked heap, and a log-log PNG plot.
 
 usage: bench/compare.py [--quick | --all] [--build DIR] [--out DIR] [--repetitions K]
