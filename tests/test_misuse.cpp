@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "expect_error.hpp"
 #include "support.hpp"
 
 using namespace std::chrono_literals;
@@ -31,23 +32,11 @@ using hw = delayq::hashed_wheel<mc>;
 using hwt = delayq::hashed_wheel_timer<mc>;
 using htw = delayq::hierarchical_timing_wheel<mc>;
 
+using delayq::test::contains;
+using delayq::test::message_of;
+
 namespace {
 
-// The message of the E that f() throws; fails the test if it throws nothing or something else.
-template <class E, class F>
-std::string message_of(F&& f) {
-    try {
-        f();
-    } catch (const E& e) {
-        return e.what();
-    } catch (const std::exception& e) {
-        FAIL("threw another exception: " << e.what());
-    }
-    FAIL("threw nothing");
-    return {};
-}
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 hw::options hw_opts(dur tick = 1ms, std::size_t ticks = 8, std::size_t max_pending = 0) {
     hw::options o;

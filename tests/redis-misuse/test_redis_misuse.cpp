@@ -8,27 +8,17 @@
 #include <string>
 
 #include "catch.hpp"
+#include "expect_error.hpp"
 #include "redis_server.hpp"
 
 using namespace std::chrono_literals;
 using delayq::redis::delay_queue;
 
+using delayq::test::contains;
+using delayq::test::message_of;
+
 namespace {
 
-template <class E, class F>
-std::string message_of(F&& f) {
-    try {
-        f();
-    } catch (const E& e) {
-        return e.what();
-    } catch (const std::exception& e) {
-        FAIL("threw another exception: " << e.what());
-    }
-    FAIL("threw nothing");
-    return {};
-}
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 delayq::redis::options opts(int port, std::string name = "misuse") {
     delayq::redis::options o;
