@@ -18,6 +18,21 @@
 //   has the strong guarantee: a throwing copy, move or allocation leaves the queue as it was.
 // - A thread that takes with a timer wakes up to ~50 µs late under Linux's default timer slack;
 //   `prctl(PR_SET_TIMERSLACK, 1)` on that thread removes most of it.
+// - `close()` closes and wakes every taker before it hands anything back. If handing back throws
+//   (allocating the vector, an element's copy or move), every element stays in the queue, in
+//   order, and a later `close()` returns them. An element whose move may throw is copied out when
+//   it is copyable, as std::vector does when it grows; a move-only one is moved out, and moved
+//   back if a later one's move throws.
+// - A taker whose sleep throws (a Clock's wait hook may) lets the exception out of `take()`
+//   having taken nothing; it stops leading and hands the lead on.
+// - `clear()` and a `remove_if()` that removes the head wake the takers, so that the leader
+//   sleeps on the new head's deadline (or without a timer) rather than on the old one.
+// - The clock going backwards (`manual_clock::set` to an earlier time, `system_clock` stepped
+//   back): due is `deadline <= Clock::now()` as the clock reads at each check, so an element due
+//   before the step is not due again until the clock comes back, and is then handed out as usual;
+//   nothing is lost or reordered. A sleeping leader waits for the clock to reach the head's
+//   deadline (manual_clock's `set()` wakes it to look). The limits of `take_for()`/`take_until()`
+//   are points on the clock (`take_for`: now + d at the call), so a step back lengthens them.
 #pragma once
 
 #include <algorithm>
@@ -161,6 +176,7 @@ public:
             }
         }
         if (count == 0) return 0;
+        const bool head_removed = hit[0];
         removed.reserve(count);
         std::size_t keep = 0;
         for (std::size_t i = 0; i < heap_.size(); ++i) {
@@ -173,6 +189,7 @@ public:
         }
         heap_.erase(heap_.begin() + static_cast<std::ptrdiff_t>(keep), heap_.end());
         std::make_heap(heap_.begin(), heap_.end(), [](const entry& a, const entry& b) { return before(b, a); });
+        if (head_removed) depose_leader();
         return count;
     }
 
@@ -194,21 +211,29 @@ public:
         std::vector<entry> gone;  // destroyed after the lock is released
         std::unique_lock lk(m_);
         gone.swap(heap_);
+        if (!gone.empty()) depose_leader();
     }
 
     /// Refuses further puts, wakes every blocked taker (they return nullopt) and hands back every
-    /// element still held, earliest first. Idempotent: later calls return an empty vector.
+    /// element still held, earliest first. Idempotent: later calls return what is still held, which
+    /// is nothing unless handing back failed.
+    ///
+    /// Closing and the wake-up come first and cannot fail. Handing back can (the allocation of the
+    /// vector, an element's copy or move): then the exception propagates, the queue is closed and
+    /// still holds every element, in order, and a later close() hands them back.
     std::vector<T> close() {
+        std::vector<entry> gone;  // destroyed after the lock is released
+        std::vector<T> out;
         std::unique_lock lk(m_);
         closed_ = true;
-        std::sort(heap_.begin(), heap_.end(), before);
-        std::vector<T> out;
-        out.reserve(heap_.size());
-        for (auto& e : heap_) out.push_back(std::move(value(e)));
-        heap_.clear();
         leader_ = nullptr;
         cv_.notify_all();
         cv_any_.notify_all();
+        // Sorted is a heap too: if handing back throws, heap_ is still valid.
+        std::sort(heap_.begin(), heap_.end(), before);
+        out.reserve(heap_.size());
+        hand_back(out);
+        gone.swap(heap_);
         return out;
     }
 
@@ -299,6 +324,43 @@ private:
         return out;
     }
 
+    // Appends every element of heap_, in heap_'s order, to `out`, whose capacity is reserved. All
+    // or nothing: if it throws, heap_ still holds every element (but see the move-only case).
+    void hand_back(std::vector<T>& out) {
+        if constexpr (std::is_nothrow_move_constructible_v<T> || std::is_copy_constructible_v<T>) {
+            // A move that cannot throw, or else a copy (as std::vector does when it grows): the
+            // originals stay as they are until the last one is handed over.
+            for (entry& e : heap_) out.push_back(std::move_if_noexcept(value(e)));
+        } else {
+            // Move-only, with a move that may throw: if one does, the elements moved so far go
+            // back, each into a new box (T need not be assignable). Should a move back throw too,
+            // that element stays in the queue as the failed move left it: nothing better exists.
+            std::size_t moved = 0;
+            try {
+                for (; moved < heap_.size(); ++moved) out.push_back(std::move(value(heap_[moved])));
+            } catch (...) {
+                for (std::size_t i = 0; i < moved; ++i) {
+                    try {
+                        heap_[i].v = std::make_unique<T>(std::move(out[i]));
+                    } catch (...) {  // the first exception is the one to report
+                    }
+                }
+                throw;
+            }
+        }
+    }
+
+    // The head was removed: the next one is due later, or there is none, so a leader asleep on the
+    // old deadline would wake for nothing (or keep a timer on an empty queue). Depose it and wake
+    // every taker, on both condition variables since the leader cannot be woken alone; one of them
+    // leads again, on the new head. Only clear() and remove_if() come here, so the simple way.
+    void depose_leader() noexcept {
+        if (leader_ == nullptr) return;
+        leader_ = nullptr;
+        cv_.notify_all();
+        cv_any_.notify_all();
+    }
+
     // Wakes one sleeping taker, whichever condition variable it sleeps on.
     void wake_one() {
         if (sleepers_ > 0) {
@@ -308,28 +370,37 @@ private:
         }
     }
 
+    // A Clock's wait hook may throw (manual_clock's bookkeeping allocates); like the condition
+    // variables' own waits, it returns and throws with the lock held.
     void sleep(std::unique_lock<std::mutex>& lk, const std::stop_token& stop, time_point until) {
-        if (stop.stop_possible()) {
-            ++stoppable_sleepers_;
+        const bool stoppable = stop.stop_possible();
+        // Counted while asleep, and uncounted however the wait ends: wake_one() trusts the counts.
+        std::size_t& count = stoppable ? stoppable_sleepers_ : sleepers_;
+        ++count;
+        struct uncount {
+            std::size_t& n;
+            ~uncount() { --n; }
+        } guard{count};
+        if (stoppable) {
             detail::wait_until<Clock>(cv_any_, lk, until, stop);
-            --stoppable_sleepers_;
         } else {
-            ++sleepers_;
             detail::wait_until<Clock>(cv_, lk, until);
-            --sleepers_;
         }
     }
 
     std::optional<T> take_impl(std::stop_token stop, const time_point* limit) {
         std::unique_lock lk(m_);
         const char self = 0;  // identifies this call as the leader
-        // Whoever leaves with no leader in place and elements still held hands the lead on.
+        // However this call ends, a return or an exception out of sleep(), it no longer leads; and
+        // whoever leaves with no leader in place and elements still held hands the lead on.
         struct hand_over {
             delay_queue& q;
+            const void* self;
             ~hand_over() {
+                if (q.leader_ == self) q.leader_ = nullptr;
                 if (q.leader_ == nullptr && !q.heap_.empty()) q.wake_one();
             }
-        } guard{*this};
+        } guard{*this, &self};
 
         for (;;) {
             if (closed_ || stop.stop_requested()) return std::nullopt;
