@@ -6,14 +6,23 @@
 // agree. What comes out (poll, take_until with a limit that has passed, drain_to, close) must be
 // the model's elements, in the model's order, and never one whose deadline is after now.
 //
-// The first byte picks the element type: one with a nothrow move (held in place in the heap) or
-// one whose move may throw (held boxed), so both storage paths are exercised.
+// The clock moves forwards, and also backwards (and back again to the latest time it read): due
+// is judged by the clock as it reads, so after a step back nothing comes out early, nothing is
+// lost, and what was due comes out once the clock is back.
+//
+// The first byte picks the element type: one with a nothrow move (held in place in the heap), or
+// one whose move may throw (held boxed), copyable or move-only, so every storage path and every
+// way close() hands elements back is exercised. For the last two, close() may be made to throw on
+// the n-th copy or move: the queue must then be closed and still hold every element, in order.
 #include <delayq/delay_queue.hpp>
 
+#include <algorithm>
 #include <iterator>
 #include <map>
 #include <memory>
 #include <optional>
+#include <stdexcept>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -32,21 +41,52 @@ struct item {
     time_point deadline() const noexcept { return at; }
 };
 
+// How many more copies or moves of a boxed element succeed before one throws; -1: all do. Armed
+// only around close().
+int copies_or_moves_before_throw = -1;
+
+void count_copy_or_move() {
+    if (copies_or_moves_before_throw >= 0 && copies_or_moves_before_throw-- == 0)
+        throw std::runtime_error("copy or move");
+}
+
 struct boxed_item {
     std::uint64_t id = 0;
     time_point at{};
     std::shared_ptr<int> payload;
 
     boxed_item(std::uint64_t i, time_point t, std::shared_ptr<int> p) : id(i), at(t), payload(std::move(p)) {}
-    boxed_item(const boxed_item&) = default;
+    boxed_item(const boxed_item& o) : id(o.id), at(o.at), payload(o.payload) { count_copy_or_move(); }
     boxed_item& operator=(const boxed_item&) = default;
-    boxed_item(boxed_item&& o) noexcept(false) : id(o.id), at(o.at), payload(std::move(o.payload)) {}
+    boxed_item(boxed_item&& o) noexcept(false) : id(o.id), at(o.at) {
+        count_copy_or_move();
+        payload = std::move(o.payload);
+    }
     boxed_item& operator=(boxed_item&& o) noexcept(false) {
         id = o.id;
         at = o.at;
         payload = std::move(o.payload);
         return *this;
     }
+    ~boxed_item() = default;
+    time_point deadline() const noexcept { return at; }
+};
+
+// Move-only, with a move that may throw: close() moves it out, and back if a later move throws.
+struct boxed_move_only {
+    std::uint64_t id = 0;
+    time_point at{};
+    std::shared_ptr<int> payload;
+
+    boxed_move_only(std::uint64_t i, time_point t, std::shared_ptr<int> p) : id(i), at(t), payload(std::move(p)) {}
+    boxed_move_only(const boxed_move_only&) = delete;
+    boxed_move_only& operator=(const boxed_move_only&) = delete;
+    boxed_move_only(boxed_move_only&& o) noexcept(false) : id(o.id), at(o.at) {
+        count_copy_or_move();
+        payload = std::move(o.payload);
+    }
+    boxed_move_only& operator=(boxed_move_only&&) = delete;  // close() must not need it
+    ~boxed_move_only() = default;
     time_point deadline() const noexcept { return at; }
 };
 
@@ -70,6 +110,7 @@ void run(FuzzedDataProvider& in) {
     std::map<std::pair<time_point, std::uint64_t>, std::uint64_t> model;  // (deadline, seq) -> id
     bool closed = false;
     std::uint64_t next_id = 0;
+    time_point latest = mclock::now();  // the latest time the clock has read
 
     auto pop_model = [&](const T& got) {
         FZ_CHECK(!model.empty());
@@ -80,12 +121,17 @@ void run(FuzzedDataProvider& in) {
     };
 
     while (in.remaining_bytes() > 0) {
-        switch (in.ConsumeIntegralInRange<int>(0, 13)) {
+        switch (in.ConsumeIntegralInRange<int>(0, 14)) {
             case 0: case 1: case 2: {  // put
                 const time_point at = pick_deadline(in, mclock::now(), scale);
                 const std::uint64_t id = next_id++;
                 T v = make<T>(id, at);
-                const bool ok = in.ConsumeBool() ? q->put(std::move(v)) : q->put(std::as_const(v));
+                bool ok;
+                if constexpr (std::is_copy_constructible_v<T>) {
+                    ok = in.ConsumeBool() ? q->put(std::move(v)) : q->put(std::as_const(v));
+                } else {
+                    ok = q->put(std::move(v));
+                }
                 FZ_CHECK(ok == !closed);
                 if (ok) model.emplace(std::pair{at, id}, id);
                 else check_element(v, id, at);  // refused: left untouched
@@ -118,6 +164,7 @@ void run(FuzzedDataProvider& in) {
             case 7: case 8: {  // move the clock (forwards mostly; set() may also go back)
                 if (in.ConsumeIntegralInRange<int>(0, 9) == 0) mclock::set(pick_start(in));
                 else mclock::advance(duration{pick_advance(in, scale)});
+                latest = std::max(latest, mclock::now());
                 break;
             }
             case 9: {  // drain_to
@@ -158,7 +205,21 @@ void run(FuzzedDataProvider& in) {
                     model.clear();
                     closed = false;
                 } else {
-                    std::vector<T> rest = q->close();
+                    // sometimes with the n-th copy or move of a boxed element throwing
+                    if (in.ConsumeIntegralInRange<int>(0, 3) == 0)
+                        copies_or_moves_before_throw = in.ConsumeIntegralInRange<int>(0, 8);
+                    std::vector<T> rest;
+                    bool threw = false;
+                    try {
+                        rest = q->close();
+                    } catch (const std::runtime_error&) {
+                        threw = true;
+                    }
+                    copies_or_moves_before_throw = -1;
+                    closed = true;
+                    FZ_CHECK(!threw || !std::is_nothrow_move_constructible_v<T>);
+                    // then closed, and still holding every element: the checks after each step
+                    if (threw) break;
                     FZ_CHECK(rest.size() == model.size());
                     auto it = model.begin();
                     for (const T& v : rest) {
@@ -166,14 +227,21 @@ void run(FuzzedDataProvider& in) {
                         ++it;
                     }
                     model.clear();
-                    closed = true;
                 }
                 break;
             }
             case 12: {  // peek
-                std::optional<T> got = q->peek();
-                FZ_CHECK(got.has_value() == !model.empty());
-                if (got) check_element(*got, model.begin()->second, model.begin()->first.first);
+                if constexpr (std::is_copy_constructible_v<T>) {
+                    std::optional<T> got = q->peek();
+                    FZ_CHECK(got.has_value() == !model.empty());
+                    if (got) check_element(*got, model.begin()->second, model.begin()->first.first);
+                }
+                break;
+            }
+            case 14: {  // the clock steps back, or comes back to the latest time it read
+                if (in.ConsumeBool()) mclock::set(sat_add(mclock::now(), -pick_advance(in, scale)));
+                else mclock::set(latest);
+                latest = std::max(latest, mclock::now());
                 break;
             }
             default: {  // remove_if with a predicate that throws: nothing is removed
@@ -208,7 +276,10 @@ void run(FuzzedDataProvider& in) {
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
     FuzzedDataProvider in(data, size);
-    if (in.ConsumeBool()) run<item>(in);
-    else run<boxed_item>(in);
+    switch (in.ConsumeIntegralInRange<int>(0, 2)) {
+        case 0: run<item>(in); break;
+        case 1: run<boxed_item>(in); break;
+        default: run<boxed_move_only>(in); break;
+    }
     return 0;
 }
