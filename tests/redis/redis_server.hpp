@@ -66,6 +66,32 @@ inline int free_port() {
     return ntohs(a.sin_port);
 }
 
+// A loopback socket that accepts connections (the kernel completes them) but never answers: a
+// server that hangs. Closed on destruction.
+class silent_server {
+public:
+    silent_server() : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        socklen_t len = sizeof a;
+        if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd_, 16) != 0 ||
+            ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+            if (fd_ >= 0) ::close(fd_);
+            throw std::runtime_error("cannot listen on a loopback port");
+        }
+        port_ = ntohs(a.sin_port);
+    }
+    silent_server(const silent_server&) = delete;
+    silent_server& operator=(const silent_server&) = delete;
+    ~silent_server() { ::close(fd_); }
+    int port() const noexcept { return port_; }
+
+private:
+    int fd_;
+    int port_ = 0;
+};
+
 class redis_server {
 public:
     // `extra` are more "--option value" arguments, e.g. {"--appendfsync", "always"}.
@@ -137,6 +163,14 @@ public:
     std::string text(const std::vector<std::string>& args) const {
         auto r = command(args);
         return r->str != nullptr ? std::string(r->str, r->len) : std::string();
+    }
+
+    // The keys matching a KEYS pattern (the test servers hold a handful of keys).
+    std::vector<std::string> keys(const std::string& pattern) const {
+        auto r = command({"KEYS", pattern});
+        std::vector<std::string> out;
+        for (std::size_t i = 0; i < r->elements; ++i) out.emplace_back(r->element[i]->str, r->element[i]->len);
+        return out;
     }
 
     // A field of INFO, e.g. info_field("commandstats", "cmdstat_evalsha:calls=") -> "12".

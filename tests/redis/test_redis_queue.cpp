@@ -1,8 +1,6 @@
 // delayq::redis::delay_queue against a real redis-server: the API's semantics.
 #include <delayq/redis/delay_queue.hpp>
 
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -362,17 +360,8 @@ TEST_CASE("an unreachable server is delayq::redis::error: and a silent one times
     CHECK_THROWS_AS(refused.put_after("a", "", 0ms), delayq::redis::error);
     CHECK_THROWS_AS(refused.take(1s), delayq::redis::error);
 
-    // A socket that accepts connections (the kernel completes them) but never answers.
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    REQUIRE(fd >= 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-    REQUIRE(::listen(fd, 16) == 0);
-    REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
-    o.port = ntohs(a.sin_port);
+    const delayq_test::silent_server hung;
+    o.port = hung.port();
     delay_queue silent(o);
     const auto start = std::chrono::steady_clock::now();
     try {
@@ -384,7 +373,6 @@ TEST_CASE("an unreachable server is delayq::redis::error: and a silent one times
     const auto took = std::chrono::steady_clock::now() - start;
     CHECK(took >= 250ms);
     CHECK(took < 3s);
-    ::close(fd);
 }
 
 TEST_CASE("put_many then take_many then ack_many: batches keep the single calls' answers") {

@@ -169,14 +169,25 @@ public:
 
     [[noreturn]] void fail(std::string_view what) {
         broken_ = true;
-        throw error("delayq::redis: " + std::string(what) + ": " +
-                    (ctx_->err != 0 ? std::string(ctx_->errstr) : std::string("connection lost")));
+        // A read or write that ran into the socket timeout: hiredis reports errno's text
+        // ("Resource temporarily unavailable"), which does not say what happened.
+        const bool timed_out = ctx_->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK);
+        throw error("delayq::redis: " + std::string(what) +
+                    (timed_out ? " timed out after " + std::to_string(io_timeout_.count()) + " ms (io_timeout)"
+                               : ": " + (ctx_->err != 0 ? std::string(ctx_->errstr) : std::string("connection lost"))));
     }
 
     // Sends one command and reads its reply; an error reply is returned, not thrown.
     reply_ptr command(std::span<const std::string_view> args) {
         send(args);
-        return receive(args[0]);
+        return receive(name_of(args));
+    }
+
+    // "EVALSHA", or "SCRIPT LOAD" for the commands that have subcommands: what an error names.
+    static std::string name_of(std::span<const std::string_view> args) {
+        std::string n(args[0]);
+        if (args.size() > 1 && (n == "SCRIPT" || n == "CLIENT")) n.append(" ").append(args[1]);
+        return n;
     }
 
     // Sends one command without reading its reply (the blocking take reads it later).
@@ -188,10 +199,10 @@ public:
             len_.push_back(a.size());
         }
         if (redisAppendCommandArgv(ctx_, static_cast<int>(args.size()), argv_.data(), len_.data()) != REDIS_OK)
-            fail(args[0]);
+            fail(name_of(args));
         int done = 0;
         while (done == 0)
-            if (redisBufferWrite(ctx_, &done) != REDIS_OK) fail(args[0]);
+            if (redisBufferWrite(ctx_, &done) != REDIS_OK) fail(name_of(args));
     }
 
     reply_ptr receive(std::string_view what) {
@@ -296,7 +307,8 @@ for i = 1, #heads, 2 do
   token = token + 1
   local attempts = attempts_of(id) + 1
   redis.call('ZREM', due, id)
-  redis.call('HSET', meta, id, attempts .. ':' .. token)
+  -- %d, not `..`: Lua prints numbers with %.14g, so 10^14 would become '1e+14' and never match
+  redis.call('HSET', meta, id, string.format('%d:%d', attempts, token))
   redis.call('ZADD', leased, lease_end, id)
   out[#out + 1] = id
   out[#out + 1] = redis.call('HGET', data, id) or ''
@@ -305,10 +317,9 @@ for i = 1, #heads, 2 do
   out[#out + 1] = token
   out[#out + 1] = lease_end
 end
-if redis.call('ZRANGEBYSCORE', due, '-inf', now, 'LIMIT', 0, 1)[1]
-   or redis.call('ZRANGEBYSCORE', leased, '-inf', now, 'LIMIT', 0, 1)[1] then
-  redis.call('ZADD', wake, 0, 'w')  -- more is due: hand the baton to another waiting consumer
-end
+-- Hand the watch on: the consumer that watched the head has taken it, and whatever is still
+-- pending (a later job, or at least the lease just handed out) needs a new watcher.
+redis.call('ZADD', wake, 0, 'w')
 return out
 )lua";
 
@@ -459,6 +470,7 @@ public:
         const std::string count = std::to_string(std::clamp<std::size_t>(max_jobs, 1, max_batch));
         auto c = borrow();
         bool recovered = false;
+        bool watching = false;  // this call took the wake-up marker: it watches the head for everyone
         for (;;) {
             auto r = eval(*c, detail::s_take,
                           {key(k_due), key(k_leased), key(k_data), key(k_meta), key(k_wake), key(k_dead), key(k_seq)},
@@ -466,14 +478,19 @@ public:
             if (r->type != REDIS_REPLY_ARRAY || r->elements < 2) bad_reply("take", r.get());
             if (r->element[0]->integer == 1) return to_jobs(r.get());
             const auto left = std::chrono::ceil<std::chrono::milliseconds>(limit - clock::now());
-            if (max_wait <= std::chrono::milliseconds::zero() || left <= std::chrono::milliseconds::zero()) return {};
+            if (max_wait <= std::chrono::milliseconds::zero() || left <= std::chrono::milliseconds::zero()) {
+                // Leaving with the marker would leave the pending head unwatched: pass it on.
+                if (watching && r->element[1]->integer >= 0)
+                    integer(run(*c, std::array<std::string_view, 4>{"ZADD", key(k_wake), "0", "w"}));
+                return {};
+            }
             // +1 ms: the server rounds "now" down, so the reported distance may be short by < 1 ms.
             const long long next = r->element[1]->integer;
             const std::chrono::milliseconds until_due(next < 0 ? std::numeric_limits<long long>::max() : next + 1);
             const bool precise = until_due <= std::min(left, opt_.max_block);
             const auto wait = std::max(detail::min_block, std::min({until_due, left, opt_.max_block}));
             try {
-                block(*c, wait, precise);
+                watching = block(*c, wait, precise) || watching;
             } catch (const error&) {
                 // The wait changes nothing on the server, so one broken wait (CLIENT KILL, a
                 // restart) is retried on a fresh connection; a second one is the caller's.
@@ -680,7 +697,8 @@ private:
 
     // Waits on the wake zset for `wait`. When `precise`, a due time is what we wait for: our own
     // timer ends the block with CLIENT UNBLOCK, as the server's timeout may be a cron tick late.
-    void block(detail::connection& c, std::chrono::milliseconds wait, bool precise) {
+    // True if it took the marker.
+    bool block(detail::connection& c, std::chrono::milliseconds wait, bool precise) {
         if (precise && c.client_id < 0) c.client_id = integer(run(c, std::array<std::string_view, 2>{"CLIENT", "ID"}));
         char secs[32];
         std::snprintf(secs, sizeof secs, "%lld.%03lld", static_cast<long long>(wait.count() / 1000),
@@ -704,6 +722,7 @@ private:
         }
         c.set_timeout(opt_.io_timeout);
         if (r->type == REDIS_REPLY_ERROR) bad_reply("BZPOPMIN", r.get());
+        return r->type == REDIS_REPLY_ARRAY;
     }
 
     static bool readable(detail::connection& c, std::chrono::milliseconds wait) {

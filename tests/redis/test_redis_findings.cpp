@@ -1,0 +1,206 @@
+// Defects found in delayq::redis::delay_queue by review and fault injection (issue 10, items
+// 11-14), each with the test that failed (or showed the wrong behaviour) before its fix.
+#include <atomic>
+#include <chrono>
+#include <delayq/redis/delay_queue.hpp>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "catch.hpp"
+#include "expect_error.hpp"
+#include "redis_server.hpp"
+
+using namespace std::chrono_literals;
+using delayq::redis::delay_queue;
+using delayq::test::contains;
+using delayq::test::message_of;
+using delayq_test::eventually;
+using delayq_test::opts;
+using delayq_test::redis_server;
+
+namespace {
+
+// The server's time at the take (the lease began then) minus the time the delivery was due.
+std::chrono::milliseconds lateness(const delayq::redis::job& j, std::chrono::milliseconds lease) {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(j.lease_deadline - lease -
+                                                                 j.deadline);
+}
+
+std::string blocked_clients(const redis_server& srv) {
+    return srv.info_field("clients", "blocked_clients:");
+}
+
+// A consumer thread: takes jobs with take(max_wait) until told to stop, keeps what it took; a job
+// whose id is `busy_id` keeps it busy for `busy` before its ack.
+struct consumer {
+    delay_queue q;
+    std::mutex m;
+    std::vector<delayq::redis::job> taken;
+    std::vector<std::string> errors;
+    std::atomic<bool> stop{false};
+    std::thread t;
+
+    consumer(delayq::redis::options o, std::chrono::milliseconds max_wait, std::string busy_id,
+             std::chrono::milliseconds busy)
+        : q(std::move(o)) {
+        t = std::thread([this, max_wait, busy_id = std::move(busy_id), busy] {
+            try {
+                while (!stop.load()) {
+                    auto j = q.take(max_wait);
+                    if (!j) continue;
+                    {
+                        std::lock_guard lk(m);
+                        taken.push_back(*j);
+                    }
+                    if (j->id == busy_id) std::this_thread::sleep_for(busy);  // the work
+                    q.ack(*j);
+                }
+            } catch (const std::exception& e) {
+                std::lock_guard lk(m);
+                errors.emplace_back(e.what());
+            }
+        });
+    }
+    std::optional<delayq::redis::job> find(const std::string& id) {
+        std::lock_guard lk(m);
+        for (const auto& j : taken)
+            if (j.id == id) return j;
+        return std::nullopt;
+    }
+    ~consumer() {
+        stop = true;
+        t.join();
+    }
+};
+
+}  // namespace
+
+TEST_CASE("two idle consumers: while one works on the first job the other takes the second on time",
+          "[finding]") {
+    // Issue 10, item 11. Before the fix the wake-up was passed on only when more work was due
+    // *now*: the consumer that watched the head took A, nobody watched B, and B waited for the idle
+    // consumer's max_block to run out (B ~4.4 s late here).
+    redis_server srv;
+    auto o = opts(srv);
+    o.max_block = 5s;
+    consumer c1(o, 10s, "A", 2s), c2(o, 10s, "A", 2s);
+    REQUIRE(eventually([&] { return blocked_clients(srv) == "2"; }));
+    delay_queue producer(opts(srv));
+    REQUIRE(producer.put_after("A", "", 200ms));
+    REQUIRE(producer.put_after("B", "", 600ms));
+    std::optional<delayq::redis::job> b;
+    REQUIRE(eventually(
+        [&] {
+            b = c1.find("B");
+            if (!b) b = c2.find("B");
+            return b.has_value();
+        },
+        8s));
+    CHECK(lateness(*b, o.lease) < 500ms);
+    const bool same = c1.find("A").has_value() == c1.find("B").has_value();
+    CHECK_FALSE(same);  // the idle consumer took B, not the busy one after its work
+    CHECK(c1.errors.empty());
+    CHECK(c2.errors.empty());
+}
+
+TEST_CASE("a take that runs out of max_wait after being woken hands the watch on", "[finding]") {
+    // Issue 10, item 11, second half. C1 (take(300 ms)) blocks first, so the put's wake-up goes to
+    // it; C1 learns that the job is due in 1 s, gives up at 300 ms and (before the fix) took the
+    // wake-up with it: C2, idle all along, took the job only when its own max_block ran out.
+    redis_server srv;
+    auto o = opts(srv);
+    o.max_block = 5s;
+    delay_queue c1(o);
+    CHECK_FALSE(c1.take(0ms));  // connect and load the scripts first
+    std::thread t1([&] { (void)c1.take(300ms); });
+    REQUIRE(eventually([&] { return blocked_clients(srv) == "1"; }));
+    consumer c2(o, 10s, "", 0ms);
+    REQUIRE(eventually([&] { return blocked_clients(srv) == "2"; }));
+    delay_queue producer(opts(srv));
+    REQUIRE(producer.put_after("A", "", 1s));
+    t1.join();
+    std::optional<delayq::redis::job> a;
+    REQUIRE(eventually([&] { return (a = c2.find("A")).has_value(); }, 8s));
+    CHECK(lateness(*a, o.lease) < 500ms);
+    CHECK(c2.errors.empty());
+}
+
+TEST_CASE("fencing tokens of 10^14 and beyond still match: ack, nack and redelivery work",
+          "[finding]") {
+    // Issue 10, item 12. Lua's `..` formats numbers with %.14g: the token 10^14 went into `meta` as
+    // "1e+14", so no ack or nack matched it again.
+    redis_server srv;
+    auto o = opts(srv);
+    o.lease = 300ms;
+    delay_queue q(o);
+    REQUIRE(q.put_after("warm", "", 0ms));
+    auto w = q.take(1s);  // creates the keys and loads the scripts
+    REQUIRE(w);
+    REQUIRE(q.ack(*w));
+    const auto counters = srv.keys("dq:*{q}*:seq");  // the fencing-token counter
+    REQUIRE(counters.size() == 1);
+    srv.command({"SET", counters.front(), "99999999999998"});
+    for (int i = 0; i < 2; ++i) REQUIRE(q.put_after("j" + std::to_string(i), "", 0ms));
+    auto a = q.take(1s);
+    auto b = q.take(1s);
+    REQUIRE(a);
+    REQUIRE(b);
+    CHECK(a->token >= 99'999'999'999'999ULL);
+    CHECK(b->token >= 100'000'000'000'000ULL);
+    CHECK(q.ack(*a));
+    CHECK(q.nack(*b, 0ms));
+    auto b2 = q.take(1s);
+    REQUIRE(b2);
+    CHECK(b2->id == b->id);
+    CHECK(b2->attempts == 2);
+    CHECK(q.ack(*b2));
+    // A lease that ends: redelivered with the attempt counted, its token refused afterwards.
+    REQUIRE(q.put_after("j2", "", 0ms));
+    auto c = q.take(1s);
+    REQUIRE(c);
+    auto c2 = q.take(5s);
+    REQUIRE(c2);
+    CHECK(c2->id == c->id);
+    CHECK(c2->attempts == 2);
+    CHECK_FALSE(q.ack(*c));
+    CHECK(q.ack(*c2));
+    CHECK(q.size() == 0);
+}
+
+TEST_CASE("a call that times out says so, naming the command and io_timeout", "[finding]") {
+    // Issue 10, item 13: the message was hiredis's errno text, "Resource temporarily unavailable".
+    const delayq_test::silent_server hung;
+    auto o = delayq_test::queue_options(hung.port());
+    o.io_timeout = 300ms;
+    delay_queue silent(o);
+    const std::string m = message_of<delayq::redis::error>([&] { silent.put_after("a", "", 0ms); });
+    INFO(m);
+    CHECK(contains(m, "timed out after 300 ms"));
+    CHECK_FALSE(contains(m, "Resource temporarily unavailable"));
+    const bool names_a_command = contains(m, "EVALSHA") || contains(m, "SCRIPT LOAD") ||
+                                 contains(m, "CLUSTER") || contains(m, "HELLO");
+    CHECK(names_a_command);
+}
+
+TEST_CASE(
+    "a put retried after its job was acked queues the job again: put is idempotent only while "
+    "queued") {
+    // Issue 10, item 14: a deliberate behaviour, stated precisely in docs/redis.md and
+    // docs/misuse.md. The docs used to promise "never a duplicate" for any retry.
+    redis_server srv;
+    delay_queue q(opts(srv));
+    REQUIRE(q.put_after("order-1", "v1", 0ms));
+    CHECK_FALSE(q.put_after("order-1", "retry while waiting", 0ms));
+    auto j = q.take(1s);
+    REQUIRE(j);
+    CHECK_FALSE(q.put_after("order-1", "retry while leased", 0ms));
+    REQUIRE(q.ack(*j));
+    CHECK(q.put_after("order-1", "retry after the ack", 0ms));  // a second delivery follows
+    auto again = q.take(1s);
+    REQUIRE(again);
+    CHECK(again->payload == "retry after the ack");
+    CHECK(q.ack(*again));
+}
