@@ -1,9 +1,8 @@
 // The Redis rows of docs/misuse.md: bad options, bad ids, an unreachable server, a payload larger
 // than the server accepts. Each fails with a typed exception that names the problem, in bounded
 // time, and leaves the queue object usable.
-#include <delayq/redis/delay_queue.hpp>
-
 #include <chrono>
+#include <delayq/redis/delay_queue.hpp>
 #include <stdexcept>
 #include <string>
 
@@ -19,7 +18,6 @@ using delayq::test::message_of;
 
 namespace {
 
-
 delayq::redis::options opts(int port, std::string name = "misuse") {
     delayq::redis::options o;
     o.port = port;
@@ -30,12 +28,14 @@ delayq::redis::options opts(int port, std::string name = "misuse") {
 }  // namespace
 
 TEST_CASE("redis misuse: empty name") {
-    CHECK(contains(message_of<std::invalid_argument>([] { delay_queue q(opts(6379, "")); }), "name"));
+    CHECK(
+        contains(message_of<std::invalid_argument>([] { delay_queue q(opts(6379, "")); }), "name"));
 }
 
 TEST_CASE("redis misuse: name with braces") {
     for (const char* n : {"a{b", "a}b", "{x}", "}"}) {
-        const std::string m = message_of<std::invalid_argument>([&] { delay_queue q(opts(6379, n)); });
+        const std::string m =
+            message_of<std::invalid_argument>([&] { delay_queue q(opts(6379, n)); });
         CHECK(contains(m, "name"));
         CHECK(contains(m, "{"));
     }
@@ -59,7 +59,9 @@ TEST_CASE("redis misuse: bad lease, io_timeout or port") {
 
 TEST_CASE("redis misuse: empty job id") {
     delay_queue q(opts(6379));  // checked before any I/O: no server needed
-    CHECK(contains(message_of<std::invalid_argument>([&] { q.put("", "p", std::chrono::system_clock::now()); }), "id"));
+    CHECK(contains(message_of<std::invalid_argument>(
+                       [&] { q.put("", "p", std::chrono::system_clock::now()); }),
+                   "id"));
     CHECK(contains(message_of<std::invalid_argument>([&] { q.put_after("", "p", 0ms); }), "id"));
     CHECK(contains(message_of<std::invalid_argument>([&] { q.cancel(""); }), "id"));
 }
@@ -78,7 +80,8 @@ TEST_CASE("redis misuse: unreachable host") {
     }
     SECTION("a host that never answers") {
         auto o = opts(6379);
-        o.host = "10.255.255.1";  // unroutable: connect() times out (or fails at once without a route)
+        o.host =
+            "10.255.255.1";  // unroutable: connect() times out (or fails at once without a route)
         o.io_timeout = 300ms;
         delay_queue q(o);
         const auto t0 = std::chrono::steady_clock::now();
@@ -99,7 +102,7 @@ TEST_CASE("redis misuse: payload larger than the server's proto-max-bulk-len", "
     // the server's words ("ERR Protocol error: invalid bulk length"), or, when the server's reset
     // of the connection wins the race with that reply, the connection error
     CHECK((contains(m, "bulk length") || contains(m, "reset") || contains(m, "Broken pipe")));
-    CHECK(q.size() == 0);               // nothing half-queued, and the very next call works
+    CHECK(q.size() == 0);  // nothing half-queued, and the very next call works
     CHECK(q.put_after("small", "p", 0ms));
     auto j = q.take(1s);
     REQUIRE(j);

@@ -1,11 +1,10 @@
 // Takes one job, prints its id and then waits to be killed: the consumer that dies mid-lease.
 // usage: delayq_redis_consumer_helper PORT QUEUE LEASE_MS
-#include <delayq/redis/delay_queue.hpp>
-
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <delayq/redis/delay_queue.hpp>
 
 int main(int argc, char** argv) {
     if (argc != 4) {

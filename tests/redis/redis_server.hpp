@@ -1,22 +1,27 @@
 // A private redis-server for one test (or benchmark) process: a free loopback port, a temporary
 // directory, started in the constructor and killed in the destructor, so a failing test leaves
-// nothing behind. The tests never touch a server they did not start.
+// nothing behind. The tests never touch a server they did not start. A server is also killed by
+// the kernel when the thread that started it ends (PR_SET_PDEATHSIG), so a test process that
+// crashes or is killed by ctest's timeout leaves no server either: start servers from the thread
+// that lives as long as they should (the tests' main thread).
 #pragma once
 
-#include <delayq/redis/delay_queue.hpp>
+#include <fcntl.h>
 #include <hiredis/hiredis.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
+#include <delayq/redis/delay_queue.hpp>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <random>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -32,25 +37,81 @@ struct reply_deleter {
 };
 using reply = std::unique_ptr<redisReply, reply_deleter>;
 
-// The server binary: $DELAYQ_REDIS_SERVER, /usr/bin/redis-server, or redis-server on PATH.
-inline std::string find_redis_server() {
-    if (const char* env = std::getenv("DELAYQ_REDIS_SERVER"); env != nullptr && *env != '\0') return env;
-    if (::access("/usr/bin/redis-server", X_OK) == 0) return "/usr/bin/redis-server";
+// A Redis program (redis-server, redis-cli): $DELAYQ_REDIS_SERVER's directory for both, /usr/bin,
+// or PATH.
+inline std::string find_redis_program(const std::string& name = "redis-server") {
+    if (const char* env = std::getenv("DELAYQ_REDIS_SERVER"); env != nullptr && *env != '\0') {
+        if (name == "redis-server") return env;
+        const std::string beside = std::filesystem::path(env).parent_path() / name;
+        if (::access(beside.c_str(), X_OK) == 0) return beside;
+    }
+    if (::access(("/usr/bin/" + name).c_str(), X_OK) == 0) return "/usr/bin/" + name;
     if (const char* path = std::getenv("PATH")) {
         std::stringstream dirs(path);
         for (std::string dir; std::getline(dirs, dir, ':');) {
-            const std::string p = dir + "/redis-server";
+            const std::string p = dir + "/" + name;
             if (!dir.empty() && ::access(p.c_str(), X_OK) == 0) return p;
         }
     }
     throw std::runtime_error(
-        "redis-server not found (not at /usr/bin/redis-server, not on PATH, DELAYQ_REDIS_SERVER unset): "
-        "the Redis tests need a real server; install it with `apt-get install redis-server`");
+        name + " not found (not at /usr/bin/" + name +
+        ", not on PATH, DELAYQ_REDIS_SERVER unset): the Redis tests need a real server; "
+        "install it with `apt-get install redis-server`");
+}
+
+inline std::string find_redis_server() {
+    return find_redis_program("redis-server");
+}
+
+// Starts `args` (args[0] is the program) with stdout and stderr to `log` (or inherited when
+// empty), in a child that the kernel kills when the calling thread ends. Returns its pid, or -1.
+inline pid_t spawn(const std::vector<std::string>& args, const std::string& log = "") {
+    std::vector<char*> argv;
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    const pid_t parent = ::getpid();
+    const pid_t pid = ::fork();
+    if (pid != 0) return pid;
+    // The child: only async-signal-safe calls until exec.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);  // the parent is already gone
+    if (!log.empty()) {
+        const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0) {
+            ::dup2(fd, 1);
+            ::dup2(fd, 2);
+            ::close(fd);
+        }
+    }
+    ::execve(argv[0], argv.data(), environ);
+    ::_exit(127);
+}
+
+// Whether a loopback TCP port can be bound right now.
+inline bool port_is_free(int port) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return false;
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<std::uint16_t>(port));
+    const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    ::close(fd);
+    return ok;
 }
 
 // A port nobody listens on right now. Another process may take it before the server binds it;
-// start() then tries another.
-inline int free_port() {
+// start() then tries another. `cluster_bus`: a port whose port + 10000 is free too, at most 55535
+// (a cluster node listens on both).
+inline int free_port(bool cluster_bus = false) {
+    if (cluster_bus) {
+        static thread_local std::mt19937 rng(std::random_device{}());
+        std::uniform_int_distribution<int> pick(20000, 45535);
+        for (int i = 0; i < 1000; ++i)
+            if (const int p = pick(rng); port_is_free(p) && port_is_free(p + 10000)) return p;
+        throw std::runtime_error(
+            "no free loopback port pair (port, port + 10000) for a cluster node");
+    }
     const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
     if (fd < 0) throw std::runtime_error("socket() failed");
     sockaddr_in a{};
@@ -69,13 +130,14 @@ inline int free_port() {
 // A loopback socket that accepts connections (the kernel completes them) but never answers: a
 // server that hangs. Closed on destruction.
 class silent_server {
-public:
+  public:
     silent_server() : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
         sockaddr_in a{};
         a.sin_family = AF_INET;
         a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
         socklen_t len = sizeof a;
-        if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd_, 16) != 0 ||
+        if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+            ::listen(fd_, 16) != 0 ||
             ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
             if (fd_ >= 0) ::close(fd_);
             throw std::runtime_error("cannot listen on a loopback port");
@@ -87,21 +149,23 @@ public:
     ~silent_server() { ::close(fd_); }
     int port() const noexcept { return port_; }
 
-private:
+  private:
     int fd_;
     int port_ = 0;
 };
 
 class redis_server {
-public:
-    // `extra` are more "--option value" arguments, e.g. {"--appendfsync", "always"}.
-    explicit redis_server(std::vector<std::string> extra = {}) : binary_(find_redis_server()), extra_(std::move(extra)) {
+  public:
+    // `extra` are more "--option value" arguments, e.g. {"--appendfsync", "always"}. `cluster_bus`:
+    // a port fit for a Redis Cluster node (see free_port).
+    explicit redis_server(std::vector<std::string> extra = {}, bool cluster_bus = false)
+        : binary_(find_redis_server()), extra_(std::move(extra)) {
         char tmpl[] = "/tmp/delayq-redis-XXXXXX";
         if (::mkdtemp(tmpl) == nullptr) throw std::runtime_error("mkdtemp failed");
         dir_ = tmpl;
         std::string why;
         for (int i = 0; i < 5; ++i) {
-            port_ = free_port();
+            port_ = free_port(cluster_bus);
             if (try_start(why)) return;
         }
         std::filesystem::remove_all(dir_);
@@ -153,10 +217,12 @@ public:
             argv.push_back(a.data());
             len.push_back(a.size());
         }
-        auto* r = static_cast<redisReply*>(redisCommandArgv(c, static_cast<int>(args.size()), argv.data(), len.data()));
+        auto* r = static_cast<redisReply*>(
+            redisCommandArgv(c, static_cast<int>(args.size()), argv.data(), len.data()));
         const std::string err = c->errstr;
         redisFree(c);
-        if (r == nullptr) throw std::runtime_error("command to the test redis-server failed: " + err);
+        if (r == nullptr)
+            throw std::runtime_error("command to the test redis-server failed: " + err);
         return reply(r);
     }
 
@@ -167,10 +233,25 @@ public:
 
     // The keys matching a KEYS pattern (the test servers hold a handful of keys).
     std::vector<std::string> keys(const std::string& pattern) const {
-        auto r = command({"KEYS", pattern});
+        return list({"KEYS", pattern});
+    }
+
+    // The strings of an array reply.
+    std::vector<std::string> list(const std::vector<std::string>& args) const {
+        auto r = command(args);
         std::vector<std::string> out;
-        for (std::size_t i = 0; i < r->elements; ++i) out.emplace_back(r->element[i]->str, r->element[i]->len);
+        for (std::size_t i = 0; i < r->elements; ++i)
+            out.emplace_back(r->element[i]->str, r->element[i]->len);
         return out;
+    }
+
+    // How many connections listen on the queues' wake-up channels: one per queue object that
+    // has waited in take() (that is how a test knows its consumers are waiting).
+    long long waiting_objects() const {
+        long long n = 0;
+        for (const auto& ch : list({"PUBSUB", "CHANNELS", "dq:*"}))
+            n += command({"PUBSUB", "NUMSUB", ch})->element[1]->integer;
+        return n;
     }
 
     // A field of INFO, e.g. info_field("commandstats", "cmdstat_evalsha:calls=") -> "12".
@@ -189,22 +270,31 @@ public:
                std::stoll(std::string(r->element[1]->str, r->element[1]->len)) / 1000;
     }
 
-private:
+  private:
     bool try_start(std::string& why) {
-        std::vector<std::string> args{binary_,        "--port",         std::to_string(port_),
-                                      "--bind",       "127.0.0.1",      "--dir",
-                                      dir_,           "--appendonly",   "yes",
-                                      "--maxmemory-policy", "noeviction", "--save",
-                                      "",             "--daemonize",    "no",
-                                      "--protected-mode", "no",         "--logfile",
+        std::vector<std::string> args{binary_,
+                                      "--port",
+                                      std::to_string(port_),
+                                      "--bind",
+                                      "127.0.0.1",
+                                      "--dir",
+                                      dir_,
+                                      "--appendonly",
+                                      "yes",
+                                      "--maxmemory-policy",
+                                      "noeviction",
+                                      "--save",
+                                      "",
+                                      "--daemonize",
+                                      "no",
+                                      "--protected-mode",
+                                      "no",
+                                      "--logfile",
                                       dir_ + "/redis.log"};
         args.insert(args.end(), extra_.begin(), extra_.end());
-        std::vector<char*> argv;
-        for (auto& a : args) argv.push_back(a.data());
-        argv.push_back(nullptr);
-        if (::posix_spawn(&pid_, binary_.c_str(), nullptr, nullptr, argv.data(), environ) != 0) {
-            pid_ = -1;
-            why = "posix_spawn of " + binary_ + " failed";
+        pid_ = spawn(args);
+        if (pid_ < 0) {
+            why = "fork failed";
             return false;
         }
         const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
@@ -232,7 +322,8 @@ private:
         bool ok = false;
         if (c != nullptr && c->err == 0) {
             auto* r = static_cast<redisReply*>(redisCommand(c, "PING"));
-            ok = r != nullptr && r->type == REDIS_REPLY_STATUS && std::string(r->str, r->len) == "PONG";
+            ok = r != nullptr && r->type == REDIS_REPLY_STATUS &&
+                 std::string(r->str, r->len) == "PONG";
             if (r != nullptr) freeReplyObject(r);
         }
         redisFree(c);

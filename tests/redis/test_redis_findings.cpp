@@ -29,26 +29,23 @@ std::chrono::milliseconds lateness(const delayq::redis::job& j, std::chrono::mil
                                                                  j.deadline);
 }
 
-std::string blocked_clients(const redis_server& srv) {
-    return srv.info_field("clients", "blocked_clients:");
-}
-
-// A consumer thread: takes jobs with take(max_wait) until told to stop, keeps what it took; a job
-// whose id is `busy_id` keeps it busy for `busy` before its ack.
+// A consumer thread: takes jobs with take(max_wait) and keeps what it took; a job whose id is
+// `busy_id` keeps it busy for `busy` before its ack. It ends after the first job it takes once
+// `stop` is set (stop_all() puts one job per consumer for that).
 struct consumer {
     delay_queue q;
     std::mutex m;
     std::vector<delayq::redis::job> taken;
     std::vector<std::string> errors;
-    std::atomic<bool> stop{false};
     std::thread t;
 
-    consumer(delayq::redis::options o, std::chrono::milliseconds max_wait, std::string busy_id,
+    consumer(delayq::redis::options o, const std::atomic<bool>& stop,
+             std::chrono::milliseconds max_wait, std::string busy_id,
              std::chrono::milliseconds busy)
         : q(std::move(o)) {
-        t = std::thread([this, max_wait, busy_id = std::move(busy_id), busy] {
+        t = std::thread([this, &stop, max_wait, busy_id = std::move(busy_id), busy] {
             try {
-                while (!stop.load()) {
+                for (;;) {
                     auto j = q.take(max_wait);
                     if (!j) continue;
                     {
@@ -57,6 +54,7 @@ struct consumer {
                     }
                     if (j->id == busy_id) std::this_thread::sleep_for(busy);  // the work
                     q.ack(*j);
+                    if (stop.load()) return;
                 }
             } catch (const std::exception& e) {
                 std::lock_guard lk(m);
@@ -70,11 +68,14 @@ struct consumer {
             if (j.id == id) return j;
         return std::nullopt;
     }
-    ~consumer() {
-        stop = true;
-        t.join();
-    }
+    ~consumer() { t.join(); }
 };
+
+// Ends `n` consumers that share `stop`: each takes one of the jobs put here and leaves.
+void stop_all(delay_queue& producer, std::atomic<bool>& stop, int n) {
+    stop = true;
+    for (int i = 0; i < n; ++i) producer.put_after("stop-" + std::to_string(i), "", 0ms);
+}
 
 }  // namespace
 
@@ -86,9 +87,10 @@ TEST_CASE("two idle consumers: while one works on the first job the other takes 
     redis_server srv;
     auto o = opts(srv);
     o.max_block = 5s;
-    consumer c1(o, 10s, "A", 2s), c2(o, 10s, "A", 2s);
-    REQUIRE(eventually([&] { return blocked_clients(srv) == "2"; }));
     delay_queue producer(opts(srv));
+    std::atomic<bool> stop{false};
+    consumer c1(o, stop, 10s, "A", 2s), c2(o, stop, 10s, "A", 2s);
+    REQUIRE(eventually([&] { return srv.waiting_objects() == 2; }));
     REQUIRE(producer.put_after("A", "", 200ms));
     REQUIRE(producer.put_after("B", "", 600ms));
     std::optional<delayq::redis::job> b;
@@ -102,29 +104,33 @@ TEST_CASE("two idle consumers: while one works on the first job the other takes 
     CHECK(lateness(*b, o.lease) < 500ms);
     const bool same = c1.find("A").has_value() == c1.find("B").has_value();
     CHECK_FALSE(same);  // the idle consumer took B, not the busy one after its work
+    stop_all(producer, stop, 2);
     CHECK(c1.errors.empty());
     CHECK(c2.errors.empty());
 }
 
 TEST_CASE("a take that runs out of max_wait after being woken hands the watch on", "[finding]") {
-    // Issue 10, item 11, second half. C1 (take(300 ms)) blocks first, so the put's wake-up goes to
-    // it; C1 learns that the job is due in 1 s, gives up at 300 ms and (before the fix) took the
-    // wake-up with it: C2, idle all along, took the job only when its own max_block ran out.
+    // Issue 10, item 11, second half. C1 (take(300 ms)) blocks first, so the put's wake-up went
+    // to it; C1 learnt that the job is due in 1 s, gave up at 300 ms and (before the fix) took the
+    // wake-up with it: C2, idle all along, took the job only when its own max_block ran out (4 s
+    // late). Since the wake-ups are broadcast (pub/sub) every waiting object hears them.
     redis_server srv;
     auto o = opts(srv);
     o.max_block = 5s;
     delay_queue c1(o);
     CHECK_FALSE(c1.take(0ms));  // connect and load the scripts first
     std::thread t1([&] { (void)c1.take(300ms); });
-    REQUIRE(eventually([&] { return blocked_clients(srv) == "1"; }));
-    consumer c2(o, 10s, "", 0ms);
-    REQUIRE(eventually([&] { return blocked_clients(srv) == "2"; }));
+    REQUIRE(eventually([&] { return srv.waiting_objects() == 1; }));
     delay_queue producer(opts(srv));
+    std::atomic<bool> stop{false};
+    consumer c2(o, stop, 10s, "", 0ms);
+    REQUIRE(eventually([&] { return srv.waiting_objects() == 2; }));
     REQUIRE(producer.put_after("A", "", 1s));
     t1.join();
     std::optional<delayq::redis::job> a;
     REQUIRE(eventually([&] { return (a = c2.find("A")).has_value(); }, 8s));
     CHECK(lateness(*a, o.lease) < 500ms);
+    stop_all(producer, stop, 1);
     CHECK(c2.errors.empty());
 }
 

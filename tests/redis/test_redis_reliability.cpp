@@ -1,7 +1,5 @@
 // delayq::redis::delay_queue when things die: consumers, connections, the server itself; and many
 // producers and consumers at once.
-#include <delayq/redis/delay_queue.hpp>
-
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
@@ -10,6 +8,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <delayq/redis/delay_queue.hpp>
 #include <future>
 #include <map>
 #include <mutex>
@@ -19,6 +18,7 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "flow.hpp"
 #include "redis_server.hpp"
 
 using namespace std::chrono_literals;
@@ -77,7 +77,8 @@ struct child {
 
 }  // namespace
 
-TEST_CASE("a consumer killed with SIGKILL mid-lease: its job is delivered again when the lease ends") {
+TEST_CASE(
+    "a consumer killed with SIGKILL mid-lease: its job is delivered again when the lease ends") {
     redis_server srv;
     delay_queue q(opts(srv));
     REQUIRE(q.put_after("victim", "p", 0ms));
@@ -92,11 +93,13 @@ TEST_CASE("a consumer killed with SIGKILL mid-lease: its job is delivered again 
     CHECK(q.ack(*j));
 }
 
-TEST_CASE("redis-server killed with SIGKILL after N acknowledged puts keeps all N (appendfsync always)") {
+TEST_CASE(
+    "redis-server killed with SIGKILL after N acknowledged puts keeps all N (appendfsync always)") {
     redis_server srv({"--appendfsync", "always"});
     delay_queue q(opts(srv));
     constexpr int n = 200;
-    for (int i = 0; i < n; ++i) REQUIRE(q.put_after("j" + std::to_string(i), std::to_string(i), i % 2 ? 0ms : 1h));
+    for (int i = 0; i < n; ++i)
+        REQUIRE(q.put_after("j" + std::to_string(i), std::to_string(i), i % 2 ? 0ms : 1h));
     srv.kill9();
     CHECK_THROWS_AS(q.size(), delayq::redis::error);  // a clear error, not a hang or a wrong answer
     srv.restart();
@@ -111,18 +114,25 @@ TEST_CASE("redis-server killed with SIGKILL after N acknowledged puts keeps all 
     CHECK(taken == n / 2);
 }
 
-TEST_CASE("CLIENT KILL of a blocked consumer: it reconnects and still gets the job") {
+TEST_CASE(
+    "CLIENT KILL of a waiting consumer's subscription: it reconnects and still gets the job") {
     redis_server srv;
     delay_queue consumer(opts(srv));
     auto taken = std::async(std::launch::async, [&] { return consumer.take(20s); });
-    REQUIRE(eventually([&] { return srv.info_field("clients", "blocked_clients:") == "1"; }));
-    const std::string list = srv.text({"CLIENT", "LIST"});
-    const auto line = list.find("cmd=bzpopmin");
-    REQUIRE(line != std::string::npos);
-    const auto id_at = list.rfind("id=", line);
-    const std::string id = list.substr(id_at + 3, list.find(' ', id_at) - id_at - 3);
+    // The id of the connection that listens for wake-ups, or "" if there is none.
+    const auto listener = [&] {
+        const std::string list = srv.text({"CLIENT", "LIST"});
+        const auto line = list.find("cmd=subscribe");
+        if (line == std::string::npos) return std::string();
+        const auto id_at = list.rfind("id=", line);
+        return list.substr(id_at + 3, list.find(' ', id_at) - id_at - 3);
+    };
+    REQUIRE(eventually([&] { return srv.waiting_objects() == 1; }));
+    const std::string id = listener();
+    REQUIRE_FALSE(id.empty());
     REQUIRE(srv.command({"CLIENT", "KILL", "ID", id})->integer == 1);
-    REQUIRE(eventually([&] { return srv.info_field("clients", "blocked_clients:") == "1"; }));
+    REQUIRE(eventually(
+        [&] { return srv.waiting_objects() == 1 && listener() != id && !listener().empty(); }));
     delay_queue producer(opts(srv));
     REQUIRE(producer.put_after("after-kill", "", 0ms));
     REQUIRE(taken.wait_for(10s) == std::future_status::ready);
@@ -133,61 +143,10 @@ TEST_CASE("CLIENT KILL of a blocked consumer: it reconnects and still gets the j
 
 TEST_CASE("4 producers x 4 consumers with random delays and nacks: every job acked exactly once") {
     redis_server srv;
-    auto o = opts(srv);
-    delay_queue q(o);  // one object shared by every thread, as the contract allows
-    constexpr int producers = 4, consumers = 4, per_producer = 750;
-    constexpr int total = producers * per_producer;
-    std::mutex m;
-    std::map<std::string, int> acked;
-    std::vector<std::string> failures;  // Catch2's macros are not for other threads: collect, check after
-    std::atomic<int> done{0}, nacks{0};
-    const auto guarded = [&](auto body) {
-        return [&, body] {
-            try {
-                body();
-            } catch (const std::exception& e) {
-                std::lock_guard lk(m);
-                failures.emplace_back(e.what());
-            }
-        };
-    };
-    const auto fail = [&](std::string what) {
-        std::lock_guard lk(m);
-        failures.push_back(std::move(what));
-    };
-    std::vector<std::thread> ts;
-    for (int p = 0; p < producers; ++p)
-        ts.emplace_back(guarded([&, p] {
-            std::mt19937 rng(static_cast<unsigned>(p));
-            std::uniform_int_distribution<int> delay(0, 300);
-            for (int i = 0; i < per_producer; ++i)
-                if (!q.put_after("p" + std::to_string(p) + "-" + std::to_string(i), std::to_string(p),
-                                 std::chrono::milliseconds(delay(rng))))
-                    fail("put refused");
-        }));
-    for (int c = 0; c < consumers; ++c)
-        ts.emplace_back(guarded([&, c] {
-            std::mt19937 rng(static_cast<unsigned>(100 + c));
-            std::uniform_int_distribution<int> dice(0, 9);
-            const auto give_up = std::chrono::steady_clock::now() + 40s;
-            while (done.load() < total && std::chrono::steady_clock::now() < give_up) {
-                auto j = q.take(200ms);
-                if (!j) continue;
-                if (dice(rng) == 0) {
-                    if (!q.nack(*j, std::chrono::milliseconds(dice(rng) * 5))) fail("nack refused");
-                    ++nacks;
-                    continue;
-                }
-                if (!q.ack(*j)) fail("ack refused");
-                std::lock_guard lk(m);
-                if (++acked[j->id] == 1) ++done;
-            }
-        }));
-    for (auto& t : ts) t.join();
-    for (const auto& f : failures) FAIL_CHECK(f);
-    CHECK(done.load() == total);
-    CHECK(acked.size() == static_cast<std::size_t>(total));
-    for (const auto& [id, times] : acked) CHECK(times == 1);
-    CHECK(nacks.load() > 0);
+    delay_queue q(opts(srv));  // one object shared by every thread, as the contract allows
+    const auto r = delayq_test::run_flow(q, {});
+    for (const auto& f : r.failures) FAIL_CHECK(f);
+    CHECK(r.all_acked_once());
+    CHECK(r.nacks > 0);
     CHECK(q.size() == 0);
 }

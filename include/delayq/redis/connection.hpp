@@ -1,0 +1,408 @@
+// The Redis backend's wire: one hiredis connection, a link that many threads share, and the
+// subscription that waiting consumers listen on. Part of <delayq/redis/delay_queue.hpp>.
+//
+// The idea. A round trip on loopback costs the server a read, a write and an event-loop turn, and
+// the client a write, a read and a context switch; the Lua work of one job is smaller than that.
+// So the calls of all the threads that share one queue object go to a node over one connection,
+// and whatever they send at about the same time travels together: the first thread to find the
+// connection idle becomes the flusher, writes every queued command in one write, reads the replies
+// in order and hands each to its thread (flat combining; StackExchange.Redis and ioredis's
+// auto-pipelining do the same). A thread alone pays one round trip, as before; eight threads pay
+// about one write and one read per batch instead of one each, and the server reads the batch in
+// one go. Nothing here blocks on the server: a blocked command would hold up everybody behind it,
+// so waiting for work is done on a connection of its own (the subscriber below).
+//
+// Failures. A hiredis context is unusable after any I/O error, so the link drops it and the next
+// call connects afresh (with its timeouts set again: hiredis 0.14's reconnect forgets them). An
+// error says which command failed and why; a read or write that ran into the socket timeout says
+// "timed out after N ms (io_timeout)", not errno's text. A failure to connect is `unsent_error`:
+// nothing reached the server, so the caller may retry it elsewhere (the cluster router does, after
+// a failover); any later failure leaves it unknown whether the command ran, which only the caller
+// can judge.
+//
+// The subscriber. Consumers wait for work with SUBSCRIBE on the queue's channel, to which every
+// script that makes the next due time earlier publishes that time. A subscribed connection is not
+// a blocked one: the client waits on the socket with poll() and its own timeout, at the due time
+// it knows, to the millisecond, not at the server's next cron tick (blocking commands' timeouts
+// are handled in the cron, every 100 ms by default).
+#pragma once
+
+#if __has_include(<hiredis/hiredis.h>)
+#include <hiredis/hiredis.h>
+#else
+#include <hiredis.h>  // hiredis 1.0's pkg-config file points inside include/hiredis
+#endif
+#include <poll.h>
+#include <sys/time.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstddef>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace delayq::redis {
+
+/// A server or connection problem: the message names the command and carries the server's own
+/// words, or says what went wrong with the connection.
+class error : public std::runtime_error {
+  public:
+    using std::runtime_error::runtime_error;
+};
+
+namespace detail {
+
+using std::chrono::milliseconds;
+using command = std::span<const std::string_view>;  // one command's arguments
+
+/// Nothing was sent: the connection could not be made. Safe to retry, elsewhere too.
+class unsent_error : public error {
+  public:
+    using error::error;
+};
+
+// What a connection throws: the whole message, and its end (why) apart, so that a link can name
+// each of its callers' own commands.
+class io_failure : public error {
+  public:
+    io_failure(const std::string& what, std::string why, bool unsent)
+        : error("delayq::redis: " + what + why), why_(std::move(why)), unsent_(unsent) {}
+    const std::string& why() const noexcept { return why_; }
+    bool unsent() const noexcept { return unsent_; }
+
+  private:
+    std::string why_;  // " timed out after 300 ms (io_timeout)", ": Connection reset by peer"
+    bool unsent_;
+};
+
+struct reply_deleter {
+    void operator()(redisReply* r) const noexcept { freeReplyObject(r); }
+};
+using reply_ptr = std::unique_ptr<redisReply, reply_deleter>;
+
+inline timeval to_timeval(milliseconds d) {
+    timeval tv{};
+    tv.tv_sec = static_cast<decltype(tv.tv_sec)>(d.count() / 1000);
+    tv.tv_usec = static_cast<decltype(tv.tv_usec)>((d.count() % 1000) * 1000);
+    return tv;
+}
+
+inline std::string_view text_of(const redisReply* r) noexcept {
+    return r->str != nullptr ? std::string_view(r->str, r->len) : std::string_view();
+}
+
+inline bool error_starts_with(const redisReply* r, std::string_view prefix) {
+    return r->type == REDIS_REPLY_ERROR && text_of(r).substr(0, prefix.size()) == prefix;
+}
+
+// "EVALSHA", or "SCRIPT LOAD" for the commands with subcommands: what an error message names.
+inline std::string name_of(command args) {
+    std::string n(args.empty() ? std::string_view("command") : args[0]);
+    if (args.size() > 1 && (n == "SCRIPT" || n == "CLIENT" || n == "CLUSTER"))
+        n.append(" ").append(args[1]);
+    return n;
+}
+
+struct endpoint {
+    std::string host;
+    int port = 0;
+    bool operator==(const endpoint&) const = default;
+    std::string str() const { return host + ":" + std::to_string(port); }
+};
+
+// One hiredis context, used by one thread at a time. Any I/O error leaves the context unusable:
+// it marks itself broken and its owner throws it away.
+class connection {
+  public:
+    connection(const endpoint& at, milliseconds io_timeout) : io_timeout_(io_timeout) {
+        ctx_ = redisConnectWithTimeout(at.host.c_str(), at.port, to_timeval(io_timeout));
+        if (ctx_ == nullptr) throw io_failure("connecting to " + at.str(), ": out of memory", true);
+        if (ctx_->err != 0) {
+            const bool timed_out = ctx_->err == REDIS_ERR_IO && errno == EINPROGRESS;
+            std::string why = timed_out ? " timed out after " + std::to_string(io_timeout.count()) +
+                                              " ms (io_timeout)"
+                                        : ": " + std::string(ctx_->errstr);
+            redisFree(ctx_);
+            throw io_failure("connecting to " + at.str(), std::move(why), true);
+        }
+        redisSetTimeout(ctx_, to_timeval(io_timeout));
+        redisEnableKeepAlive(ctx_);
+    }
+    connection(const connection&) = delete;
+    connection& operator=(const connection&) = delete;
+    ~connection() { redisFree(ctx_); }
+
+    bool broken() const noexcept { return broken_; }
+    int fd() const noexcept { return ctx_->fd; }
+
+    // Throws the last I/O failure, for `what` (a command's name); the connection is broken now.
+    [[noreturn]] void fail(const std::string& what) {
+        broken_ = true;
+        // A read or write that ran into the socket timeout: hiredis reports errno's text
+        // ("Resource temporarily unavailable"), which does not say what happened.
+        if (ctx_->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK))
+            throw io_failure(
+                what,
+                " timed out after " + std::to_string(io_timeout_.count()) + " ms (io_timeout)",
+                false);
+        throw io_failure(
+            what,
+            ": " + (ctx_->err != 0 ? std::string(ctx_->errstr) : std::string("connection lost")),
+            false);
+    }
+
+    // Queues a command in hiredis's output buffer; flush() sends everything queued.
+    void append(command args) {
+        argv_.clear();
+        len_.clear();
+        for (auto a : args) {
+            argv_.push_back(a.data());
+            len_.push_back(a.size());
+        }
+        if (redisAppendCommandArgv(ctx_, static_cast<int>(args.size()), argv_.data(),
+                                   len_.data()) != REDIS_OK)
+            fail(name_of(args));
+    }
+
+    void flush(std::string_view what) {
+        int done = 0;
+        while (done == 0)
+            if (redisBufferWrite(ctx_, &done) != REDIS_OK) fail(std::string(what));
+    }
+
+    // The next reply, read from the socket if need be; an error reply is returned, not thrown.
+    reply_ptr read(std::string_view what) {
+        void* r = nullptr;
+        if (redisGetReply(ctx_, &r) != REDIS_OK || r == nullptr) fail(std::string(what));
+        return checked(r);
+    }
+
+    // A reply already received, without touching the socket; null if none is complete yet.
+    reply_ptr buffered() {
+        void* r = nullptr;
+        if (redisGetReplyFromReader(ctx_, &r) != REDIS_OK) fail("reading a message");
+        return r != nullptr ? checked(r) : nullptr;
+    }
+
+    // Reads what the socket holds (call after poll() said it is readable).
+    void fill() {
+        if (redisBufferRead(ctx_) != REDIS_OK) fail("reading a message");
+    }
+
+    reply_ptr command_reply(command args) {
+        append(args);
+        flush(name_of(args));
+        return read(name_of(args));
+    }
+
+  private:
+    reply_ptr checked(void* r) {
+        reply_ptr reply(static_cast<redisReply*>(r));
+        // The server closes the connection right after a protocol error (e.g. a payload beyond
+        // proto-max-bulk-len): do not use it again.
+        if (error_starts_with(reply.get(), "ERR Protocol error")) broken_ = true;
+        return reply;
+    }
+
+    redisContext* ctx_ = nullptr;
+    milliseconds io_timeout_;
+    bool broken_ = false;
+    std::vector<const char*> argv_;  // reused: a connection serves one thread at a time
+    std::vector<std::size_t> len_;
+};
+
+// One node's connection, shared by every thread of a queue object; see "The idea" above.
+class link {
+  public:
+    link(endpoint at, milliseconds io_timeout) : at_(std::move(at)), io_timeout_(io_timeout) {}
+    link(const link&) = delete;
+    link& operator=(const link&) = delete;
+
+    const endpoint& where() const noexcept { return at_; }
+
+    // Sends `cmds` back to back (with other threads' commands around them, never between them)
+    // and returns their replies in order. Throws unsent_error when the connection cannot be made,
+    // error when it fails after that.
+    std::vector<reply_ptr> call(std::span<const command> cmds) {
+        request r;
+        r.cmds = cmds;
+        bool lead = false;
+        {
+            std::lock_guard lk(m_);
+            queue_.push_back(&r);
+            lead = !std::exchange(flushing_, true);
+        }
+        if (lead || r.await() == request::lead) {
+            // This thread flushes what is queued (its own request too), then hands the role to
+            // the first thread that queued meanwhile. The others are told one by one, after the
+            // lock is let go, so that no thread wakes up only to wait for the lock.
+            std::vector<request*>
+                batch;  // its own: once the lock is let go, another leader may start
+            {
+                std::lock_guard lk(m_);
+                batch.swap(queue_);
+            }
+            flush(batch);
+            request* next = nullptr;
+            {
+                std::lock_guard lk(m_);
+                if (queue_.empty())
+                    flushing_ = false;
+                else
+                    next = queue_.front();
+            }
+            for (request* x : batch)
+                if (x != &r) x->signal(request::done);
+            if (next != nullptr) next->signal(request::lead);
+        }
+        if (!r.failure.empty()) {
+            const std::string msg = "delayq::redis: " + name_of(cmds.front()) + r.failure;
+            if (r.unsent) throw unsent_error(msg);
+            throw error(msg);
+        }
+        return std::move(r.replies);
+    }
+
+    reply_ptr call(command c) { return std::move(call(std::span<const command>(&c, 1)).front()); }
+
+  private:
+    struct request {
+        enum state : int { waiting, telling, done, lead };
+        std::span<const command> cmds;
+        std::vector<reply_ptr> replies;
+        std::string failure;  // the end of the error message; empty: it went through
+        bool unsent = false;
+        std::atomic<int> st{waiting};
+
+        // Tells the waiting thread `what`. The object lives until its thread has seen the final
+        // state, which is stored last: nothing touches it after that.
+        void signal(state what) noexcept {
+            st.store(telling, std::memory_order_release);
+            st.notify_one();
+            st.store(what, std::memory_order_release);
+        }
+        // Waits for signal() and returns what it said.
+        state await() noexcept {
+            int s = waiting;
+            while ((s = st.load(std::memory_order_acquire)) == waiting)
+                st.wait(waiting, std::memory_order_acquire);
+            while ((s = st.load(std::memory_order_acquire)) == telling) std::this_thread::yield();
+            return static_cast<state>(s);
+        }
+    };
+
+    // Runs `batch` on the connection; the flusher alone touches conn_. Never throws: a failure
+    // goes to every request not yet answered.
+    void flush(std::vector<request*>& batch) noexcept {
+        std::size_t answered = 0;
+        try {
+            if (conn_ == nullptr || conn_->broken()) {
+                conn_.reset();
+                conn_ = std::make_unique<connection>(at_, io_timeout_);
+            }
+            for (request* r : batch)
+                for (command c : r->cmds) conn_->append(c);
+            conn_->flush(name_of(batch.front()->cmds.front()));
+            for (request* r : batch) {
+                r->replies.reserve(r->cmds.size());
+                for (command c : r->cmds) r->replies.push_back(conn_->read(name_of(c)));
+                ++answered;
+            }
+            if (conn_->broken()) conn_.reset();
+        } catch (const io_failure& e) {
+            conn_.reset();  // out of step with the server, or never connected
+            std::string why;
+            try {
+                why = e.unsent() ? ": cannot connect to " + at_.str() + e.why() : e.why();
+            } catch (...) {  // no memory for the message: still a failure
+            }
+            fail_from(batch, answered, why.empty() ? ": failed" : why, e.unsent());
+        } catch (...) {
+            conn_.reset();
+            fail_from(batch, answered, ": out of memory", false);
+        }
+    }
+
+    static void fail_from(std::vector<request*>& batch, std::size_t first, const std::string& why,
+                          bool unsent) noexcept {
+        for (std::size_t i = first; i < batch.size(); ++i) {
+            request* r = batch[i];
+            try {
+                r->failure = why;
+            } catch (...) {
+                r->failure = ": failed";  // no memory for the message: still a failure
+            }
+            r->unsent = unsent;
+            r->replies.clear();
+        }
+    }
+
+    endpoint at_;
+    milliseconds io_timeout_;
+    std::mutex m_;
+    std::vector<request*> queue_;
+    bool flushing_ = false;
+    std::unique_ptr<connection> conn_;
+};
+
+// A connection subscribed to one channel: where a queue object's waiting consumer listens for
+// "the next due time is now earlier" messages. One thread at a time.
+class subscriber {
+  public:
+    subscriber(const endpoint& at, milliseconds io_timeout, const std::string& channel)
+        : conn_(at, io_timeout) {
+        const std::array<std::string_view, 2> args{"SUBSCRIBE", channel};
+        auto r = conn_.command_reply(args);
+        if (r->type != REDIS_REPLY_ARRAY)
+            throw error("delayq::redis: SUBSCRIBE: " + std::string(text_of(r.get())));
+    }
+
+    // Waits until a message comes or `until` passes, and appends the payloads of the messages
+    // that came (possibly none) to `out`. Throws error when the connection fails.
+    void wait(std::chrono::steady_clock::time_point until, std::vector<std::string>& out) {
+        if (take_buffered(out)) return;
+        for (;;) {
+            const auto left =
+                std::chrono::ceil<milliseconds>(until - std::chrono::steady_clock::now());
+            pollfd p{};
+            p.fd = conn_.fd();
+            p.events = POLLIN;
+            const int n = ::poll(
+                &p, 1, static_cast<int>(std::clamp<long long>(left.count(), 0, 1'000'000'000)));
+            if (n == 0) return;
+            if (n < 0 && errno == EINTR) continue;
+            conn_.fill();  // readable, or an error that the read reports
+            if (take_buffered(out) || left.count() <= 0) return;
+        }
+    }
+
+  private:
+    bool take_buffered(std::vector<std::string>& out) {
+        bool any = false;
+        while (auto r = conn_.buffered()) {
+            // ["message", channel, payload]; the subscription's own confirmation is skipped.
+            if (r->type == REDIS_REPLY_ARRAY && r->elements == 3 &&
+                text_of(r->element[0]) == "message") {
+                out.emplace_back(text_of(r->element[2]));
+                any = true;
+            }
+        }
+        return any;
+    }
+
+    connection conn_;
+};
+
+}  // namespace detail
+}  // namespace delayq::redis

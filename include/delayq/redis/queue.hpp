@@ -1,0 +1,703 @@
+// delayq::redis::delay_queue and sharded_delay_queue: the public API over the scripts, the router
+// and the links. Part of <delayq/redis/delay_queue.hpp>, which is what users include.
+//
+// The idea. A queue object is a client of one queue shard (delay_queue) or of N shards, each its
+// own hash tag and so its own Cluster slot (sharded_delay_queue). Everything the server does is in
+// scripts.hpp; what the object adds is how its threads wait, and how few round trips they need.
+//
+// One round trip per job. Users write `while (auto j = q.take(t)) { work(*j); q.ack(*j); }`. The
+// ack of a job that take() handed out also leases the next due job of its shard, in the same
+// script call, and keeps it for the object's next take(), which then needs no round trip: the loop
+// costs the consumer one call per job while jobs are due (BullMQ's worker does the same when it
+// completes a job). A job kept that way is leased to nobody in particular, so the object keeps at
+// most one per job that take() handed out and that is not yet acked or nacked (one per consumer
+// thread in the loop above), and gives a kept job back (release: its attempt not counted) when no
+// take() came for it within min(100 ms, lease / 4), and when the object is destroyed.
+// `options::prefetch = false` turns it off.
+//
+// Waiting without polling. When nothing is due, take() waits on the queue's pub/sub channel (see
+// "Wake-ups" in scripts.hpp): every script reports how far off its shard's next event is, and
+// every script that makes it earlier publishes the new time, so the object knows, for each shard,
+// a time before which nothing there is due. Its threads wait for the earliest of those times with
+// their own timer, then one of them (one per shard, unless the last answer said more is due) runs
+// the script. One thread at a time reads the subscription; the others wait on a condition
+// variable, so a process needs one subscribed connection per queue object however many threads
+// consume. After `max_block` without news a shard is looked at anyway: a safety net for
+// messages lost while a connection was down. Every waiting object hears every message, so when a
+// job comes due each idle object looks once and one of them gets it (the others learn the next
+// due time); objects that are busy hear the message but run nothing.
+//
+// Threads. Every command goes through a link (connection.hpp), which sends what the threads send
+// at the same time in one write. A take that waits holds the subscription, not a link, so it
+// holds up no other call.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <charconv>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "../detail/time.hpp"
+#include "cluster.hpp"
+#include "connection.hpp"
+#include "scripts.hpp"
+
+namespace delayq::redis {
+
+struct options {
+    std::string host = "127.0.0.1";  // a server, or any node of a Redis Cluster
+    int port = 6379;
+    std::string name;  // the queue; non-empty, no '{' or '}'
+    std::chrono::milliseconds lease = std::chrono::seconds(30);
+    std::chrono::milliseconds io_timeout = std::chrono::seconds(5);
+    unsigned max_attempts = 0;  // 0: redeliver forever; else dead-letter after this many
+    std::chrono::milliseconds max_block =
+        std::chrono::seconds(5);      // longest wait without asking, >= 2 ms
+    std::size_t reclaim_batch = 100;  // ended leases reclaimed per script call, > 0
+    bool prefetch = true;  // ack and nack also lease the next due job for the next take()
+};
+
+struct job {
+    std::string id, payload;
+    std::chrono::system_clock::time_point deadline;  // when this delivery was due (server clock)
+    unsigned attempts = 0;                           // 1 at the first delivery
+    std::uint64_t token = 0;                         // fencing token of this lease
+    std::chrono::system_clock::time_point lease_deadline;  // the lease ends then (server clock)
+};
+
+namespace detail {
+
+// Due times travel as milliseconds through Lua numbers (doubles): stay below 10^14 ms (year
+// 5138), exact in a double and in every format the scripts use.
+inline constexpr long long max_ms = 99'999'999'999'999LL;
+inline constexpr std::size_t max_batch = 500;  // jobs per script call: no call stalls the server
+
+inline long long to_ms(std::chrono::system_clock::time_point tp) {
+    const long long ms =
+        delayq::detail::saturating_ceil<milliseconds>(tp.time_since_epoch()).count();
+    return std::clamp(ms, 0LL, max_ms);
+}
+
+inline std::chrono::system_clock::time_point from_ms(long long ms) {
+    return std::chrono::system_clock::time_point(
+        delayq::detail::saturating_ceil<std::chrono::system_clock::duration>(milliseconds(ms)));
+}
+
+inline long long clamp_delay(milliseconds d) {
+    return std::clamp<long long>(d.count(), 0, max_ms);
+}
+
+// FNV-1a, 64 bits: which shard an id belongs to. Part of the key layout: never change it.
+constexpr std::uint64_t fnv1a(std::string_view s) noexcept {
+    std::uint64_t h = 14695981039346656037ULL;
+    for (char c : s) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ULL;
+    return h;
+}
+
+// Everything of delay_queue and sharded_delay_queue; they differ only in their shards.
+class queue_base {
+  public:
+    queue_base(const queue_base&) = delete;
+    queue_base& operator=(const queue_base&) = delete;
+
+    // Gives back the jobs that ack or nack leased for a take() that never came: without this
+    // they would wait for their lease to end. Best effort: if it fails, the lease ends anyway.
+    ~queue_base() {
+        std::vector<held> left;
+        {
+            std::lock_guard lk(m_);
+            left.swap(stash_);
+        }
+        try {
+            release(left);
+        } catch (...) {  // the server is gone: the leases end by themselves
+        }
+    }
+
+    const options& get_options() const noexcept { return opt_; }
+
+    /// Queues `id` to be due at `deadline` (the caller's clock, taken as server time). False if
+    /// `id` is already queued (waiting or leased); nothing changes then.
+    bool put(std::string_view id, std::string_view payload,
+             std::chrono::system_clock::time_point deadline) {
+        check_id(id);
+        const std::string at = std::to_string(to_ms(deadline));
+        const std::array<std::string_view, 4> args{id, payload, "a", at};
+        return put_args(shard_for(id), args).front();
+    }
+
+    /// Queues `id` to be due `delay` from now by the server's clock. False if already queued.
+    bool put_after(std::string_view id, std::string_view payload, std::chrono::milliseconds delay) {
+        check_id(id);
+        const std::string ms = std::to_string(clamp_delay(delay));
+        const std::array<std::string_view, 4> args{id, payload, "r", ms};
+        return put_args(shard_for(id), args).front();
+    }
+
+    struct put_request {
+        std::string_view id, payload;
+        std::chrono::milliseconds delay{0};
+    };
+
+    /// put_after for many jobs: one script call per shard and 500 jobs. Element i of the result
+    /// is what put_after would have returned for jobs[i]; a duplicate id is refused.
+    std::vector<bool> put_many(std::span<const put_request> jobs) {
+        std::vector<std::string> ms(jobs.size());
+        for (std::size_t i = 0; i < jobs.size(); ++i) {
+            check_id(jobs[i].id);
+            ms[i] = std::to_string(clamp_delay(jobs[i].delay));
+        }
+        std::vector<std::string_view> args;
+        return by_shard(
+            jobs.size(), [&](std::size_t i) { return jobs[i].id; },
+            [&](shard& s, std::span<const std::size_t> idx) {
+                args.clear();
+                for (std::size_t i : idx)
+                    args.insert(args.end(), {jobs[i].id, jobs[i].payload, "r", ms[i]});
+                return put_args(s, args);
+            });
+    }
+
+    /// Removes a waiting or leased job. False if `id` is not queued.
+    bool cancel(std::string_view id) {
+        check_id(id);
+        shard& s = shard_for(id);
+        {
+            std::lock_guard lk(m_);  // a kept job that is cancelled must not be handed out
+            std::erase_if(stash_, [&](const held& h) { return h.j.id == id; });
+        }
+        const std::array<std::string_view, 1> args{id};
+        return integer(eval(s, s_cancel, args)) == 1;
+    }
+
+    /// Gives a waiting job a new due time, `delay` from now. False for an unknown or leased id.
+    bool reschedule(std::string_view id, std::chrono::milliseconds delay) {
+        check_id(id);
+        const std::string ms = std::to_string(clamp_delay(delay));
+        const std::array<std::string_view, 2> args{id, ms};
+        return integer(eval(shard_for(id), s_reschedule, args)) == 1;
+    }
+
+    /// Leases the earliest due job, waiting up to `max_wait` for one (not at all when <= 0).
+    std::optional<job> take(std::chrono::milliseconds max_wait) {
+        auto jobs = take_jobs(1, max_wait);
+        if (jobs.empty()) return std::nullopt;
+        std::lock_guard lk(m_);
+        ++in_hand_;
+        return std::move(jobs.front());
+    }
+
+    /// Leases up to `max_jobs` (at most 500) due jobs of one shard, earliest first, waiting up to
+    /// `max_wait` for the first. Every job has its own lease and token.
+    std::vector<job> take_many(std::size_t max_jobs, std::chrono::milliseconds max_wait) {
+        return take_jobs(std::clamp<std::size_t>(max_jobs, 1, max_batch), max_wait);
+    }
+
+    /// Done with the job: it is gone for good. False if the lease was lost (ended, or cancelled).
+    bool ack(const job& j) { return settle_one(j, "a"); }
+
+    /// ack for many jobs, one script call per shard and 500 jobs; element i is what ack(jobs[i])
+    /// would have returned. Leases nothing for later.
+    std::vector<bool> ack_many(std::span<const job> jobs) {
+        for (const auto& j : jobs) check_id(j.id);
+        std::vector<std::string> tokens(jobs.size());
+        for (std::size_t i = 0; i < jobs.size(); ++i) tokens[i] = std::to_string(jobs[i].token);
+        std::vector<std::string_view> args;
+        return by_shard(
+            jobs.size(), [&](std::size_t i) { return jobs[i].id; },
+            [&](shard& s, std::span<const std::size_t> idx) {
+                args.clear();
+                for (std::size_t i : idx) args.insert(args.end(), {"a", jobs[i].id, tokens[i]});
+                return consume_and_learn(s, args).ok;
+            });
+    }
+
+    /// Back to the queue, due `retry_after` from now (or dead-lettered after max_attempts).
+    /// False if the lease was lost.
+    bool nack(const job& j, std::chrono::milliseconds retry_after) {
+        return settle_one(j, "n" + std::to_string(clamp_delay(retry_after)));
+    }
+
+    /// Jobs queued: waiting plus leased (including those kept for this object's next take()).
+    std::size_t size() {
+        std::size_t n = 0;
+        for (auto& s : shards_) n += static_cast<std::size_t>(integer(eval(s, s_size, {})));
+        return n;
+    }
+
+    /// Jobs moved to the dead-letter hashes `dq:v2:{tag}:dead` (id -> payload).
+    std::size_t dead_size() {
+        std::size_t n = 0;
+        for (auto& s : shards_) {
+            const std::array<std::string_view, 2> args{"HLEN", s.keys[k_dead]};
+            n += static_cast<std::size_t>(integer(router_.call(s.slot, args)));
+        }
+        return n;
+    }
+
+  protected:
+    queue_base(options o, std::size_t shards, bool sharded)
+        : opt_(std::move(o)), router_(endpoint{opt_.host, opt_.port}, opt_.io_timeout) {
+        const std::string type =
+            sharded ? "delayq::redis::sharded_delay_queue: " : "delayq::redis::delay_queue: ";
+        const auto check = [&](bool ok, const char* what) {
+            if (!ok) throw std::invalid_argument(type + what);
+        };
+        check(!opt_.name.empty(), "options.name is empty");
+        check(opt_.name.find_first_of("{}") == std::string::npos,
+              "options.name must not contain '{' or '}' (it is the hash tag)");
+        check(opt_.lease > milliseconds::zero(), "options.lease must be > 0");
+        check(opt_.io_timeout > milliseconds::zero(), "options.io_timeout must be > 0");
+        check(opt_.max_block >= milliseconds(2), "options.max_block must be >= 2 ms");
+        check(opt_.reclaim_batch > 0, "options.reclaim_batch must be > 0");
+        check(opt_.port > 0 && opt_.port <= 65535, "options.port is out of range");
+        check(shards > 0 && shards <= slot_count, "the number of shards must be in 1..16384");
+        channel_ = "dq:v2:{" + opt_.name + (sharded ? "#*" : "") + "}:wake";
+        shards_ = std::vector<shard>(shards);
+        for (std::size_t i = 0; i < shards; ++i) {
+            shard& s = shards_[i];
+            s.index = std::to_string(i);
+            const std::string prefix =
+                "dq:v2:{" + opt_.name + (sharded ? "#" + s.index : "") + "}:";
+            for (std::size_t k = 0; k < k_count; ++k) s.keys[k] = prefix + key_names[k];
+            s.slot = slot_of(s.keys[0]);
+        }
+        lease_ms_ = std::to_string(opt_.lease.count());
+        max_attempts_ = std::to_string(opt_.max_attempts);
+        batch_ = std::to_string(opt_.reclaim_batch);
+        hold_ = std::min(milliseconds(100), opt_.lease / 4);
+    }
+
+    std::size_t shard_count() const noexcept { return shards_.size(); }
+
+  private:
+    using clock = std::chrono::steady_clock;
+
+    struct shard {
+        std::string index;                      // ARGV[2] of its scripts
+        std::array<std::string, k_count> keys;  // KEYS, in scripts.hpp's order
+        std::uint16_t slot = 0;
+        // Under m_: nothing is due here before `next` (see "Waiting without polling").
+        clock::time_point next = clock::time_point::min();
+        int takers = 0;        // threads running a consume script here now
+        bool backlog = false;  // the last answer said more is due now: every thread may look
+    };
+
+    struct held {  // a job that ack or nack leased for the next take()
+        job j;
+        shard* from;
+        clock::time_point at;
+    };
+
+    struct consumed {
+        long long next = -1;  // ms until the shard's next event; 0: more is due; -1: empty
+        std::vector<bool> ok;
+        std::vector<job> jobs;
+    };
+
+    shard& shard_for(std::string_view id) noexcept {
+        return shards_.size() == 1 ? shards_.front() : shards_[fnv1a(id) % shards_.size()];
+    }
+
+    static void check_id(std::string_view id) {
+        if (id.empty())
+            throw std::invalid_argument("delayq::redis::delay_queue: a job id must not be empty");
+    }
+
+    [[noreturn]] static void bad_reply(std::string_view what, const redisReply* r) {
+        if (r->type == REDIS_REPLY_ERROR)
+            throw error("delayq::redis: " + std::string(what) + ": " + std::string(text_of(r)));
+        throw error("delayq::redis: " + std::string(what) + ": unexpected reply type " +
+                    std::to_string(r->type));
+    }
+
+    static long long integer(const reply_ptr& r) {
+        if (r->type != REDIS_REPLY_INTEGER) bad_reply("reply", r.get());
+        return r->integer;
+    }
+
+    // SHA1s come from SCRIPT LOAD (no SHA-1 code here), once per object; they never change.
+    std::string_view sha(const shard& s, script_id id) {
+        if (sha_ready_[id].load(std::memory_order_acquire)) return sha_[id];
+        const std::array<std::string_view, 3> args{"SCRIPT", "LOAD", scripts[id]};
+        auto r = router_.call(s.slot, args);
+        if (r->type != REDIS_REPLY_STRING) bad_reply("SCRIPT LOAD", r.get());
+        std::lock_guard lk(sha_m_);
+        if (!sha_ready_[id].load(std::memory_order_relaxed)) {
+            sha_[id] = std::string(text_of(r.get()));
+            sha_ready_[id].store(true, std::memory_order_release);
+        }
+        return sha_[id];
+    }
+
+    // Runs script `id` on shard `s` with ARGV = channel, shard number, `args`. A node that has
+    // not seen the script (restarted, SCRIPT FLUSH, a new master) answers NOSCRIPT without running
+    // anything; EVAL with the source then runs it and teaches it the script.
+    reply_ptr eval(shard& s, script_id id, std::span<const std::string_view> args) {
+        std::vector<std::string_view> argv;
+        argv.reserve(5 + k_count + args.size());
+        argv.insert(argv.end(), {"EVALSHA", sha(s, id), "5"});
+        static_assert(k_count == 5);
+        argv.insert(argv.end(), s.keys.begin(), s.keys.end());
+        argv.insert(argv.end(), {std::string_view(channel_), std::string_view(s.index)});
+        argv.insert(argv.end(), args.begin(), args.end());
+        auto r = router_.call(s.slot, argv);
+        if (error_starts_with(r.get(), "NOSCRIPT")) {
+            argv[0] = "EVAL";
+            argv[1] = scripts[id];
+            r = router_.call(s.slot, argv);
+        }
+        if (r->type == REDIS_REPLY_ERROR)
+            bad_reply(std::string(script_names[id]) + " script", r.get());
+        return r;
+    }
+
+    reply_ptr eval(shard& s, script_id id, std::initializer_list<std::string_view> args) {
+        return eval(s, id, std::span<const std::string_view>(args.begin(), args.size()));
+    }
+
+    std::vector<bool> put_args(shard& s, std::span<const std::string_view> args) {
+        auto r = eval(s, s_put, args);
+        if (r->type != REDIS_REPLY_ARRAY || r->elements != args.size() / 4)
+            bad_reply("put", r.get());
+        std::vector<bool> out(r->elements);
+        for (std::size_t i = 0; i < r->elements; ++i) out[i] = r->element[i]->integer == 1;
+        return out;
+    }
+
+    // Calls `run(shard, indices)` for the items of each shard, at most max_batch at a time, and
+    // puts the answers back in the items' order.
+    template <class IdOf, class Run>
+    std::vector<bool> by_shard(std::size_t n, IdOf id_of, Run run) {
+        std::vector<bool> out(n);
+        std::vector<std::vector<std::size_t>> groups(shards_.size());
+        for (std::size_t i = 0; i < n; ++i)
+            groups[static_cast<std::size_t>(&shard_for(id_of(i)) - shards_.data())].push_back(i);
+        for (std::size_t g = 0; g < groups.size(); ++g)
+            for (std::size_t at = 0; at < groups[g].size(); at += max_batch) {
+                const std::span<const std::size_t> idx(groups[g].data() + at,
+                                                       std::min(max_batch, groups[g].size() - at));
+                const std::vector<bool> got = run(shards_[g], idx);
+                if (got.size() != idx.size())
+                    throw error("delayq::redis: a batch's reply has the wrong length");
+                for (std::size_t k = 0; k < idx.size(); ++k) out[idx[k]] = got[k];
+            }
+        return out;
+    }
+
+    // The consume script: settles `settle` ((how, id, token)*), then leases up to `take` jobs.
+    // The caller passes what it says about the shard's next event to learn().
+    consumed consume(shard& s, std::span<const std::string_view> settle, std::size_t take) {
+        std::vector<std::string_view> args;
+        args.reserve(4 + settle.size());
+        const std::string count = std::to_string(take);
+        args.insert(args.end(), {std::string_view(lease_ms_), std::string_view(max_attempts_),
+                                 std::string_view(batch_), std::string_view(count)});
+        args.insert(args.end(), settle.begin(), settle.end());
+        auto r = eval(s, s_consume, args);
+        const std::size_t k = settle.size() / 3;
+        if (r->type != REDIS_REPLY_ARRAY || r->elements < 2 + k) bad_reply("consume", r.get());
+        consumed c;
+        c.next = r->element[0]->integer;
+        c.ok.resize(k);
+        for (std::size_t i = 0; i < k; ++i) c.ok[i] = r->element[1 + i]->integer == 1;
+        const auto n = static_cast<std::size_t>(r->element[1 + k]->integer);
+        if (r->elements != 2 + k + 6 * n) bad_reply("consume", r.get());
+        c.jobs.resize(n);
+        for (std::size_t i = 0; i < n; ++i) {
+            redisReply* const* e = r->element + 2 + k + 6 * i;
+            job& j = c.jobs[i];
+            j.id = text_of(e[0]);
+            j.payload = text_of(e[1]);
+            j.deadline = from_ms(e[2]->integer);
+            j.attempts = static_cast<unsigned>(e[3]->integer);
+            j.token = static_cast<std::uint64_t>(e[4]->integer);
+            j.lease_deadline = from_ms(e[5]->integer);
+        }
+        return c;
+    }
+
+    // consume() for the calls that keep nothing: the hints learn from it at once.
+    consumed consume_and_learn(shard& s, std::span<const std::string_view> settle) {
+        consumed c = consume(s, settle, 0);
+        std::lock_guard lk(m_);
+        learn(s, c.next);
+        return c;
+    }
+
+    // Under m_: the shard's next event is `next_ms` away (+1 ms: the server rounds its now down,
+    // so the distance may be short by less than a millisecond), and at most max_block.
+    void learn(shard& s, long long next_ms) {
+        const auto now = clock::now();
+        const milliseconds d =
+            next_ms < 0 ? opt_.max_block
+                        : std::min(milliseconds(next_ms + (next_ms > 0 ? 1 : 0)), opt_.max_block);
+        s.next = now + d;
+        s.backlog = next_ms == 0;
+        if (next_ms == 0 && waiting_ > 0)
+            cv_.notify_all();  // more is due: let the waiting threads at it
+    }
+
+    // Under m_: a message "<shard> <ms>": the shard's next event is that near now.
+    void hear(std::string_view msg) {
+        const auto space = msg.find(' ');
+        std::size_t i = 0;
+        long long ms = 0;
+        if (space == std::string_view::npos ||
+            std::from_chars(msg.data(), msg.data() + space, i).ec != std::errc() ||
+            std::from_chars(msg.data() + space + 1, msg.data() + msg.size(), ms).ec !=
+                std::errc() ||
+            i >= shards_.size())
+            return;  // not ours (a newer layout on the same channel): ignore it
+        shards_[i].next =
+            std::min(shards_[i].next, clock::now() + milliseconds(ms + (ms > 0 ? 1 : 0)));
+    }
+
+    // Under m_: the shard to look at now: one whose next event has come, and that no other
+    // thread is looking at (unless it said more is due), earliest first. With `first`, the call
+    // has not asked the server yet: then the earliest shard will do even if it is not due (a put
+    // by another client just before this call may not have been heard yet).
+    shard* pick(clock::time_point now, bool first) {
+        shard* best = nullptr;
+        for (auto& s : shards_) {
+            if (s.takers > 0 && !s.backlog) continue;
+            if (s.next > now && !first) continue;
+            if (best == nullptr || s.next < best->next) best = &s;
+        }
+        return best;
+    }
+
+    // Under m_: when a waiting thread should look again: the earliest next event that has not
+    // come yet (a due shard that another thread is looking at wakes us by notify instead).
+    clock::time_point wake_time(clock::time_point now) const {
+        auto t = clock::time_point::max();
+        for (const auto& s : shards_)
+            if (s.next > now) t = std::min(t, s.next);
+        return t;
+    }
+
+    bool settle_one(const job& j, const std::string& how) {
+        check_id(j.id);
+        shard& s = shard_for(j.id);
+        bool fetch = false;
+        {
+            std::lock_guard lk(m_);
+            fetch = opt_.prefetch && in_hand_ > stash_.size();
+            if (in_hand_ > 0) --in_hand_;
+        }
+        const std::string token = std::to_string(j.token);
+        const std::array<std::string_view, 3> args{how, j.id, token};
+        consumed c = consume(s, args, fetch ? 1 : 0);
+        std::lock_guard lk(m_);
+        learn(s, c.next);
+        if (!c.jobs.empty()) {
+            stash_.push_back(held{std::move(c.jobs.front()), &s, clock::now()});
+            if (waiting_ > 0) cv_.notify_all();  // a thread waiting in take() may have it
+        }
+        return c.ok.front();
+    }
+
+    // Gives kept jobs back to their shards, as they were before ack or nack leased them.
+    void release(std::vector<held>& hs) {
+        for (auto& s : shards_) {
+            std::vector<std::string> ms, tokens;
+            std::vector<std::string_view> args;
+            for (const auto& h : hs)
+                if (h.from == &s) {
+                    ms.push_back("r" + std::to_string(to_ms(h.j.deadline)));
+                    tokens.push_back(std::to_string(h.j.token));
+                }
+            if (ms.empty()) continue;
+            std::size_t k = 0;
+            for (const auto& h : hs)
+                if (h.from == &s) {
+                    args.insert(args.end(), {ms[k], h.j.id, tokens[k]});
+                    ++k;
+                }
+            consume_and_learn(s, args);
+        }
+    }
+
+    // Under lk: up to `want` kept jobs that are still fresh; stale ones go back to the queue.
+    std::vector<job> from_stash(std::unique_lock<std::mutex>& lk, std::size_t want) {
+        std::vector<job> out;
+        if (stash_.empty()) return out;
+        const auto now = clock::now();
+        std::vector<held> stale;
+        std::erase_if(stash_, [&](held& h) {
+            if (now - h.at >= hold_) {
+                stale.push_back(std::move(h));
+                return true;
+            }
+            if (out.size() >= want) return false;
+            out.push_back(std::move(h.j));
+            return true;
+        });
+        if (!stale.empty()) {
+            lk.unlock();
+            try {
+                release(stale);
+            } catch (const error&) {  // their leases end by themselves
+            }
+            lk.lock();
+        }
+        return out;
+    }
+
+    // Under lk, as the one reading thread: (re)subscribes; everything said before the
+    // subscription is lost, so every shard is looked at again.
+    void subscribe(std::unique_lock<std::mutex>& lk) {
+        reading_ = true;
+        lk.unlock();
+        std::unique_ptr<subscriber> sub;
+        std::exception_ptr failed;
+        const auto give_up = clock::now() + opt_.io_timeout;
+        for (;;) {
+            try {
+                sub = std::make_unique<subscriber>(router_.node_of(shards_.front().slot),
+                                                   opt_.io_timeout, channel_);
+                break;
+            } catch (const unsent_error&) {
+                // In a cluster the node may have just failed: ask the others where to go.
+                if (!router_.clustered() || clock::now() >= give_up) {
+                    failed = std::current_exception();
+                    break;
+                }
+                router_.invalidate();
+                std::this_thread::sleep_for(milliseconds(50));
+            } catch (...) {
+                failed = std::current_exception();
+                break;
+            }
+        }
+        lk.lock();
+        reading_ = false;
+        cv_.notify_all();
+        if (failed) std::rethrow_exception(failed);
+        sub_ = std::move(sub);
+        for (auto& s : shards_) s.next = std::min(s.next, clock::now());
+    }
+
+    void wait_until(std::unique_lock<std::mutex>& lk, clock::time_point t) {
+        ++waiting_;
+        cv_.wait_until(lk, t);
+        --waiting_;
+    }
+
+    std::vector<job> take_jobs(std::size_t want, std::chrono::milliseconds max_wait) {
+        const auto limit =
+            delayq::detail::saturating_add(clock::now(), std::max(max_wait, milliseconds::zero()));
+        bool asked = false;  // this call has run a script: hints alone may now say "nothing due"
+        std::unique_lock lk(m_);
+        for (;;) {
+            if (auto kept = from_stash(lk, want); !kept.empty()) return kept;
+            const auto now = clock::now();
+            if (shard* s = pick(now, !asked)) {
+                ++s->takers;
+                lk.unlock();
+                consumed c;
+                try {
+                    c = consume(*s, {}, want);
+                } catch (...) {
+                    lk.lock();
+                    --s->takers;
+                    cv_.notify_all();
+                    throw;
+                }
+                lk.lock();
+                --s->takers;
+                learn(*s, c.next);
+                asked = true;
+                if (!c.jobs.empty()) return std::move(c.jobs);
+                if (waiting_ > 0)
+                    cv_.notify_all();  // what this thread learned may end another's wait
+                continue;
+            }
+            if (max_wait <= milliseconds::zero() || now >= limit) return {};
+            if (sub_ == nullptr) {
+                if (!reading_)
+                    subscribe(lk);
+                else
+                    wait_until(lk, limit);
+                continue;
+            }
+            const auto until = std::min(limit, wake_time(now));
+            if (reading_) {
+                wait_until(lk, until);
+                continue;
+            }
+            reading_ = true;
+            lk.unlock();
+            heard_.clear();
+            bool lost = false;
+            try {
+                sub_->wait(until, heard_);
+            } catch (const error&) {
+                lost = true;  // a killed connection, a restarted server: subscribe again
+            }
+            lk.lock();
+            reading_ = false;
+            if (lost) sub_.reset();
+            for (const auto& m : heard_) hear(m);
+            cv_.notify_all();
+        }
+    }
+
+    options opt_;
+    router router_;
+    std::vector<shard> shards_;
+    std::string channel_, lease_ms_, max_attempts_, batch_;
+    milliseconds hold_{};
+    std::mutex sha_m_;
+    std::array<std::string, s_count> sha_;
+    std::array<std::atomic<bool>, s_count> sha_ready_{};
+
+    std::mutex m_;  // the hints, the kept jobs, the subscription's reader
+    std::condition_variable cv_;
+    std::unique_ptr<subscriber> sub_;  // used by the reading thread only
+    std::vector<std::string> heard_;   // likewise
+    bool reading_ = false;
+    int waiting_ = 0;  // threads in wait_until()
+    std::vector<held> stash_;
+    std::size_t in_hand_ = 0;  // jobs take() handed out, not yet acked or nacked
+};
+
+}  // namespace detail
+
+/// One named delay queue in Redis, shared by many producers and consumers on many machines; see
+/// docs/redis.md. Every member may be called from many threads at once.
+class delay_queue : public detail::queue_base {
+  public:
+    explicit delay_queue(options o) : queue_base(std::move(o), 1, false) {}
+};
+
+/// One logical queue over `shards` hash tags `{name#0}` .. `{name#N-1}`, which a Redis Cluster
+/// spreads over its masters: a job's shard is a hash of its id (put, cancel and reschedule by id
+/// work as in delay_queue), and consumers take from every shard. Deadline order holds within a
+/// shard; across shards a take picks the shard whose next job is due first by what the object
+/// knows, so a job may come out before an earlier one of another shard that fell due at about the
+/// same time (see docs/redis.md, "Sharded queue").
+class sharded_delay_queue : public detail::queue_base {
+  public:
+    sharded_delay_queue(options o, std::size_t shards) : queue_base(std::move(o), shards, true) {}
+    std::size_t shards() const noexcept { return shard_count(); }
+};
+
+}  // namespace delayq::redis

@@ -1,0 +1,262 @@
+// The Lua scripts of the Redis delay queue: every change of a job's state is one script, run
+// whole by the server. Part of <delayq/redis/delay_queue.hpp>.
+//
+// A job's states (the server's clock decides every "due" and "ended"):
+//
+// clang-format off
+//   waiting  in `due` (score: due ms); its payload in its bucket ("p" field), "m" once delivered
+//   leased   in `leased` (score: lease end ms); "m" field = "attempts:token:lease end"
+//   dead     in `dead` (id -> payload)
+//   gone     nowhere: the id may be put again
+//
+// | from    | to      | by                                                                   |
+// |---------|---------|----------------------------------------------------------------------|
+// | gone    | waiting | put (refused while the id is waiting or leased)                      |
+// | waiting | waiting | reschedule                                                           |
+// | waiting | leased  | take, or the take inside an ack or nack: attempts + 1, a new token   |
+// | waiting | gone    | cancel                                                               |
+// | leased  | gone    | ack; cancel                                                          |
+// | leased  | waiting | nack; the lease ending (reclaimed by the next consume call); release |
+// |         |         | (a job kept for a take() that did not come: its attempt not counted) |
+// | leased  | dead    | nack, or the lease ending, once attempts reach max_attempts          |
+// clang-format on
+//
+// ack, nack and release need the job's current token while its lease holds (lease end > now), so
+// a holder whose lease ended, or whose job was cancelled or delivered again, is refused.
+//
+// The idea. Keys of a queue shard with hash tag T (`{name}`, or `{name#i}` for a sharded queue)
+// are `dq:v2:T:<part>`. Every script gets the same five KEYS, in this order:
+//
+// clang-format off
+//   KEYS[1] due     zset  id -> due time (server ms)      waiting jobs
+//   KEYS[2] leased  zset  id -> lease end (server ms)     jobs handed out
+//   KEYS[3] data    never created itself: it names the buckets `data:0` .. `data:1023`, hashes
+//                   that hold "p" .. id -> payload and "m" .. id -> "attempts:token:lease end";
+//                   a job's bucket is a hash of its id
+//   KEYS[4] seq     string                                the fencing-token counter
+//   KEYS[5] dead    hash  id -> payload                   jobs past max_attempts
+// clang-format on
+//
+// and ARGV[1] = the wake-up channel, ARGV[2] = the shard's number; the rest is each script's own.
+//
+// Why buckets: a waiting job costs one zset entry and one hash entry, and a big hash costs Redis
+// about 80 bytes per entry; a hash of at most 128 short entries is stored as one compact listpack
+// at about 30 (hash-max-listpack-entries/-value, 128 entries and 64-byte values by default). With
+// 1024 buckets a shard holds about 130 000 jobs with payloads of up to 64 bytes compactly (145
+// bytes per waiting job in all, against 203 in one hash); beyond that Redis converts the buckets to
+// ordinary hashes, no worse than one big hash.
+//
+// Why `data` never exists: the scripts touch buckets they cannot declare (a take learns its ids
+// inside the script). Redis Cluster runs a script only when every key it declares is on the node;
+// while the slot is being migrated, a declared key that is missing makes the server answer
+// TRYAGAIN (or ASK, then TRYAGAIN on the target) instead. `data` is always missing, so no script
+// runs while the queue's slot is half moved, and a script that runs finds every bucket on its node.
+//
+// Time. Scripts read the server's clock (TIME) and nothing else: `now` rounded down decides what is
+// due, `later` rounded up makes new due times (never early). Numbers leave Lua through
+// string.format('%d'): `..` would print 10^14 as "1e+14" (that broke every ack once the token
+// counter got there).
+//
+// Wake-ups. Consumers wait on the pub/sub channel. A script that may make the shard's next event
+// (the earliest due time or lease end) earlier publishes "<shard> <ms until then>": put and
+// reschedule when the job comes before the earliest waiting one, consume when a nack or a release
+// makes the next event earlier than it was. Nothing else can make it earlier (acks, cancels and
+// takes remove events; a take leases a job that was due, so its lease ends after the event it
+// replaces; a reclaim turns a lease end into a due time at the same moment). So a consumer that
+// knows a time before which nothing is due (from its last script) and hears every message since
+// never sleeps past a due job.
+#pragma once
+
+#include <array>
+#include <cstddef>
+
+namespace delayq::redis::detail {
+
+enum key_id : std::size_t { k_due, k_leased, k_data, k_seq, k_dead, k_count };
+inline constexpr std::array<const char*, k_count> key_names{"due", "leased", "data", "seq", "dead"};
+
+enum script_id : std::size_t { s_put, s_consume, s_cancel, s_reschedule, s_size, s_count };
+
+// The scripts' common opening; see "Time" and "Wake-ups" above. Each redis.call costs about as
+// much as the rest of a small script, so the scripts make as few as they can (one put: TIME,
+// ZRANGE, HSETNX, ZADD).
+#define DELAYQ_REDIS_PRELUDE                                                                     \
+    "local t = redis.call('TIME')\n"                                                             \
+    "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"                    \
+    "local later = tonumber(t[1]) * 1000 + math.ceil(tonumber(t[2]) / 1000)\n"                   \
+    "local due, leased, data, seq, dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]\n"         \
+    "local function due_at(ms) return math.min(later + ms, 99999999999999) end\n"                \
+    "local function bucket(id)\n"                                                                \
+    "  local h = #id\n"                                                                          \
+    "  for i = 1, #id, 4 do\n"                                                                   \
+    "    local a, b, c, d = string.byte(id, i, i + 3)\n"                                         \
+    "    h = ((((h * 256 + a) * 256 + (b or 0)) * 256 + (c or 0)) * 256 + (d or 0)) % 1048573\n" \
+    "  end\n"                                                                                    \
+    "  return data .. ':' .. (h % 1024)\n"                                                       \
+    "end\n"                                                                                      \
+    "local function head(z)\n"                                                                   \
+    "  local h = redis.call('ZRANGE', z, 0, 0, 'WITHSCORES')\n"                                  \
+    "  return h[2] and tonumber(h[2])\n"                                                         \
+    "end\n"                                                                                      \
+    "local function publish(at)\n"                                                               \
+    "  local ms = string.format('%d', math.max(at - now, 0))\n"                                  \
+    "  redis.call('PUBLISH', ARGV[1], ARGV[2] .. ' ' .. ms)\n"                                   \
+    "end\n"
+
+// ARGV channel shard (id payload mode ms)*; mode 'a': ms is a due time, 'r': a delay.
+// Returns one 1 (queued) or 0 (already queued: nothing changes) per job. Publishes when a job
+// comes before the earliest waiting one (the lease ends may be earlier still: then the message
+// says nothing new, which does no harm).
+inline constexpr const char* put_lua = DELAYQ_REDIS_PRELUDE R"lua(
+local first, earliest, out = head(due), nil, {}
+for i = 3, #ARGV, 4 do
+  local id = ARGV[i]
+  if redis.call('HSETNX', bucket(id), 'p' .. id, ARGV[i + 1]) == 0 then
+    out[#out + 1] = 0
+  else
+    local at = tonumber(ARGV[i + 3])
+    if ARGV[i + 2] == 'r' then at = due_at(at) end
+    redis.call('ZADD', due, at, id)
+    if not earliest or at < earliest then earliest = at end
+    out[#out + 1] = 1
+  end
+end
+if earliest and (not first or earliest < first) then publish(earliest) end
+return out
+)lua";
+
+// ARGV channel shard lease_ms max_attempts reclaim_batch take_count (how id token)*
+// Settles the listed leases (how: 'a' ack, 'n<ms>' nack due ms from now, 'r<ms>' release back
+// to its due time ms, its delivery not counted), reclaims up to reclaim_batch ended leases, then
+// leases up to take_count due jobs, earliest first. meta holds "attempts:token:lease_end", so one
+// HGET proves a lease; a settled lease's token is cleared (0), so it cannot settle again.
+// Returns {next, ok*, n, (id, payload, due, attempts, token, lease_end)*n}: next is the ms until
+// the next event after all that (0: more is due now; -1: nothing is queued), possibly earlier
+// than the truth (a lease end that went away during the call), never later; one ok (1 settled,
+// 0 the lease was lost) per settlement.
+inline constexpr const char* consume_lua = DELAYQ_REDIS_PRELUDE R"lua(
+local lease_ms, max_attempts = tonumber(ARGV[3]), tonumber(ARGV[4])
+local out, before = {0}, false
+local first_lease = head(leased)
+local function attempts_of(m) return m and tonumber(string.match(m, '^(%d+)')) or 0 end
+local function bury(id, b)
+  redis.call('HSET', dead, id, redis.call('HGET', b, 'p' .. id) or '')
+  redis.call('HDEL', b, 'p' .. id, 'm' .. id)
+end
+-- Back to waiting, due at `at`. The next event may get earlier: remember it as it was.
+local function requeue(id, at)
+  if before == false then
+    before = head(due)
+    if first_lease and (not before or first_lease < before) then before = first_lease end
+  end
+  redis.call('ZADD', due, at, id)
+end
+for i = 7, #ARGV, 3 do
+  local how, id, ok = ARGV[i], ARGV[i + 1], 0
+  local b = bucket(id)
+  local m = redis.call('HGET', b, 'm' .. id)
+  local a, token, lease_end
+  if m then a, token, lease_end = string.match(m, '^(%d+):(%d+):(%d+)$') end
+  if token == ARGV[i + 2] and tonumber(lease_end) > now then
+    ok = 1
+    redis.call('ZREM', leased, id)
+    local kind, ms = string.sub(how, 1, 1), tonumber(string.sub(how, 2))
+    a = tonumber(a)
+    if kind == 'a' then
+      redis.call('HDEL', b, 'p' .. id, 'm' .. id)
+    elseif kind == 'r' then
+      if a > 1 then redis.call('HSET', b, 'm' .. id, string.format('%d:0:0', a - 1)) else redis.call('HDEL', b, 'm' .. id) end
+      requeue(id, ms)
+    elseif max_attempts > 0 and a >= max_attempts then
+      bury(id, b)
+    else
+      redis.call('HSET', b, 'm' .. id, string.format('%d:0:0', a))
+      requeue(id, due_at(ms))
+    end
+  end
+  out[#out + 1] = ok
+end
+if first_lease and first_lease <= now then
+  -- Ended leases: back to waiting at their lease end (or dead). The next event stays where it was.
+  local ended = redis.call('ZRANGEBYSCORE', leased, '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[5]))
+  for i = 1, #ended, 2 do
+    local id = ended[i]
+    redis.call('ZREM', leased, id)
+    local b = bucket(id)
+    if max_attempts > 0 and attempts_of(redis.call('HGET', b, 'm' .. id)) >= max_attempts then
+      bury(id, b)
+    else
+      redis.call('ZADD', due, tonumber(ended[i + 1]), id)
+    end
+  end
+end
+-- The due jobs to lease, and one more: the earliest that stays tells when the next is due.
+local want = tonumber(ARGV[6])
+local heads = redis.call('ZRANGE', due, 0, want, 'WITHSCORES')
+local n = 0
+while n < want and heads[2 * n + 2] and tonumber(heads[2 * n + 2]) <= now do n = n + 1 end
+out[#out + 1] = n
+local next_due = heads[2 * n + 2] and tonumber(heads[2 * n + 2])
+local lease_end = math.min(now + lease_ms, 99999999999999)
+if n > 0 then
+  local token = redis.call('INCRBY', seq, n) - n
+  local ids, leases = {}, {}
+  for k = 1, n do
+    local id = heads[2 * k - 1]
+    local b = bucket(id)
+    local pm = redis.call('HMGET', b, 'p' .. id, 'm' .. id)
+    local attempts = attempts_of(pm[2]) + 1
+    token = token + 1
+    redis.call('HSET', b, 'm' .. id, string.format('%d:%d:%d', attempts, token, lease_end))
+    ids[k] = id
+    leases[2 * k - 1], leases[2 * k] = lease_end, id
+    out[#out + 1] = id
+    out[#out + 1] = pm[1] or ''
+    out[#out + 1] = tonumber(heads[2 * k])
+    out[#out + 1] = attempts
+    out[#out + 1] = token
+    out[#out + 1] = lease_end
+  end
+  redis.call('ZREM', due, unpack(ids))
+  redis.call('ZADD', leased, unpack(leases))
+  if not first_lease or lease_end < first_lease then first_lease = lease_end end
+end
+local after = next_due
+if first_lease and (not after or first_lease < after) then after = first_lease end
+if before ~= false and after and (not before or after < before) then publish(after) end
+out[1] = after and math.max(after - now, 0) or -1
+return out
+)lua";
+
+// ARGV channel shard id. Returns 1 if the job was queued (waiting or leased) and is gone now.
+inline constexpr const char* cancel_lua = DELAYQ_REDIS_PRELUDE R"lua(
+local id = ARGV[3]
+if redis.call('HDEL', bucket(id), 'p' .. id, 'm' .. id) == 0 then return 0 end
+redis.call('ZREM', due, id)
+redis.call('ZREM', leased, id)
+return 1
+)lua";
+
+// ARGV channel shard id delay_ms. Returns 1 if the job was waiting and is due delay_ms from now.
+inline constexpr const char* reschedule_lua = DELAYQ_REDIS_PRELUDE R"lua(
+local id = ARGV[3]
+if not redis.call('ZSCORE', due, id) then return 0 end
+local first, at = head(due), due_at(tonumber(ARGV[4]))
+redis.call('ZADD', due, at, id)
+if at < first then publish(at) end
+return 1
+)lua";
+
+// ARGV channel shard. Returns the number of queued jobs, waiting plus leased.
+inline constexpr const char* size_lua = R"lua(
+return redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[2])
+)lua";
+
+#undef DELAYQ_REDIS_PRELUDE
+
+inline constexpr std::array<const char*, s_count> scripts{put_lua, consume_lua, cancel_lua,
+                                                          reschedule_lua, size_lua};
+inline constexpr std::array<const char*, s_count> script_names{"put", "consume", "cancel",
+                                                               "reschedule", "size"};
+
+}  // namespace delayq::redis::detail

@@ -1,0 +1,111 @@
+// Producers and consumers on one queue object, counting every job in and out: what the stress,
+// failover and reshard tests share. Catch2's macros are not for other threads, so the threads
+// collect what went wrong and the test checks it afterwards.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace delayq_test {
+
+struct flow_options {
+    int producers = 4, per_producer = 750, consumers = 4;
+    std::chrono::milliseconds max_delay{300};   // each job due U[0, max_delay] after its put
+    bool nacks = true;                          // about one delivery in ten is nacked first
+    std::chrono::milliseconds put_interval{0};  // each producer's pause between puts
+    std::chrono::seconds limit{60};             // consumers give up after this
+    std::function<void()> midway;  // run by the calling thread once half the jobs are put
+};
+
+struct flow_result {
+    int total = 0;
+    std::map<std::string, int> acked;  // id -> acks that returned true
+    std::vector<std::string> failures;
+    int nacks = 0;
+    int put_during_midway = 0, acked_during_midway = 0;  // the run went on while midway() ran
+    bool all_acked_once() const {
+        if (acked.size() != static_cast<std::size_t>(total)) return false;
+        for (const auto& [id, n] : acked)
+            if (n != 1) return false;
+        return true;
+    }
+};
+
+template <class Queue>
+flow_result run_flow(Queue& q, const flow_options& f) {
+    flow_result res;
+    res.total = f.producers * f.per_producer;
+    std::mutex m;
+    std::atomic<int> done{0}, put{0}, nacks{0};
+    const auto fail = [&](std::string what) {
+        std::lock_guard lk(m);
+        res.failures.push_back(std::move(what));
+    };
+    const auto deadline = std::chrono::steady_clock::now() + f.limit;
+    std::vector<std::thread> ts;
+    for (int p = 0; p < f.producers; ++p)
+        ts.emplace_back([&, p] {
+            std::mt19937 rng(static_cast<unsigned>(p));
+            std::uniform_int_distribution<long long> delay(0, f.max_delay.count());
+            for (int i = 0; i < f.per_producer; ++i) {
+                const std::string id = "p" + std::to_string(p) + "-" + std::to_string(i);
+                try {
+                    if (!q.put_after(id, std::to_string(p), std::chrono::milliseconds(delay(rng))))
+                        fail("put refused: " + id);
+                } catch (const std::exception& e) {
+                    fail("put " + id + ": " + e.what());
+                }
+                ++put;
+                if (f.put_interval.count() > 0) std::this_thread::sleep_for(f.put_interval);
+            }
+        });
+    for (int c = 0; c < f.consumers; ++c)
+        ts.emplace_back([&, c] {
+            std::mt19937 rng(static_cast<unsigned>(100 + c));
+            std::uniform_int_distribution<int> dice(0, 9);
+            while (done.load() < res.total && std::chrono::steady_clock::now() < deadline) {
+                try {
+                    auto j = q.take(std::chrono::milliseconds(200));
+                    if (!j) continue;
+                    if (f.nacks && dice(rng) == 0) {
+                        if (!q.nack(*j, std::chrono::milliseconds(dice(rng) * 5)))
+                            fail("nack refused: " + j->id);
+                        ++nacks;
+                        continue;
+                    }
+                    if (!q.ack(*j)) {
+                        fail("ack refused: " + j->id);
+                        continue;
+                    }
+                    std::lock_guard lk(m);
+                    if (++res.acked[j->id] == 1) ++done;
+                } catch (const std::exception& e) {
+                    fail(std::string("consumer: ") + e.what());
+                }
+            }
+        });
+    if (f.midway) {
+        while (put.load() < res.total / 2)
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        const int put_before = put.load(), acked_before = done.load();
+        try {
+            f.midway();
+        } catch (const std::exception& e) {
+            fail(std::string("midway: ") + e.what());
+        }
+        res.put_during_midway = put.load() - put_before;
+        res.acked_during_midway = done.load() - acked_before;
+    }
+    for (auto& t : ts) t.join();
+    res.nacks = nacks.load();
+    return res;
+}
+
+}  // namespace delayq_test

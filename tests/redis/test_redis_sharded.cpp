@@ -1,0 +1,136 @@
+// delayq::redis::sharded_delay_queue on one redis-server: one logical queue over N hash tags.
+// (tests/redis-cluster runs it on a cluster, where the shards live on different masters.)
+#include <algorithm>
+#include <chrono>
+#include <delayq/redis/delay_queue.hpp>
+#include <future>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "catch.hpp"
+#include "flow.hpp"
+#include "redis_server.hpp"
+
+using namespace std::chrono_literals;
+using delayq::redis::sharded_delay_queue;
+using delayq_test::eventually;
+using delayq_test::opts;
+using delayq_test::redis_server;
+
+TEST_CASE("sharded: the number of shards must be 1..16384") {
+    const auto o = delayq_test::queue_options(6379);
+    CHECK_THROWS_AS(sharded_delay_queue(o, 0), std::invalid_argument);
+    CHECK_THROWS_AS(sharded_delay_queue(o, 16385), std::invalid_argument);
+    CHECK(sharded_delay_queue(o, 16384).shards() == 16384);  // nothing connects yet
+}
+
+TEST_CASE(
+    "sharded: an id's shard is FNV-1a of the id modulo the shard count, whichever object puts it") {
+    redis_server srv;
+    sharded_delay_queue a(opts(srv), 8), b(opts(srv), 8);
+    for (int i = 0; i < 50; ++i) {
+        const std::string id = "order-" + std::to_string(i);
+        REQUIRE(a.put_after(id, "p", 1h));
+        CHECK_FALSE(b.put_after(id, "again", 1h));  // idempotent by id across objects
+        const auto shard = delayq::redis::detail::fnv1a(id) % 8;
+        CHECK(srv.text({"ZSCORE", "dq:v2:{q#" + std::to_string(shard) + "}:due", id}) != "");
+    }
+    CHECK(a.size() == 50);
+    CHECK(b.cancel("order-7"));
+    CHECK_FALSE(a.cancel("order-7"));
+    CHECK(b.reschedule("order-8", 0ms));
+    auto j = a.take(1s);
+    REQUIRE(j);
+    CHECK(j->id == "order-8");
+    CHECK(a.ack(*j));
+    CHECK(a.size() == 48);
+}
+
+TEST_CASE("sharded: jobs come out of every shard, in deadline order within each, never early") {
+    redis_server srv;
+    sharded_delay_queue q(opts(srv), 4);
+    const long long before = srv.time_ms();
+    std::map<std::string, int> delay_of;
+    for (int i = 0; i < 40; ++i) {
+        const std::string id = "j" + std::to_string(i);
+        delay_of[id] = (i * 37) % 300;
+        REQUIRE(q.put_after(id, "", std::chrono::milliseconds(delay_of[id])));
+    }
+    std::map<std::uint64_t, std::vector<int>> per_shard;
+    for (int n = 0; n < 40; ++n) {
+        auto j = q.take(5s);
+        REQUIRE(j);
+        const auto taken_at = j->lease_deadline - 30s;
+        CHECK(taken_at >= j->deadline);  // never early, by the server's clock
+        CHECK(j->deadline >= std::chrono::system_clock::time_point(
+                                 std::chrono::milliseconds(before + delay_of[j->id])));
+        per_shard[delayq::redis::detail::fnv1a(j->id) % 4].push_back(delay_of[j->id]);
+        CHECK(q.ack(*j));
+    }
+    CHECK(per_shard.size() == 4);
+    for (const auto& [shard, delays] : per_shard)
+        CHECK(std::is_sorted(delays.begin(), delays.end()));
+    CHECK_FALSE(q.take(0ms));
+}
+
+TEST_CASE("sharded: a waiting take listens on one connection and wakes for a put to any shard") {
+    redis_server srv;
+    sharded_delay_queue consumer(opts(srv), 16);
+    CHECK_FALSE(consumer.take(0ms));
+    for (const char* id : {"x", "y", "z"}) {
+        auto taken = std::async(std::launch::async, [&] { return consumer.take(20s); });
+        REQUIRE(
+            eventually([&] { return srv.waiting_objects() == 1; }));  // 16 shards, one subscription
+        sharded_delay_queue producer(opts(srv), 16);
+        REQUIRE(producer.put_after(id, id, 100ms));
+        REQUIRE(taken.wait_for(5s) == std::future_status::ready);
+        auto j = taken.get();
+        REQUIRE(j);
+        CHECK(j->id == id);
+        const auto taken_at = j->lease_deadline - 30s;
+        CHECK(taken_at >= j->deadline);
+        CHECK(taken_at - j->deadline < 1s);
+        CHECK(consumer.ack(*j));
+    }
+}
+
+TEST_CASE(
+    "sharded: put_many, take_many and ack_many across shards keep the single calls' answers") {
+    redis_server srv;
+    sharded_delay_queue q(opts(srv), 5);
+    std::vector<std::string> ids;
+    for (int i = 0; i < 1100; ++i) ids.push_back("b" + std::to_string(i));
+    std::vector<sharded_delay_queue::put_request> reqs;
+    for (const auto& id : ids) reqs.push_back({id, id, 0ms});
+    reqs.push_back({ids[3], "duplicate", 0ms});
+    const auto queued = q.put_many(reqs);
+    REQUIRE(queued.size() == reqs.size());
+    CHECK(std::count(queued.begin(), queued.end(), true) == 1100);
+    CHECK_FALSE(queued.back());
+    std::set<std::string> seen;
+    while (seen.size() < ids.size()) {
+        auto jobs = q.take_many(300, 1s);
+        REQUIRE_FALSE(jobs.empty());
+        std::set<std::uint64_t> shards;
+        for (const auto& j : jobs) {
+            CHECK(j.payload == j.id);
+            CHECK(seen.insert(j.id).second);
+            shards.insert(delayq::redis::detail::fnv1a(j.id) % 5);
+        }
+        CHECK(shards.size() == 1);  // one script call: one shard
+        const auto acked = q.ack_many(jobs);
+        CHECK(std::count(acked.begin(), acked.end(), true) == static_cast<long>(jobs.size()));
+    }
+    CHECK(q.size() == 0);
+}
+
+TEST_CASE("sharded: 4 producers x 4 consumers over 8 shards: every job acked exactly once") {
+    redis_server srv;
+    sharded_delay_queue q(opts(srv), 8);
+    const auto r = delayq_test::run_flow(q, {});
+    for (const auto& f : r.failures) FAIL_CHECK(f);
+    CHECK(r.all_acked_once());
+    CHECK(q.size() == 0);
+}
