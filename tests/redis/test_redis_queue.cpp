@@ -27,6 +27,12 @@ using delayq::redis::delay_queue;
 using delayq_test::eventually;
 using delayq_test::opts;
 
+namespace {
+// A deadline already due by any server clock on this machine (puts due "now" are due at the next
+// millisecond, which a take in the same millisecond does not see yet).
+const auto past = std::chrono::system_clock::time_point(std::chrono::hours(24));
+}  // namespace
+
 TEST_CASE("bad options and ids are std::invalid_argument naming the problem") {
     delayq::redis::options o;
     auto fails_with = [](delayq::redis::options bad, const std::string& word) {
@@ -425,4 +431,84 @@ TEST_CASE("put_many then take_many then ack_many: batches keep the single calls'
     }
     CHECK(q.size() == 0);
     CHECK(q.take_many(10, 0ms).empty());
+}
+
+TEST_CASE(
+    "the take/ack loop costs one script call per job while jobs are due: ack leases the next") {
+    server srv;
+    delay_queue q(opts(srv));
+    constexpr int n = 200;
+    for (int i = 0; i < n; ++i) REQUIRE(q.put("j" + std::to_string(i), "", past));
+    srv.command({"CONFIG", "RESETSTAT"});
+    int taken = 0;
+    while (auto j = q.take(0ms)) {
+        REQUIRE(q.ack(*j));
+        ++taken;
+    }
+    CHECK(taken == n);
+    const auto calls = std::stoi(srv.info_field("commandstats", "cmdstat_evalsha:calls="));
+    CHECK(calls <= n + 2);  // the first take, one ack (with the next take) per job, the last look
+    CHECK(q.size() == 0);
+}
+
+TEST_CASE("a job an ack leased for a take() that never came goes back, its delivery not counted") {
+    server srv;
+    auto o = opts(srv);
+    o.lease = 2s;  // kept jobs go back after min(100 ms, lease / 4)
+    {
+        delay_queue q(o);
+        REQUIRE(q.put("a", "", past));
+        REQUIRE(q.put("b", "", past));
+        auto a = q.take(1s);
+        REQUIRE(a);
+        REQUIRE(q.ack(*a));  // leases b for the next take()
+        CHECK(q.size() == 1);
+    }  // destroyed without that take: b goes back
+    delay_queue other(o);
+    auto b = other.take(0ms);
+    REQUIRE(b);
+    CHECK(b->id == "b");
+    CHECK(b->attempts == 1);
+
+    // A kept job nobody takes within the hold time goes back too, at the next take.
+    REQUIRE(other.put("c", "", past));
+    REQUIRE(other.ack(*b));  // keeps c
+    delay_queue third(o);
+    CHECK_FALSE(third.take(0ms));  // c is leased to `other` now
+    std::this_thread::sleep_for(150ms);
+    CHECK_FALSE(third.take(0ms));  // still: only `other` gives it back
+    auto c = other.take(0ms);      // stale by now: given back, then taken again
+    REQUIRE(c);
+    CHECK(c->id == "c");
+    CHECK(c->attempts == 1);
+    CHECK(other.ack(*c));
+}
+
+TEST_CASE("a kept job that is cancelled through the same object is not handed out") {
+    server srv;
+    delay_queue q(opts(srv));
+    REQUIRE(q.put("a", "", past));
+    REQUIRE(q.put("b", "", past));
+    auto a = q.take(1s);
+    REQUIRE(a);
+    REQUIRE(q.ack(*a));  // keeps b
+    CHECK(q.cancel("b"));
+    CHECK_FALSE(q.take(0ms));
+    CHECK(q.size() == 0);
+}
+
+TEST_CASE("prefetch = false: ack leases nothing") {
+    server srv;
+    auto o = opts(srv);
+    o.prefetch = false;
+    delay_queue q(o);
+    REQUIRE(q.put("a", "", past));
+    REQUIRE(q.put("b", "", past));
+    auto a = q.take(1s);
+    REQUIRE(a);
+    REQUIRE(q.ack(*a));
+    delay_queue other(o);
+    auto b = other.take(0ms);  // b is still waiting: anyone may take it
+    REQUIRE(b);
+    CHECK(b->id == "b");
 }
