@@ -7,7 +7,8 @@
 //   the clock is an atomic load for every structure alike; the one workload about the clock read
 //   (schedule_vs_schedule_at) uses steady_clock.
 // - Insert workloads keep the structure at N: a batch of B inserts is timed, then (untimed) the same
-//   batch is taken out again — cancelled for timers, the B earliest popped for heaps.
+//   batch is taken out again — cancelled for timers (and their handles dropped), the B earliest
+//   popped for heaps. A timer's insert is schedule_at() with its handle kept, as users do.
 // - Cancel: the structure holds N; B random handles are cancelled (timed), then re-inserted.
 //   A heap has no handles: delay_queue cancels a batch with one remove_if (O(N) per batch); the
 //   locked heap marks tombstones in a hash set, as its users do.
@@ -157,8 +158,13 @@ public:
     void insert(std::size_t slot, mtp at) { handles_[slot] = timer_.schedule_at(tick_task{&fired}, at); }
     void insert_dropping_handle(mtp at) { timer_.schedule_at(tick_task{&fired}, at); }
     void cancel(std::size_t slot) { handles_[slot].cancel(); }
+    // The heap's take_back pops its elements: here the timers are cancelled and their handles
+    // dropped, so that a timed insert does not also pay for the last round's handle.
     void take_back(std::size_t first, std::size_t count) {
-        for (std::size_t i = 0; i < count; ++i) handles_[first + i].cancel();
+        for (std::size_t i = 0; i < count; ++i) {
+            handles_[first + i].cancel();
+            handles_[first + i] = delayq::timeout<mclock>{};
+        }
     }
     void restore(std::size_t slot, mtp at) { insert(slot, at); }
     std::size_t expire_all(mtp now, std::size_t expected) {

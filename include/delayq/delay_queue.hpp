@@ -121,9 +121,13 @@ public:
     }
 
     /// The head if it is due, else nullopt. Never blocks.
-    std::optional<T> poll() {
+    std::optional<T> poll() { return poll(Clock::now()); }
+
+    /// The head if its deadline is at or before `now` (a reading of Clock the caller took once,
+    /// e.g. for a batch of polls), else nullopt. Never blocks.
+    std::optional<T> poll(time_point now) {
         std::unique_lock lk(m_);
-        if (heap_.empty() || Clock::now() < heap_.front().at) return std::nullopt;
+        if (heap_.empty() || now < heap_.front().at) return std::nullopt;
         return pop_front();
     }
 
@@ -199,6 +203,14 @@ public:
     }
 
     bool empty() const { return size() == 0; }
+
+    /// Makes room for `n` elements in all, so that puts up to that size do not allocate (an
+    /// element that must be boxed still allocates its box). Throws what the allocation throws;
+    /// then nothing changed.
+    void reserve(std::size_t n) {
+        std::unique_lock lk(m_);
+        heap_.reserve(n);
+    }
 
     /// How many threads are blocked in take(), take_for() or take_until() right now.
     std::size_t waiting_takers() const {

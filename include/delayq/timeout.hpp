@@ -1,8 +1,9 @@
 // timeout<Clock>: the handle both wheels return for a scheduled task, and rejected_error.
 //
 // A handle is two pointers: the task's node and the timer's core. Copies share the node through its
-// reference count; the core outlives every node, so a handle stays valid (and cancel() stays safe)
-// after the timer is stopped or destroyed. A default-constructed handle refers to no task.
+// reference count; the core outlives every node a handle holds (detail/timer_node.hpp), so a handle
+// stays valid (and cancel() stays safe) after the timer is stopped or destroyed. A
+// default-constructed handle refers to no task.
 #pragma once
 
 #include <chrono>
@@ -15,13 +16,13 @@ namespace delayq {
 
 /// Thrown by schedule() when the timer is stopped or max_pending would be exceeded.
 class rejected_error : public std::runtime_error {
-public:
+  public:
     using std::runtime_error::runtime_error;
 };
 
 template <class Clock = std::chrono::steady_clock>
 class timeout {
-public:
+  public:
     using clock = Clock;
     using time_point = typename Clock::time_point;
 
@@ -37,7 +38,7 @@ public:
         return *this;
     }
     ~timeout() {
-        if (node_) node_->release(*core_);
+        if (node_) detail::timer_core<Clock>::release(*node_);
     }
 
     void swap(timeout& o) noexcept {
@@ -70,7 +71,10 @@ public:
     timeout(detail::timer_node<Clock>* n, detail::timer_core<Clock>* core) noexcept
         : node_(n), core_(core) {}
 
-private:
+    /// For timer implementations: the node this handle refers to.
+    detail::timer_node<Clock>* node_for_timer() const noexcept { return node_; }
+
+  private:
     bool is(detail::timer_state s) const noexcept { return node_ && node_->load_state() == s; }
 
     detail::timer_node<Clock>* node_ = nullptr;

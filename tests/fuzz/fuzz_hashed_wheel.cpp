@@ -1,7 +1,7 @@
 // Model-based fuzzing of hashed_wheel<manual_clock>, the thread-free core of hashed_wheel_timer.
 // The driver and the model are in wheel_model.hpp. hashed_wheel promises deadline order (first in,
-// first out among equal deadlines) within one advance(), and hands a due batch out as a whole: a
-// task of the batch cancelled from an earlier task of that batch still runs (cancel() is false).
+// first out among equal deadlines) within one advance(), and every task stays cancellable until
+// it starts.
 #include <delayq/hashed_wheel_timer.hpp>
 
 #include "wheel_model.hpp"
@@ -12,9 +12,6 @@ using namespace delayq_fuzz;
 
 struct hashed {
     using wheel = delayq::hashed_wheel<mclock>;
-    static constexpr bool ordered = true;
-    static constexpr bool exact_cancel = false;
-    static constexpr bool keeps_task_at_max_pending = true;
 
     template <class OnError>
     static std::unique_ptr<wheel> make(FuzzedDataProvider& in, rep tick, std::size_t max_pending, OnError on_error) {

@@ -5,11 +5,13 @@
 // cancelled) and the advance in which it was scheduled. After every operation:
 // - pending()/size() equals the number of model tasks still pending;
 // - every held handle's pending()/expired()/cancelled() equals the model's state;
+// - the clock also steps back (op 16), and a backward step makes nothing early or lost;
 // - after an advance: every task that ran had deadline <= the time advanced to (never early);
 //   every task scheduled before that advance whose deadline is at least one tick behind it has run
 //   (at most one tick late; deadlines within a tick of time_point::max() are "never");
-//   where the wheel promises it, the tasks of one advance ran in (deadline, schedule order);
-// - cancel() returns true exactly for a pending task, and that task never runs;
+//   the tasks of one advance ran in (deadline, schedule order), in both wheels;
+// - cancel() returns true exactly for a pending task (one not started, also from a task of the same
+//   pass), and that task never runs;
 // - stop() returns the still-pending tasks, earliest deadline first, and then every schedule
 //   throws rejected_error, leaving the task untouched; so does a schedule at max_pending;
 // - a task that throws reaches on_error, and the wheel carries on.
@@ -21,6 +23,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <stdexcept>
 #include <memory>
 #include <optional>
@@ -37,7 +40,6 @@ struct task_rec {
     st state = st::pending;
     std::uint64_t born = 0;      // tasks born in advance k are checked for lateness after advance k+1
     bool throws = false;
-    bool maybe_in_batch = false; // a cancel from a task returned false: it must run in this batch
 };
 
 struct world {
@@ -47,6 +49,7 @@ struct world {
     std::uint64_t advances = 0;
     bool in_advance = false;
     time_point adv_now{};
+    time_point latest_now = time_point::min();  // the latest time a wheel started or advanced at
     std::size_t errors_seen = 0;
     std::size_t errors_expected = 0;
 
@@ -104,10 +107,7 @@ inline bool must_have_run(time_point deadline, rep tick, time_point now) {
 
 
 // The driver. A adapts one wheel:
-//   using wheel; static constexpr bool ordered (deadline order within an advance is promised);
-//   static constexpr bool exact_cancel (a task stays cancellable until it starts);
-//   static constexpr bool keeps_task_at_max_pending (a schedule refused for max_pending leaves the
-//   task untouched, as a refusal after stop() does);
+//   using wheel;
 //   static std::unique_ptr<wheel> make(FuzzedDataProvider&, rep tick, std::size_t max_pending, on_error);
 //   static void advance(wheel&, world&) (runs what is due at mclock::now());
 //   static std::size_t pending(const wheel&);
@@ -129,6 +129,7 @@ void run_wheel(FuzzedDataProvider& in) {
         }
     };
     std::unique_ptr<wheel> wh = A::make(in, tick, max_pending, on_error);
+    w.latest_now = mclock::now();
     bool stopped = false;
 
     auto new_task = [&]() -> fuzz_task {
@@ -142,16 +143,14 @@ void run_wheel(FuzzedDataProvider& in) {
         try {
             delayq::timeout<mclock> h = delay ? wh->schedule(std::move(t), duration{*delay})
                                              : wh->schedule_at(std::move(t), deadline);
-            // from inside a task of a hashed wheel the current batch is no longer counted
-            FZ_CHECK(!stopped && (!full || (w.in_advance && !A::exact_cancel)));
+            FZ_CHECK(!stopped && !full);
             FZ_CHECK(h.deadline() == deadline);
             FZ_CHECK(h.pending());
-            w.tasks.push_back(task_rec{deadline, st::pending, w.advances, throws, false});
+            w.tasks.push_back(task_rec{deadline, st::pending, w.advances, throws});
             w.handles.push_back(std::move(h));
         } catch (const delayq::rejected_error&) {
             FZ_CHECK(stopped || full);
-            if (stopped || A::keeps_task_at_max_pending)  // refused: the task is left untouched
-                FZ_CHECK(t.block && *t.block == static_cast<int>(id & 0x7fffffff));
+            FZ_CHECK(t.block && *t.block == static_cast<int>(id & 0x7fffffff));  // left untouched
         }
     };
     the_hooks().cancel = [&](std::uint64_t, std::int64_t target) {
@@ -159,12 +158,7 @@ void run_wheel(FuzzedDataProvider& in) {
         if (!h) return;
         task_rec& t = w.tasks[static_cast<std::size_t>(target)];
         const bool r = h.cancel();
-        if (A::exact_cancel) {
-            FZ_CHECK(r == (t.state == st::pending));
-        } else if (!r && t.state == st::pending) {
-            FZ_CHECK(t.deadline <= w.adv_now);  // only a task of this batch may refuse
-            t.maybe_in_batch = true;
-        }
+        FZ_CHECK(r == (t.state == st::pending));  // cancellable until it starts
         if (r) {
             FZ_CHECK(t.state == st::pending);
             t.state = st::cancelled;
@@ -188,22 +182,17 @@ void run_wheel(FuzzedDataProvider& in) {
     auto advance = [&] {
         ++w.advances;
         w.adv_now = mclock::now();
+        w.latest_now = std::max(w.latest_now, w.adv_now);
         w.in_advance = true;
         A::advance(*wh, w);
         w.in_advance = false;
-        if (A::ordered) {
-            for (std::size_t i = 1; i < w.log.size(); ++i) {
-                const task_rec& a = w.tasks[w.log[i - 1]];
-                const task_rec& b = w.tasks[w.log[i]];
-                FZ_CHECK(a.deadline < b.deadline || (a.deadline == b.deadline && w.log[i - 1] < w.log[i]));
-            }
+        for (std::size_t i = 1; i < w.log.size(); ++i) {  // the heap's order
+            const task_rec& a = w.tasks[w.log[i - 1]];
+            const task_rec& b = w.tasks[w.log[i]];
+            FZ_CHECK(a.deadline < b.deadline || (a.deadline == b.deadline && w.log[i - 1] < w.log[i]));
         }
         for (std::size_t i = 0; i < w.tasks.size(); ++i) {
             task_rec& t = w.tasks[i];
-            if (t.maybe_in_batch) {
-                FZ_CHECK(t.state == st::ran);
-                t.maybe_in_batch = false;
-            }
             if (t.state == st::pending && t.born < w.advances) FZ_CHECK(!must_have_run(t.deadline, tick, w.adv_now));
         }
         FZ_CHECK(w.errors_seen == w.errors_expected);
@@ -211,7 +200,7 @@ void run_wheel(FuzzedDataProvider& in) {
     };
 
     while (in.remaining_bytes() > 0) {
-        const int op = in.ConsumeIntegralInRange<int>(0, 15);
+        const int op = in.ConsumeIntegralInRange<int>(0, 16);
         auto pick_id = [&]() -> std::size_t {
             return in.ConsumeIntegralInRange<std::size_t>(0, w.tasks.size() - 1);
         };
@@ -301,7 +290,14 @@ void run_wheel(FuzzedDataProvider& in) {
                     FZ_CHECK(!w.handles[i].cancel());
                 }
                 wh = A::make(in, tick, max_pending, on_error);
+                w.latest_now = std::max(w.latest_now, mclock::now());
                 stopped = false;
+                break;
+            }
+            case 16: {  // the clock steps back (an NTP step; manual_clock::set), maybe advance
+                const rep back = pick_advance(in, tick);
+                mclock::set(sat_add(mclock::now(), back == std::numeric_limits<rep>::min() ? 0 : -back));
+                if (in.ConsumeBool()) advance();
                 break;
             }
             default: {  // check a few handles

@@ -1,5 +1,5 @@
-// The ring of a hashed timing wheel, with no lock, no thread and no tasks: just where each pending
-// node sits, and which nodes are due.
+// hashed_wheel_ring: where the pending nodes of a hashed timing wheel sit, with no lock, no thread
+// and no tasks: just which bucket holds each node, and which nodes are due. Not thread-safe.
 //
 // The idea. Time after `origin` is cut into ticks of `tick`; tick k ends at boundary(k) =
 // origin + k * tick. A node due at d belongs to slot(d), the first tick whose boundary is at or
@@ -12,16 +12,17 @@
 //
 // `cursor` is the first tick not yet processed. expire(now) processes the ticks cursor..tick(now)
 // (at most one rotation: after W ticks every bucket has been seen once) and takes out every node
-// of the buckets it visits whose slot has come: deadline <= boundary(tick(now)) <= now. A node whose slot is already behind the cursor
-// (a deadline in the past) goes to a separate `due` list that the next expire() empties first.
+// of the buckets it visits whose slot has come: deadline <= boundary(tick(now)) <= now. A node
+// whose slot is already behind the cursor (a deadline in the past), or before the origin (a clock
+// that went back that far), goes to a separate `due` list that every expire() checks by deadline.
+//
+// Invariant: a node is in a bucket exactly when slot(deadline) >= cursor and deadline >= origin
+// (the cursor passes a slot only after taking out all of its nodes, and never moves back), else in
+// `due`. So unlink() finds a node's list from its deadline, with no tag in the node.
 //
 // next_expiry() is when the next expire() will have work: the boundary of the earliest non-empty
 // slot (or a past time when the due list holds something). A bitmap of non-empty buckets lets it
 // and expire() skip empty buckets, so an idle ring costs nothing and a sparse one little.
-//
-// Lists are intrusive (the node's prev/next), doubly linked with head and tail, appended at the
-// tail: first in, first out within a bucket. unlink() is O(1); only when the node is a list's head
-// or tail does it recompute which list (one division). node.tag says which kind of list holds it.
 //
 // Arithmetic is done in Clock::rep with 128-bit intermediates where it could overflow, so deadlines
 // anywhere on the time line (time_point::max() included) are placed correctly.
@@ -33,159 +34,19 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
-#include <new>
-#include <atomic>
 #include <optional>
 #include <stdexcept>
 #include <type_traits>
 #include <vector>
 
+#include "bucket.hpp"
 #include "timer_node.hpp"
-
-#if defined(__SANITIZE_ADDRESS__)
-#define DELAYQ_HW_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define DELAYQ_HW_ASAN 1
-#endif
-#endif
-#ifndef DELAYQ_HW_ASAN
-#define DELAYQ_HW_ASAN 0
-#endif
-#if DELAYQ_HW_ASAN
-#include <sanitizer/asan_interface.h>
-#endif
 
 namespace delayq::detail {
 
-// The nodes of one timer come from its node_pool: slabs of 64 KiB cut into slots of a few sizes
-// (multiples of 16 bytes up to 256), so a node with a small capture costs exactly its size (48 B)
-// instead of malloc's 64, and allocating is a pop from a list. Slots are taken under the timer's
-// lock; a node is freed from any thread (its last reference may be a handle anywhere), so a freed
-// slot is pushed onto a lock-free per-size list that the allocator takes over whole when its own
-// list runs dry (push and take-all: no ABA problem). A slab's first bytes point back to its pool,
-// so a node finds its pool from its own address. Slabs are released with the pool, that is when
-// the timer's core goes, after the last node.
-class node_pool {
-public:
-    static constexpr std::size_t slab_bytes = std::size_t{1} << 16;
-    static constexpr std::size_t granule = 16;
-    static constexpr std::size_t max_slot = 256;
-
-    /// Whether a block of this size and alignment comes from the pool.
-    static constexpr bool fits(std::size_t size, std::size_t align) noexcept {
-        return size <= max_slot && align <= granule;
-    }
-
-    node_pool() = default;
-    node_pool(const node_pool&) = delete;
-    node_pool& operator=(const node_pool&) = delete;
-    ~node_pool() {
-        while (slabs_) {
-            header* h = slabs_;
-            slabs_ = h->next;
-            unpoison(h, slab_bytes);
-            ::operator delete(static_cast<void*>(h), std::align_val_t{slab_bytes});
-        }
-    }
-
-    /// A block of `size` bytes (fits()). Under the owner's lock. Throws std::bad_alloc.
-    void* allocate(std::size_t size) {
-        const std::size_t c = class_of(size);
-        cls& k = classes_[c];
-        if (!k.local) k.local = k.remote.exchange(nullptr, std::memory_order_acquire);
-        if (slot* s = k.local) {
-            unpoison(s, c * granule);
-            k.local = s->next;
-            return s;
-        }
-        const std::size_t bytes = c * granule;
-        if (static_cast<std::size_t>(k.end - k.bump) < bytes) {
-            void* mem = ::operator new(slab_bytes, std::align_val_t{slab_bytes});
-            auto* h = ::new (mem) header{this, slabs_};
-            slabs_ = h;
-            k.bump = static_cast<char*>(mem) + sizeof(header);
-            k.end = static_cast<char*>(mem) + slab_bytes;
-        }
-        void* p = k.bump;
-        k.bump += bytes;
-        return p;
-    }
-
-    /// Returns a block that allocate(size) gave, from any thread.
-    static void deallocate(void* p, std::size_t size) noexcept {
-        // The slab's header starts at the slab-aligned address below p: step back by p's offset.
-        auto* h = reinterpret_cast<header*>(static_cast<char*>(p) -
-                                            (reinterpret_cast<std::uintptr_t>(p) & (slab_bytes - 1)));
-        const std::size_t c = class_of(size);
-        cls& k = h->pool->classes_[c];
-        auto* s = static_cast<slot*>(p);
-        poison(reinterpret_cast<char*>(s) + sizeof(slot), c * granule - sizeof(slot));
-        slot* head = k.remote.load(std::memory_order_relaxed);
-        do {
-            s->next = head;
-        } while (!k.remote.compare_exchange_weak(head, s, std::memory_order_release, std::memory_order_relaxed));
-    }
-
-private:
-    struct slot {
-        slot* next;
-    };
-    struct alignas(64) header {
-        node_pool* pool;
-        header* next;
-    };
-    struct cls {
-        slot* local = nullptr;                // taken under the owner's lock
-        char* bump = nullptr;                 // the rest of the current slab for this size
-        char* end = nullptr;
-        alignas(64) std::atomic<slot*> remote{nullptr};  // freed by anyone
-    };
-
-    static constexpr std::size_t class_of(std::size_t size) noexcept { return (size + granule - 1) / granule; }
-
-    static void poison([[maybe_unused]] const void* p, [[maybe_unused]] std::size_t n) noexcept {
-#if DELAYQ_HW_ASAN
-        __asan_poison_memory_region(p, n);
-#endif
-    }
-    static void unpoison([[maybe_unused]] const void* p, [[maybe_unused]] std::size_t n) noexcept {
-#if DELAYQ_HW_ASAN
-        __asan_unpoison_memory_region(p, n);
-#endif
-    }
-
-    cls classes_[max_slot / granule + 1];
-    header* slabs_ = nullptr;
-};
-
-// A node and its callable in one pooled block (node_with, with the pool's deallocation).
-template <class Clock, class F>
-struct pooled_node final : timer_node<Clock> {
-    union {
-        F fn;  // alive while has_task
-    };
-
-    template <class G>
-        requires(!std::is_same_v<std::remove_cvref_t<G>, pooled_node>)
-    explicit pooled_node(G&& g)  // NOLINT(bugprone-forwarding-reference-overload): constrained
-        : fn(std::forward<G>(g)) {}
-    ~pooled_node() {}
-
-    static void run(timer_node<Clock>& n) { static_cast<pooled_node&>(n).fn(); }
-    static void destroy(timer_node<Clock>& n) noexcept { static_cast<pooled_node&>(n).fn.~F(); }
-    static void deallocate(timer_node<Clock>* n) noexcept {
-        auto* p = static_cast<pooled_node*>(n);
-        p->~pooled_node();
-        node_pool::deallocate(p, sizeof(pooled_node));
-    }
-
-    static constexpr task_ops<Clock> table{&run, &destroy, &deallocate};
-};
-
 template <class Clock>
 class hashed_wheel_ring {
-public:
+  public:
     using node = timer_node<Clock>;
     using time_point = typename Clock::time_point;
     using duration = typename Clock::duration;
@@ -204,7 +65,7 @@ public:
             throw std::invalid_argument("delayq: ticks_per_wheel must be in [1, 2^30]");
         const std::size_t w = std::bit_ceil(ticks_per_wheel);
         mask_ = w - 1;
-        buckets_.resize(w);
+        buckets_ = std::vector<bucket>(w);
         bits_.resize((w + 63) / 64);
     }
 
@@ -212,217 +73,158 @@ public:
     hashed_wheel_ring& operator=(const hashed_wheel_ring&) = delete;
 
     std::size_t size() const noexcept { return size_; }
-    bool empty() const noexcept { return size_ == 0; }
     std::size_t buckets() const noexcept { return mask_ + 1; }
     duration tick() const noexcept { return duration{tick_}; }
 
-    /// Links n (not in any list) by its deadline. Returns when it comes out: the boundary of its
-    /// slot, or its deadline if it is already behind the cursor.
+    /// Nothing to prepare: linking never allocates.
+    void prepare(time_point) noexcept {}
+
+    /// Links n (not in the ring) by its deadline. Returns when it comes out: the boundary of its
+    /// slot, or its deadline if that slot is already behind the cursor.
     time_point link(node* n) noexcept {
         const rep d = n->deadline.time_since_epoch().count();
         const std::uint64_t s = slot(d);
-        list* l;
-        time_point when;
-        if (s < cursor_) {
-            n->tag = due_tag;
-            l = &due_;
-            when = n->deadline;
-        } else {
-            n->tag = bucket_tag;
-            const std::size_t b = static_cast<std::size_t>(s) & mask_;
-            l = &buckets_[b];
-            if (!l->head) bits_[b >> 6] |= std::uint64_t{1} << (b & 63);
-            when = boundary(s);
-        }
-        append(*l, n);
-        if (d < l->min) l->min = d;
         ++size_;
-        return when;
+        if (in_due(d, s)) {
+            due_.push_back(n);
+            if (d < due_min_) due_min_ = d;
+            return n->deadline;
+        }
+        const std::size_t b = static_cast<std::size_t>(s) & mask_;
+        bucket& k = buckets_[b];
+        if (k.count++ == 0) bits_[b >> 6] |= std::uint64_t{1} << (b & 63);
+        k.nodes.push_back(n);
+        if (d < k.min) k.min = d;
+        return boundary(s);
     }
 
     /// Unlinks n, which this ring holds. O(1).
     void unlink(node* n) noexcept {
-        list* l = nullptr;
-        if (n->prev) {
-            n->prev->next = n->next;
-        } else {
-            l = &list_of(n);
-            l->head = n->next;
-        }
-        if (n->next) {
-            n->next->prev = n->prev;
-        } else {
-            if (!l) l = &list_of(n);
-            l->tail = n->prev;
-        }
-        if (l && !l->head) {
-            l->min = never;
-            if (n->tag == bucket_tag) {
-                const auto b = static_cast<std::size_t>(l - buckets_.data());
-                bits_[b >> 6] &= ~(std::uint64_t{1} << (b & 63));
-            }
-        }
-        n->prev = n->next = nullptr;
+        node_list::unlink(n);
         --size_;
+        const rep d = n->deadline.time_since_epoch().count();
+        const std::uint64_t s = slot(d);
+        if (in_due(d, s)) {
+            if (due_.empty()) due_min_ = never;
+            return;
+        }
+        const std::size_t b = static_cast<std::size_t>(s) & mask_;
+        bucket& k = buckets_[b];
+        if (--k.count == 0) {
+            k.min = never;
+            bits_[b >> 6] &= ~(std::uint64_t{1} << (b & 63));
+        }
     }
 
-    /// Unlinks every node due at `now` and returns them chained through `next` (prev is null), in
-    /// deadline order (first in, first out among equal deadlines); `count` gets how many.
-    node* expire(time_point now_tp, std::size_t& count) noexcept {
+    /// Unlinks every node due at `now` and hands each to sink(node*), in no particular order;
+    /// returns how many. `worked`: whether anything came out.
+    template <class Sink>
+    std::size_t expire(time_point now_tp, Sink&& sink, bool& worked) noexcept {
         const rep now = now_tp.time_since_epoch().count();
-        count = 0;
-        if (size_ == 0) {
-            if (now >= origin_) cursor_ = std::max(cursor_, floor_tick(now) + 1);
-            return nullptr;
-        }
-        node* head = nullptr;
-        node** tail = &head;
-        bool sorted = true;
-        rep last = std::numeric_limits<rep>::min();
-        auto take = [&](list& l, rep upto) {
+        std::size_t count = 0;
+        auto out = [&](node_links* n) {
+            node_list::unlink(n);
+            sink(node::of(n));
+            ++count;
+        };
+        if (due_min_ <= now) {
             rep lo = never;
-            for (node* n = l.head; n;) {
-                node* next = n->next;
-                const rep d = n->deadline.time_since_epoch().count();
-                if (d <= upto) {
-                    remove(l, n);
-                    if (d < last) sorted = false;
-                    last = d;
-                    *tail = n;
-                    tail = &n->next;
-                    ++count;
+            for (node_links* l = due_.head.next; l != &due_.head;) {
+                node_links* next = l->next;
+                const rep d = node::of(l)->deadline.time_since_epoch().count();
+                if (d <= now) {
+                    out(l);
                 } else if (d < lo) {
                     lo = d;
                 }
-                n = next;
+                l = next;
             }
-            l.min = lo;
-        };
-        if (due_.head && due_.min <= now) take(due_, now);
+            due_min_ = lo;
+        }
         if (now >= origin_) {
             const std::uint64_t t = floor_tick(now);
             if (t >= cursor_) {
-                // A node comes out at its slot's boundary: the passes are the same whether the
-                // clock moved tick by tick or jumped.
-                const rep limit = boundary_rep(t);
-                const std::size_t w = mask_ + 1;
-                const std::uint64_t span = t - cursor_ + 1;
-                const std::size_t start = static_cast<std::size_t>(cursor_) & mask_;
-                const std::size_t visits = span >= w ? w : static_cast<std::size_t>(span);
-                // Visit the buckets of ticks cursor .. cursor + visits - 1, skipping empty ones.
-                for (std::size_t i = next_nonempty(start, visits); i < visits;
-                     i = next_nonempty(start, visits, i + 1)) {
-                    const std::size_t b = (start + i) & mask_;
-                    list& l = buckets_[b];
-                    if (l.min <= limit) {
-                        take(l, limit);
-                        if (!l.head) bits_[b >> 6] &= ~(std::uint64_t{1} << (b & 63));
+                if (size_ != count) {
+                    // A node comes out at its slot's boundary: the passes are the same whether the
+                    // clock moved tick by tick or jumped.
+                    const rep limit = boundary_rep(t);
+                    const std::size_t w = mask_ + 1;
+                    const std::uint64_t span = t - cursor_ + 1;
+                    const std::size_t start = static_cast<std::size_t>(cursor_) & mask_;
+                    const std::size_t visits = span >= w ? w : static_cast<std::size_t>(span);
+                    for (std::size_t i = next_nonempty(start, visits); i < visits;
+                         i = next_nonempty(start, visits, i + 1)) {
+                        const std::size_t b = (start + i) & mask_;
+                        bucket& k = buckets_[b];
+                        if (k.min > limit) continue;
+                        rep lo = never;
+                        k.nodes.for_each([&](node_links* l) {
+                            const rep d = node::of(l)->deadline.time_since_epoch().count();
+                            if (d <= limit) {
+                                out(l);
+                                --k.count;
+                            } else if (d < lo) {
+                                lo = d;
+                            }
+                        });
+                        k.min = lo;
+                        if (k.count == 0) bits_[b >> 6] &= ~(std::uint64_t{1} << (b & 63));
                     }
                 }
                 cursor_ = t + 1;
             }
         }
-        *tail = nullptr;
         size_ -= count;
-        // Buckets are visited in tick order and hold one slot's deadlines each within a rotation,
-        // so the chain is nearly always sorted already; a pass over a whole rotation is not.
-        if (!sorted) head = sort(head, count);
-        return head;
+        worked = worked || count != 0;
+        return count;
     }
 
     /// When expire() will next have work: nullopt when the ring is empty; a time <= now when
     /// something is due already. Never later than the earliest deadline's slot boundary.
     std::optional<time_point> next_expiry() const noexcept {
         if (size_ == 0) return std::nullopt;
-        rep best = due_.head ? due_.min : never;
+        rep best = due_min_;
         const std::size_t w = mask_ + 1;
         const std::size_t start = static_cast<std::size_t>(cursor_) & mask_;
         for (std::size_t i = next_nonempty(start, w); i < w; i = next_nonempty(start, w, i + 1)) {
             const std::uint64_t k = cursor_ + i;  // the first tick this bucket stands for
             const rep bk = boundary_rep(k);
             if (bk >= best) break;  // later buckets stand for later ticks still
-            const list& l = buckets_[(start + i) & mask_];
-            const rep cand = boundary_rep(std::max(slot(l.min), k));
+            const bucket& b = buckets_[(start + i) & mask_];
+            const rep cand = boundary_rep(std::max(slot(b.min), k));
             if (cand < best) best = cand;
         }
         return time_point{duration{best}};
     }
 
-    /// Unlinks every node and returns them chained through `next` (prev is null), in no
-    /// particular order.
-    node* take_all() noexcept {
-        node* chain = nullptr;
-        auto grab = [&](list& l) {
-            for (node* n = l.head; n;) {
-                node* next = n->next;
-                n->prev = nullptr;
-                n->next = chain;
-                chain = n;
-                n = next;
-            }
-            l = list{};
-        };
-        grab(due_);
-        for (auto& l : buckets_) grab(l);
+    /// Unlinks every node and returns them chained through `next` (prev null), in no order.
+    node_links* take_all() noexcept {
+        node_links* chain = due_.detach_onto(nullptr);
+        due_min_ = never;
+        for (auto& k : buckets_) {
+            if (k.count == 0) continue;
+            chain = k.nodes.detach_onto(chain);
+            k.count = 0;
+            k.min = never;
+        }
         std::fill(bits_.begin(), bits_.end(), 0);
         size_ = 0;
         return chain;
     }
 
-private:
+  private:
     static constexpr rep never = std::numeric_limits<rep>::max();
-    static constexpr std::uint16_t bucket_tag = 0;
-    static constexpr std::uint16_t due_tag = 1;
+
+    // Whether a node due at d (slot s) belongs in the due list: its slot is behind the cursor, or
+    // it is before the origin (the clock went back that far), where no tick boundary is <= d.
+    bool in_due(rep d, std::uint64_t s) const noexcept { return s < cursor_ || d < origin_; }
     __extension__ typedef __int128 wide;
 
-    struct list {
-        node* head = nullptr;
-        node* tail = nullptr;
+    struct bucket {
+        laned_list<8> nodes;
+        std::size_t count = 0;
         rep min = never;  // a lower bound of the deadlines held (exact after a pass)
     };
-
-    static void append(list& l, node* n) noexcept {
-        n->next = nullptr;
-        n->prev = l.tail;
-        if (l.tail) l.tail->next = n; else l.head = n;
-        l.tail = n;
-    }
-
-    static void remove(list& l, node* n) noexcept {
-        if (n->prev) n->prev->next = n->next; else l.head = n->next;
-        if (n->next) n->next->prev = n->prev; else l.tail = n->prev;
-        n->prev = n->next = nullptr;
-    }
-
-    // Stable merge sort of a chain by deadline.
-    static node* sort(node* h, std::size_t n) noexcept {
-        if (n < 2) return h;
-        node* mid = h;
-        for (std::size_t i = 1; i < n / 2; ++i) mid = mid->next;
-        node* second = mid->next;
-        mid->next = nullptr;
-        node* a = sort(h, n / 2);
-        node* b = sort(second, n - n / 2);
-        node* out = nullptr;
-        node** t = &out;
-        while (a && b) {
-            if (b->deadline < a->deadline) {
-                *t = b;
-                b = b->next;
-            } else {
-                *t = a;
-                a = a->next;
-            }
-            t = &(*t)->next;
-        }
-        *t = a ? a : b;
-        return out;
-    }
-
-    list& list_of(const node* n) noexcept {
-        if (n->tag == due_tag) return due_;
-        return buckets_[static_cast<std::size_t>(slot(n->deadline.time_since_epoch().count())) & mask_];
-    }
 
     // The first tick whose boundary is at or after d.
     std::uint64_t slot(rep d) const noexcept {
@@ -452,7 +254,8 @@ private:
     std::uint64_t floor_tick(rep now) const noexcept {
         if (now == never) return std::numeric_limits<std::uint64_t>::max() - 1;  // the end of time
         rep e;
-        if (!__builtin_sub_overflow(now, origin_, &e)) return div_tick(static_cast<std::uint64_t>(e));
+        if (!__builtin_sub_overflow(now, origin_, &e))
+            return div_tick(static_cast<std::uint64_t>(e));
         return static_cast<std::uint64_t>((static_cast<wide>(now) - origin_) / tick_);
     }
 
@@ -466,7 +269,8 @@ private:
     }
 
     // The first i in [from, count) such that bucket (start + i) & mask is non-empty, else count.
-    std::size_t next_nonempty(std::size_t start, std::size_t count, std::size_t from = 0) const noexcept {
+    std::size_t next_nonempty(std::size_t start, std::size_t count,
+                              std::size_t from = 0) const noexcept {
         while (from < count) {
             const std::size_t b = (start + from) & mask_;
             const std::uint64_t word = bits_[b >> 6] >> (b & 63);
@@ -475,7 +279,8 @@ private:
                 // Bits past the end of the ring (w < 64) are never set, so i stays in range
                 // unless the run crosses the ring's end; then wrap and look again.
                 const std::size_t room = std::min<std::size_t>(64 - (b & 63), mask_ + 1 - b);
-                if (static_cast<std::size_t>(std::countr_zero(word)) < room) return std::min(i, count);
+                if (static_cast<std::size_t>(std::countr_zero(word)) < room)
+                    return std::min(i, count);
                 from += room;
             } else {
                 from += std::min<std::size_t>(64 - (b & 63), mask_ + 1 - b);
@@ -490,8 +295,9 @@ private:
     std::size_t mask_ = 0;
     std::uint64_t cursor_ = 0;  // the first tick not yet processed
     std::size_t size_ = 0;
-    list due_;                    // nodes whose slot was already behind the cursor
-    std::vector<list> buckets_;
+    node_list due_;  // nodes whose slot was already behind the cursor
+    rep due_min_ = never;
+    std::vector<bucket> buckets_;
     std::vector<std::uint64_t> bits_;  // bit b: buckets_[b] is non-empty
 };
 

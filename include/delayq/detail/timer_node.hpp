@@ -1,17 +1,28 @@
-// The storage shared by both wheels: one node per scheduled task, and the core a handle reaches
-// to cancel it.
+// The storage both wheels share: one node per scheduled task, and the core a handle reaches to
+// cancel it.
 //
-// One allocation per task: the node header and the callable live in one block (node_with<F>). The
-// header is the intrusive list links, the deadline, a pointer to the callable's operations, a
-// reference count and the state. Who holds references: the timer while the task is pending (it
-// sits in a bucket), the worker while it runs the task, and every `timeout` handle.
+// The idea. A task lives in one block: a 40-byte header (the list links, the deadline, a pointer to
+// the callable's operations with the state in its low bits, a reference count and a sequence
+// number) followed by the callable. With an 8-byte capture a node is 48 bytes. Blocks come from the
+// core's node_pool (detail/node_pool.hpp), so scheduling never calls malloc for a small callable.
 //
-// The core (timer_core) is the part of a timer that outlives it for the handles' sake. It is
-// reference-counted by the timer and by every live node, so a handle can always reach it; after
-// stop() its cancel() finds nothing pending and returns false.
+// Who holds a node: the timer, from schedule until it is done with the task (ran, cancelled or
+// handed back by stop()), and every `timeout` handle. The last one to let go frees the block. The
+// task itself (the callable) is destroyed by whoever ends it: the runner after running it, the
+// canceller, or stop(). So freeing a block never runs user code.
 //
-// State changes happen under the core's lock; `state` is atomic only so that handles can read it
-// from any thread without that lock.
+// Who decides what: a node is in the timer (pending) exactly while it is linked — in a bucket, or
+// in the batch an advance is about to run (`prev` is then `run_marker()`). Links change only under
+// the core's lock, so cancel(), the runner and stop() decide who ends a task by unlinking it under
+// that lock. The state is what handles read from any thread without the lock; the one who won the
+// node sets it, under the lock. A state change is thus a plain store, and the only
+// read-modify-write on a node is its reference count.
+//
+// The core (timer_core) owns the node pool and is the part of a timer that outlives it for the
+// handles' sake. Its owners (the timer object and its worker thread) hold it by `owners_`; when the
+// last owner lets go, the pool is orphaned (node_pool::orphan) and the core lives on until the last
+// node a handle still holds is freed. No count on the core is touched per node: only the node's
+// own.
 #pragma once
 
 #include <atomic>
@@ -24,6 +35,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "node_pool.hpp"
+
 #if defined(__linux__)
 #include <sys/prctl.h>
 #endif
@@ -31,121 +44,160 @@
 namespace delayq::detail {
 
 enum class timer_state : std::uint8_t {
-    pending,    // in the timer, waiting for its deadline
-    expired,    // handed to the worker to run (it may be running or done)
-    cancelled,  // cancelled by a handle or by stop(); the task is gone
+    pending = 0,    // in the timer, waiting for its deadline
+    expired = 1,    // handed to run (it may be running or done)
+    cancelled = 2,  // cancelled by a handle or by stop(); the task is gone
+};
+
+// The intrusive links of a node, and of a list's sentinel.
+struct node_links {
+    node_links* prev;  // null once out of the timer
+    node_links* next;
+
+    bool linked() const noexcept { return prev != nullptr; }
 };
 
 template <class Clock>
 struct timer_node;
 
 template <class Clock>
-class timer_core {
-public:
-    timer_core() = default;
-    timer_core(const timer_core&) = delete;
-    timer_core& operator=(const timer_core&) = delete;
-
-    /// Cancels n if it is still pending: under the timer's lock, unlinks it, destroys its task,
-    /// and drops the timer's reference. Returns whether this call cancelled it.
-    virtual bool cancel(timer_node<Clock>& n) noexcept = 0;
-
-    void ref() noexcept { refs_.fetch_add(1, std::memory_order_relaxed); }
-    void unref() noexcept {
-        if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
-    }
-
-protected:
-    virtual ~timer_core() = default;
-
-private:
-    std::atomic<std::size_t> refs_{1};  // the timer's own reference
-};
-
-template <class Clock>
 struct task_ops {
-    void (*run)(timer_node<Clock>&);      // invokes the task (may throw)
+    void (*run)(timer_node<Clock>&);               // invokes the task (may throw)
     void (*destroy)(timer_node<Clock>&) noexcept;  // destroys the task, keeps the memory
-    void (*deallocate)(timer_node<Clock>*) noexcept;
+    std::uint32_t size;                            // of the whole block (node_pool's size)
+    std::uint32_t align;
 };
 
 template <class Clock>
-struct timer_node {
+struct timer_node : node_links {
     using time_point = typename Clock::time_point;
 
-    timer_node* prev = nullptr;  // bucket links; touched only under the core's lock
-    timer_node* next = nullptr;
-    time_point deadline{};
-    const task_ops<Clock>* ops = nullptr;
-    std::atomic<std::uint32_t> refs{1};
-    std::atomic<timer_state> state{timer_state::pending};
-    bool has_task = true;  // false once the task is destroyed; written by whoever owns the task:
-                           // the timer (under its lock) while pending, the worker once expired
-    std::uint16_t tag = 0;  // free for the wheel's use (e.g. a level)
+    static constexpr std::uintptr_t state_mask = 3;
 
-    timer_state load_state() const noexcept { return state.load(std::memory_order_acquire); }
+    // node_links: touched only under the core's lock
+    time_point deadline;
+    std::atomic<std::uintptr_t> ops_state;  // the callable's operations (aligned), | the state
+    std::atomic<std::uint32_t> refs;  // the timer's (while it holds the node) + one per handle
+    std::uint32_t seq;  // schedule order: first in, first out among equal deadlines (mod 2^32)
+
+    /// Before the node is published: a pending task with `refs` references.
+    void init(const task_ops<Clock>* ops, time_point d, std::uint32_t s, std::uint32_t r) noexcept {
+        deadline = d;
+        ops_state.store(reinterpret_cast<std::uintptr_t>(ops), std::memory_order_relaxed);
+        refs.store(r, std::memory_order_relaxed);
+        seq = s;
+    }
+
+    const task_ops<Clock>* ops() const noexcept {
+        return reinterpret_cast<const task_ops<Clock>*>(ops_state.load(std::memory_order_relaxed) &
+                                                        ~state_mask);
+    }
+
+    timer_state load_state() const noexcept {
+        return static_cast<timer_state>(ops_state.load(std::memory_order_acquire) & state_mask);
+    }
+
+    /// For whoever won the node under the core's lock (the only writer): publishes its new state.
+    void set_state(timer_state s) noexcept {
+        const std::uintptr_t v = ops_state.load(std::memory_order_relaxed) & ~state_mask;
+        ops_state.store(v | static_cast<std::uintptr_t>(s), std::memory_order_release);
+    }
 
     void acquire() noexcept { refs.fetch_add(1, std::memory_order_relaxed); }
 
-    /// Drops one reference; the last one frees the node and drops its reference on the core.
-    void release(timer_core<Clock>& core) noexcept {
-        if (refs.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-            destroy_task();
-            ops->deallocate(this);
-            core.unref();
-        }
+    /// Drops one reference; true if it was the last (the caller frees the block).
+    [[nodiscard]] bool drop() noexcept { return refs.fetch_sub(1, std::memory_order_acq_rel) == 1; }
+
+    /// Seq order, robust to wrap-around: a before b when a was scheduled less than 2^31
+    /// schedules before b.
+    static bool seq_before(std::uint32_t a, std::uint32_t b) noexcept {
+        return static_cast<std::int32_t>(a - b) < 0;
+    }
+    /// The heap's order: deadline, then first in, first out.
+    static bool before(const timer_node& a, const timer_node& b) noexcept {
+        return a.deadline < b.deadline || (a.deadline == b.deadline && seq_before(a.seq, b.seq));
     }
 
-    void run() { ops->run(*this); }
+    static timer_node* of(node_links* l) noexcept { return static_cast<timer_node*>(l); }
 
-    void destroy_task() noexcept {
-        if (has_task) {
-            has_task = false;
-            ops->destroy(*this);
-        }
-    }
+    void run() { ops()->run(*this); }
+    void destroy_task() noexcept { ops()->destroy(*this); }
 };
 
-// A node and its callable in one allocation.
+static_assert(sizeof(timer_node<std::chrono::steady_clock>) == 40, "a node header is 40 bytes");
+
+// A node and its callable in one block.
 template <class Clock, class F>
 struct node_with final : timer_node<Clock> {
     union {
-        F fn;  // alive while has_task
+        F fn;  // alive from schedule until the task is ended
     };
 
     template <class G>
-        requires(!std::is_same_v<std::remove_cvref_t<G>, node_with>)
-    explicit node_with(G&& g)  // NOLINT(bugprone-forwarding-reference-overload): constrained
+    requires(!std::is_same_v<std::remove_cvref_t<G>, node_with>) explicit node_with(
+        G&& g)  // NOLINT(bugprone-forwarding-reference-overload): constrained
         : fn(std::forward<G>(g)) {}
+    node_with(const node_with&) = delete;
+    node_with& operator=(const node_with&) = delete;
     ~node_with() {}
 
     static void run(timer_node<Clock>& n) { static_cast<node_with&>(n).fn(); }
     static void destroy(timer_node<Clock>& n) noexcept { static_cast<node_with&>(n).fn.~F(); }
-    static void deallocate(timer_node<Clock>* n) noexcept { delete static_cast<node_with*>(n); }
 
-    static constexpr task_ops<Clock> table{&run, &destroy, &deallocate};
+    // aligned so that the state fits in the low bits of a pointer to it
+    alignas(8) static constexpr task_ops<Clock> table{&run, &destroy, sizeof(node_with),
+                                                      alignof(node_with)};
 };
 
-/// Allocates a pending node for `task` due at `deadline`, holding one reference (the caller's),
-/// and takes a reference on `core` for it. Throws what the allocation or the task's move throws;
-/// then nothing was taken.
-template <class Clock, class F>
-timer_node<Clock>* make_node(F&& task, typename Clock::time_point deadline,
-                             timer_core<Clock>& core) {
-    using fn = std::decay_t<F>;
-    static_assert(std::is_invocable_v<fn&>, "a task is a callable taking no arguments");
-    static_assert(std::is_nothrow_destructible_v<fn>, "a task's destructor must not throw");
-    auto* n = new node_with<Clock, fn>(std::forward<F>(task));
-    n->ops = &node_with<Clock, fn>::table;
-    n->deadline = deadline;
-    core.ref();
-    return n;
-}
+/// The part of a timer that handles reach: its node pool, and cancel(). Owned by the timer and its
+/// worker (owners_); outlives them while handles hold nodes (see the top of this header).
+template <class Clock>
+class timer_core {
+  public:
+    using node = timer_node<Clock>;
+
+    timer_core(const timer_core&) = delete;
+    timer_core& operator=(const timer_core&) = delete;
+
+    /// Cancels n if it is still pending: unlinks it under the core's lock, destroys its task and
+    /// drops the timer's reference. Returns whether this call cancelled it.
+    virtual bool cancel(node& n) noexcept = 0;
+
+    /// Drops one reference to n, from any thread; the last one frees the block.
+    static void release(node& n) noexcept {
+        if (n.drop()) free_block(n);
+    }
+
+    /// Frees the block of a node nobody references any more, from any thread.
+    static void free_block(node& n) noexcept {
+        node_pool::deallocate(&n, n.ops()->size, n.ops()->align);
+    }
+
+    void add_owner() noexcept { owners_.fetch_add(1, std::memory_order_relaxed); }
+
+    /// An owner lets go. The last one orphans the pool: the core is deleted now if no node is
+    /// left, else by whoever frees the last node.
+    void drop_owner() noexcept {
+        if (owners_.fetch_sub(1, std::memory_order_acq_rel) == 1 && pool_.orphan()) destroy(this);
+    }
+
+  protected:
+    timer_core() : pool_(&destroy, this) {}
+    virtual ~timer_core() = default;
+
+    node_pool pool_;  // under the derived core's lock, except deallocate()
+
+  private:
+    static void destroy(void* self) noexcept { delete static_cast<timer_core*>(self); }
+
+    std::atomic<std::uint32_t> owners_{1};
+};
 
 /// Runs n's task. What it throws goes to on_error; an on_error that throws (or none) is ignored:
 /// the timer carries on.
 template <class Clock>
-void run_reporting(timer_node<Clock>& n, const std::function<void(std::exception_ptr)>& on_error) noexcept {
+void run_reporting(timer_node<Clock>& n,
+                   const std::function<void(std::exception_ptr)>& on_error) noexcept {
     try {
         n.run();
     } catch (...) {

@@ -40,7 +40,9 @@ void wait(CV& cv, std::unique_lock<std::mutex>& lk, std::stop_token st = {}) {
     }
 }
 
-// Wait for a notification, a stop request, or until Clock reaches tp.
+// Wait for a notification, a stop request, or until Clock reaches tp. A tp of time_point::max()
+// means "no deadline": a waiter for it is woken only by a notification, even on a clock that can
+// be set to time_point::max() (manual_clock).
 template <class Clock, class CV>
 void wait_until(CV& cv, std::unique_lock<std::mutex>& lk, typename Clock::time_point tp,
                 std::stop_token st = {}) {
@@ -54,6 +56,19 @@ void wait_until(CV& cv, std::unique_lock<std::mutex>& lk, typename Clock::time_p
         cv.wait_until(lk, std::move(st), tp, once{});
     } else {
         cv.wait_until(lk, tp);
+    }
+}
+
+// wait_until() for a real deadline, time_point::max() included: on a clock that can reach it
+// (one with a wait hook, such as manual_clock) the waiter is woken when the clock gets there. A
+// clock without a hook never reaches time_point::max(), so that is a wait without a deadline.
+template <class Clock, class CV>
+void wait_until_deadline(CV& cv, std::unique_lock<std::mutex>& lk, typename Clock::time_point tp,
+                         std::stop_token st = {}) {
+    if constexpr (has_wait_hook<Clock, CV>) {
+        Clock::wait_until(cv, lk, tp, std::move(st));
+    } else {
+        wait_until<Clock>(cv, lk, tp, std::move(st));
     }
 }
 

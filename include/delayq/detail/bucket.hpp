@@ -1,0 +1,128 @@
+// The lists both wheels keep their nodes in: circular, intrusive, doubly linked lists with a
+// sentinel, so that unlinking a node needs only the node (O(1), whatever list holds it).
+//
+// A bucket spreads its nodes round-robin over a few lists ("lanes"). Walking a long list waits for
+// one cache miss after another; walking the lanes in turn, with each lane's next node prefetched
+// while the others are handled, waits for several at once. That is what expiring a large bucket
+// costs, so it is worth the bucket's few extra bytes.
+#pragma once
+
+#include <cstddef>
+
+#include "timer_node.hpp"
+
+namespace delayq::detail {
+
+struct node_list {
+    node_links head;
+
+    node_list() noexcept { head.prev = head.next = &head; }
+    node_list(const node_list&) = delete;
+    node_list& operator=(const node_list&) = delete;
+
+    bool empty() const noexcept { return head.next == &head; }
+
+    void push_back(node_links* n) noexcept {
+        n->prev = head.prev;
+        n->next = &head;
+        head.prev->next = n;
+        head.prev = n;
+    }
+
+    /// Unlinks n from whichever list holds it; n's links become null.
+    static void unlink(node_links* n) noexcept {
+        n->prev->next = n->next;
+        n->next->prev = n->prev;
+        n->prev = n->next = nullptr;
+    }
+
+    /// Empties the list onto a chain through `next` (prev null), in front of `chain`; returns the
+    /// new chain.
+    node_links* detach_onto(node_links* chain) noexcept {
+        for (node_links* n = detach(); n;) {
+            node_links* next = n->next;
+            n->prev = nullptr;
+            n->next = chain;
+            chain = n;
+            n = next;
+        }
+        return chain;
+    }
+
+    /// Empties the list and returns its nodes as a chain through `next`, ending in nullptr.
+    node_links* detach() noexcept {
+        if (empty()) return nullptr;
+        node_links* first = head.next;
+        head.prev->next = nullptr;
+        head.prev = head.next = &head;
+        return first;
+    }
+};
+
+template <std::size_t Lanes>
+struct laned_list {
+    static_assert(Lanes > 0 && (Lanes & (Lanes - 1)) == 0, "a power of two");
+
+    node_list lane[Lanes];
+    unsigned next_lane = 0;
+
+    bool empty() const noexcept {
+        for (const auto& l : lane)
+            if (!l.empty()) return false;
+        return true;
+    }
+
+    void push_back(node_links* n) noexcept {
+        lane[next_lane].push_back(n);
+        next_lane = (next_lane + 1) & (Lanes - 1);
+    }
+
+    /// Calls f(node) for every node, lanes in turn, each lane's next node prefetched. f may unlink
+    /// the node it is given (and nothing else of this list).
+    template <class F>
+    void for_each(F&& f) {
+        node_links* cur[Lanes];
+        for (std::size_t i = 0; i < Lanes; ++i) cur[i] = lane[i].head.next;
+        for (bool more = true; more;) {
+            more = false;
+            for (std::size_t i = 0; i < Lanes; ++i) {
+                node_links* n = cur[i];
+                if (n == &lane[i].head) continue;
+                node_links* next = n->next;
+                __builtin_prefetch(next, 1);
+                cur[i] = next;
+                more = true;
+                f(n);
+            }
+        }
+    }
+
+    /// Empties the list, then calls f(node) for every node it held, as for_each does. f may link
+    /// the node anywhere, this list included.
+    template <class F>
+    void drain(F&& f) {
+        node_links* cur[Lanes];
+        for (std::size_t i = 0; i < Lanes; ++i) cur[i] = lane[i].detach();
+        next_lane = 0;
+        for (bool more = true; more;) {
+            more = false;
+            for (node_links*& n : cur) {
+                if (!n) continue;
+                node_links* take = n;
+                n = take->next;
+                if (n) __builtin_prefetch(n, 1);
+                more = true;
+                f(take);
+            }
+        }
+    }
+
+    /// Empties the list onto a chain through `next` (prepended to `chain`); returns the new chain.
+    node_links* detach_onto(node_links* chain) noexcept {
+        for (auto& l : lane) chain = l.detach_onto(chain);
+        next_lane = 0;
+        return chain;
+    }
+};
+
+}  // namespace delayq::detail

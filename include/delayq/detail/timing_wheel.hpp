@@ -1,0 +1,372 @@
+// timing_wheel: the levels of a hierarchical timing wheel (Kafka's TimingWheel), with no lock, no
+// thread and no tasks: where each pending node sits, and which nodes are due. Not thread-safe.
+//
+// The algorithm. Time is counted in ticks from an origin (the start time rounded down to the tick
+// grid). A node due at d belongs to tick u = ceil((d - origin) / tick): the first grid point at or
+// after d. Level 0 is a ring of `wheel_size` buckets, one tick each; level k+1 is a ring of
+// `wheel_size` buckets each as wide as the whole of level k, created when a node first needs it.
+// Each level has a current time (a multiple of its own tick). A node goes to the finest level whose
+// span from that level's current time covers u, into the bucket of u; the bucket's expiry is the
+// start of its span (u rounded down to the level's tick). Whenever a bucket gets an expiry, a
+// reference to it goes into a delay_queue<bucket_ref, Clock>: buckets model Delayed, and the queue
+// that serves users as a heap of elements serves the wheel as its clock.
+//
+// expire(now) first moves every level's current time up to now (never back), then takes every
+// bucket the queue holds due at now, and empties each: a node whose tick has come goes out; the
+// others fall to a finer level (the currents being at now, they land in buckets not yet due). Empty
+// ticks cost nothing: no bucket, no work.
+//
+//              level 2: tick 25, span 125     [ 0  | 25 | 50 | 75 | 100 ]
+//                                                     |  expires at 25: its nodes re-placed
+//              level 1: tick 5,  span 25      [ 25 | 30 | 35 | 40 | 45 ]
+//                                                  |  expires at 30
+//              level 0: tick 1,  span 5       [ 30 | 31 | 32 | 33 | 34 ]
+//                                                    |  expires at 31: nodes with d <= now go out
+//     delay_queue<bucket_ref>:  (31, L0)  (35, L1)  (50, L2)  ...  only non-empty buckets
+//
+// Never early: a node goes out only when its tick u has been reached, and its own deadline is
+// <= now (u is clamped at the end of the time line, so the second test is not redundant there).
+// Kafka keys a task by its deadline rounded down and runs a bucket when its start is reached, so a
+// task can run up to one tick early; here the bucket only says when to look.
+//
+// Details:
+// - A node whose tick the wheel has already passed (u <= level 0's current: its deadline is due, or
+//   the clock went back) goes to an `overdue` list that every expire() checks by deadline.
+// - A bucket whose nodes were all unlinked stays in the queue until due (as in Kafka) and is then
+//   emptied for nothing; when the wheel holds nothing at all the queue is cleared (an epoch makes
+//   the references left behind stale), so an idle wheel has no next expiry.
+// - Nothing here allocates after prepare(): prepare() (called before link, at schedule time, where
+//   an exception is harmless) creates the levels a deadline needs and makes room in the queue for
+//   two references per bucket. A bucket has at most one live reference (a node is placed only at
+//   or after its level's current time, so a queued bucket is never needed for an earlier span),
+//   plus stale ones that a clear() removes; so expire() never allocates and cannot fail.
+// - Divisions by the ticks are multiplications by precomputed reciprocals.
+#pragma once
+
+#include <algorithm>
+#include <cassert>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <type_traits>
+#include <vector>
+
+#include "../delay_queue.hpp"
+#include "bucket.hpp"
+#include "time.hpp"
+#include "timer_node.hpp"
+
+namespace delayq::detail {
+
+// floor(e / d) by a multiplication: the estimate from the reciprocal is at most 3 below the
+// quotient, and a few steps correct it.
+class divider {
+  public:
+    explicit divider(std::uint64_t d = 1) noexcept
+        : d_(d), inv_(std::numeric_limits<std::uint64_t>::max() / d) {}
+
+    std::uint64_t div(std::uint64_t e) const noexcept {
+        __extension__ typedef unsigned __int128 uwide;
+        std::uint64_t q = static_cast<std::uint64_t>((static_cast<uwide>(e) * inv_) >> 64);
+        while (e - q * d_ >= d_) ++q;
+        return q;
+    }
+    std::uint64_t divisor() const noexcept { return d_; }
+
+  private:
+    std::uint64_t d_;
+    std::uint64_t inv_;
+};
+
+inline std::uint64_t sat_add_u64(std::uint64_t a, std::uint64_t b) noexcept {
+    std::uint64_t r;
+    return __builtin_add_overflow(a, b, &r) ? std::numeric_limits<std::uint64_t>::max() : r;
+}
+inline std::uint64_t sat_mul_u64(std::uint64_t a, std::uint64_t b) noexcept {
+    std::uint64_t r;
+    return __builtin_mul_overflow(a, b, &r) ? std::numeric_limits<std::uint64_t>::max() : r;
+}
+
+template <class Clock>
+class timing_wheel {
+    struct bucket;
+
+  public:
+    using node = timer_node<Clock>;
+    using time_point = typename Clock::time_point;
+    using duration = typename Clock::duration;
+    using rep = typename duration::rep;
+
+    static constexpr std::size_t max_wheel_size = std::size_t{1} << 24;
+
+    /// What the delay queue holds: a bucket and the expiry it had when it was queued. A reference
+    /// whose generation or epoch no longer matches its bucket's is stale and is skipped.
+    struct bucket_ref {
+        bucket* b;
+        time_point at;
+        std::uint64_t gen;
+        std::uint64_t epoch;
+
+        time_point deadline() const noexcept { return at; }
+    };
+
+    /// Throws std::invalid_argument for tick <= 0 or wheel_size outside [2, 2^24].
+    timing_wheel(duration tick, std::size_t wheel_size, time_point start)
+        : tick_(valid_tick(tick)), wheel_size_(valid_size(wheel_size)), ws_div_(wheel_size_) {
+        // origin = start rounded down to the tick grid (floor, also for negative times; a start
+        // within one tick of time_point::min() gives time_point::min(), off the grid)
+        const rep t = start.time_since_epoch().count();
+        const rep k = tick.count();
+        rep q = t / k;
+        if (t % k != 0 && t < 0) --q;
+        origin_ = clamp_count<rep>(static_cast<wide_rep>(q) * k);
+        levels_.reserve(max_levels);
+        add_level();
+    }
+
+    timing_wheel(const timing_wheel&) = delete;
+    timing_wheel& operator=(const timing_wheel&) = delete;
+
+    std::size_t size() const noexcept { return size_; }
+
+    /// Creates the levels a node due at `deadline` needs. Throws std::bad_alloc; then nothing
+    /// visible has changed.
+    void prepare(time_point deadline) {
+        const std::uint64_t u = to_ticks(deadline);
+        while (u >= sat_add_u64(levels_.back().current, levels_.back().interval)) add_level();
+    }
+
+    /// Links n (not in the wheel; prepare()d for its deadline). Returns when it comes out at the
+    /// earliest: its bucket's expiry, or its deadline when overdue.
+    time_point link(node* n) noexcept {
+        ++size_;
+        return place(n, to_ticks(n->deadline));
+    }
+
+    /// Unlinks n, which this wheel holds. O(1).
+    void unlink(node* n) noexcept {
+        node_list::unlink(n);
+        if (--size_ == 0) forget_buckets();
+    }
+
+    /// Unlinks every node due at `now` and hands each to sink(node*), in no particular order;
+    /// returns how many. `worked`: whether a bucket was emptied or an overdue node went out.
+    template <class Sink>
+    std::size_t expire(time_point now, Sink&& sink, bool& worked) noexcept {
+        std::size_t count = 0;
+        auto out = [&](node_links* l) {
+            sink(node::of(l));
+            ++count;
+        };
+        if (overdue_min_ <= now) {
+            time_point lo = time_point::max();
+            bool any = false;
+            for (node_links* l = overdue_.head.next; l != &overdue_.head;) {
+                node_links* next = l->next;
+                const time_point d = node::of(l)->deadline;
+                if (d <= now) {
+                    node_list::unlink(l);
+                    out(l);
+                } else {
+                    any = true;
+                    lo = std::min(lo, d);
+                }
+                l = next;
+            }
+            overdue_min_ = any ? lo : never;
+            worked = worked || count != 0;
+        }
+        // The wheel's time follows the clock: a node re-placed below lands in a bucket not yet
+        // due, so one pass suffices however late the driver is.
+        const std::uint64_t nowt = floor_ticks(now);
+        if (now > origin_tp()) {
+            for (level& lv : levels_) {
+                const std::uint64_t c = nowt - nowt % lv.tick;
+                if (c > lv.current) lv.current = c;
+            }
+        }
+        while (std::optional<bucket_ref> r = queue_.poll(now)) {
+            bucket& b = *r->b;
+            if (!b.queued || b.gen != r->gen || r->epoch != epoch_) continue;
+            b.queued = false;
+            worked = true;
+            b.nodes.drain([&](node_links* l) {
+                node* n = node::of(l);
+                const std::uint64_t u = to_ticks(n->deadline);
+                // its tick has come (the last tick, clamped at time_point::max(), only at the end
+                // of time), and its deadline
+                if (n->deadline <= now && (u <= nowt || to_time(u) <= now)) {
+                    out(l);
+                } else {
+                    place(n, u);
+                }
+            });
+        }
+        size_ -= count;
+        if (size_ == 0 && count != 0) forget_buckets();
+        return count;
+    }
+
+    /// When expire() will next have work: nullopt when the wheel is empty. It may be early (a
+    /// bucket whose nodes were all unlinked), never late.
+    std::optional<time_point> next_expiry() const {
+        if (size_ == 0) return std::nullopt;
+        const std::optional<time_point> q = queue_.next_deadline();
+        return q ? std::min(*q, overdue_min_) : overdue_min_;
+    }
+
+    /// Unlinks every node and returns them chained through `next` (prev null), in no order.
+    node_links* take_all() noexcept {
+        node_links* chain = overdue_.detach_onto(nullptr);
+        overdue_min_ = never;
+        for (level& lv : levels_)
+            for (std::size_t i = 0; i < wheel_size_; ++i)
+                chain = lv.buckets[i].nodes.detach_onto(chain);
+        size_ = 0;
+        forget_buckets();
+        return chain;
+    }
+
+    // ---- for tests: the level arithmetic ----
+
+    std::size_t level_count() const noexcept { return levels_.size(); }
+    /// Level 0's current time, on Clock.
+    time_point current_time() const noexcept { return to_time(levels_[0].current); }
+    /// The level a node due at `deadline` would sit at now; -1 when it is overdue.
+    int level_of(time_point deadline) const noexcept {
+        const std::uint64_t u = to_ticks(deadline);
+        if (u <= levels_[0].current) return -1;
+        for (std::size_t k = 0; k < levels_.size(); ++k)
+            if (u < sat_add_u64(levels_[k].current, levels_[k].interval))
+                return static_cast<int>(k);
+        return -1;
+    }
+
+  private:
+    static constexpr std::size_t max_levels = 66;  // one per bit of a tick count, and one more
+    static constexpr time_point never = time_point::max();
+
+    struct bucket {
+        laned_list<16> nodes;
+        std::uint64_t expiry = 0;  // in ticks from the origin; meaningful while queued
+        std::uint64_t gen = 0;     // bumped at each put into the delay queue
+        std::uint64_t epoch = 0;   // the wheel's epoch at that put
+        bool queued = false;       // a reference with this gen is in the delay queue
+    };
+
+    struct level {
+        std::uint64_t tick;      // in level-0 ticks
+        std::uint64_t interval;  // tick * wheel_size (saturating)
+        std::uint64_t current;   // a multiple of tick
+        divider by_tick;
+        std::unique_ptr<bucket[]> buckets;
+    };
+
+    static duration valid_tick(duration t) {
+        if (t <= duration::zero()) throw std::invalid_argument("delayq: tick must be > 0");
+        return t;
+    }
+    static std::size_t valid_size(std::size_t w) {
+        if (w < 2 || w > max_wheel_size)
+            throw std::invalid_argument("delayq: wheel_size must be in [2, 2^24]");
+        return w;
+    }
+
+    void add_level() {
+        if (levels_.size() == max_levels) return;  // the last level spans the whole time line
+        const std::uint64_t tick = levels_.empty() ? 1 : levels_.back().interval;
+        level lv{tick, sat_mul_u64(tick, wheel_size_), 0, divider(tick),
+                 std::make_unique<bucket[]>(wheel_size_)};
+        if (!levels_.empty()) {
+            const std::uint64_t c = levels_[0].current;
+            lv.current = c - c % tick;
+        }
+        queue_.reserve(2 * wheel_size_ * (levels_.size() + 1) + 2);
+        levels_.push_back(std::move(lv));  // room reserved: no throw
+    }
+
+    // Puts n where tick u belongs; returns when its list comes out at the earliest.
+    time_point place(node* n, std::uint64_t u) noexcept {
+        if (u <= levels_[0].current) {
+            overdue_.push_back(n);
+            overdue_min_ = std::min(overdue_min_, n->deadline);
+            return n->deadline;
+        }
+        for (level& lv : levels_) {
+            if (u >= sat_add_u64(lv.current, lv.interval)) continue;
+            const std::uint64_t vid = lv.by_tick.div(u);
+            bucket& b = lv.buckets[vid - ws_div_.div(vid) * wheel_size_];
+            const std::uint64_t expiry = vid * lv.tick;
+            if (!is_queued(b)) enqueue(b, expiry);
+            assert(b.expiry <= expiry);  // see "Details" at the top
+            b.nodes.push_back(n);
+            return to_time(b.expiry);
+        }
+        assert(false && "prepare() creates the levels a deadline needs");
+        return n->deadline;
+    }
+
+    bool is_queued(const bucket& b) const noexcept { return b.queued && b.epoch == epoch_; }
+
+    void enqueue(bucket& b, std::uint64_t expiry) noexcept {
+        // room was made by add_level(): put cannot allocate, and the queue is never closed
+        (void)queue_.put(bucket_ref{&b, to_time(expiry), b.gen + 1, epoch_});
+        ++b.gen;
+        b.epoch = epoch_;
+        b.expiry = expiry;
+        b.queued = true;
+    }
+
+    // When nothing is held: drops every bucket reference, so that an idle wheel has no expiry.
+    void forget_buckets() noexcept {
+        ++epoch_;
+        queue_.clear();
+    }
+
+    time_point origin_tp() const noexcept { return time_point{duration{origin_}}; }
+
+    // The first tick at or after d (0 for anything at or before the origin), at most 2^64 - 2.
+    std::uint64_t to_ticks(time_point d) const noexcept {
+        const rep c = d.time_since_epoch().count();
+        if (c <= origin_) return 0;
+        const std::uint64_t diff =
+            static_cast<std::uint64_t>(c) - static_cast<std::uint64_t>(origin_);
+        const std::uint64_t q = by_tick0().div(diff);
+        const std::uint64_t u = q + (q * by_tick0().divisor() != diff);
+        return std::min(u, std::numeric_limits<std::uint64_t>::max() - 1);
+    }
+
+    // The last tick at or before t (0 for anything at or before the origin).
+    std::uint64_t floor_ticks(time_point t) const noexcept {
+        const rep c = t.time_since_epoch().count();
+        if (c <= origin_) return 0;
+        return by_tick0().div(static_cast<std::uint64_t>(c) - static_cast<std::uint64_t>(origin_));
+    }
+
+    // The time of tick u, saturating at time_point::max().
+    time_point to_time(std::uint64_t u) const noexcept {
+        const wide_rep t = static_cast<wide_rep>(origin_) +
+                           static_cast<wide_rep>(u) * static_cast<wide_rep>(tick_.count());
+        return time_point{duration{clamp_count<rep>(t)}};
+    }
+
+    const divider& by_tick0() const noexcept { return tick_div_; }
+
+    const duration tick_;
+    const std::size_t wheel_size_;
+    const divider ws_div_;
+    const divider tick_div_{static_cast<std::uint64_t>(tick_.count())};
+    rep origin_;
+    std::vector<level> levels_;
+    node_list overdue_;  // nodes whose tick the wheel has passed; checked by deadline
+    time_point overdue_min_ = never;
+    std::size_t size_ = 0;
+    std::uint64_t epoch_ = 0;
+    delay_queue<bucket_ref, Clock> queue_;
+};
+
+}  // namespace delayq::detail

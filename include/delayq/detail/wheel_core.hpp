@@ -1,0 +1,429 @@
+// wheel_core<Clock, Ring>: what both wheels share around their ring of buckets — the one lock, the
+// node pool, schedule, cancel, running what is due, stop, and the sleep of whoever drives it. The
+// Ring (hashed_wheel_ring or timing_wheel) only says where nodes sit and which are due; it has no
+// lock and no thread. The driver (wheel_driver.hpp, or the user's event loop) calls advance().
+//
+// The idea, in one pass. advance(now) takes the lock, asks the ring for every node due at `now`,
+// puts them in the heap's order (due_batch.hpp) and marks each as "in the batch" (prev ==
+// run_marker()); then, without the lock, runs them one by one. Before each run it takes the lock
+// to claim the node: a node cancelled meanwhile is no longer marked and is skipped. So a task stays
+// cancellable until the moment it starts, in both wheels, and cancel() returning true always means
+// the task never runs. Tasks scheduled by a task run in a later pass, so a pass does a bounded
+// amount of work.
+//
+// Locking. One lock (a spin_lock: detail/spin_lock.hpp says why) guards the ring, the pool's
+// allocation, the batch marks and the counts. Tasks run, and are destroyed, without it: a task may
+// schedule, cancel, or stop the timer. A callable is moved into its node under the lock, so its
+// move constructor must not call back into the timer. Sleeping needs a std::mutex: drivers and a
+// pass waiting for another's turn sleep with sleep_m_, which is never taken inside the lock.
+//
+// Lifecycle (as Netty's states, checked the same way by every operation, under the lock):
+// running -> stopped. schedule() after stop() throws rejected_error before it touches the task;
+// advance() after stop() does nothing; stop() a second time returns nothing.
+//
+// Sleeping. A driver waits in wait_for_work() until the ring's next expiry. `wake_at_` is the
+// latest time any waiter will wake by itself (time_point::min() when none sleeps); a schedule whose
+// node comes out earlier than that notifies, any other schedule does not. With nothing pending a
+// waiter sleeps without a deadline, so an idle timer never wakes.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "../timeout.hpp"
+#include "due_batch.hpp"
+#include "spin_lock.hpp"
+#include "timer_node.hpp"
+#include "wait.hpp"
+
+namespace delayq::detail {
+
+/// The address that marks a node as in the current batch (its prev).
+inline node_links* run_marker() noexcept {
+    static node_links marker{nullptr, nullptr};
+    return &marker;
+}
+
+template <class Clock, class Ring>
+class wheel_core final : public timer_core<Clock> {
+  public:
+    using node = timer_node<Clock>;
+    using time_point = typename Clock::time_point;
+    using duration = typename Clock::duration;
+    using on_error_fn = std::function<void(std::exception_ptr)>;
+
+    /// What one advance() did: how many tasks ran, and whether the ring had anything to do (a
+    /// bucket emptied, possibly of cancelled tasks only).
+    struct pass {
+        std::size_t ran = 0;
+        bool worked = false;
+    };
+
+    template <class... RingArgs>
+    wheel_core(std::size_t max_pending, on_error_fn on_error, RingArgs&&... ring_args)
+        : ring_(std::forward<RingArgs>(ring_args)...),
+          max_pending_(max_pending),
+          on_error_(std::move(on_error)) {}
+
+    /// Schedules `task` at `deadline`. Throws rejected_error (task untouched) when stopped or
+    /// full; std::bad_alloc, or what moving the task throws, and then nothing is scheduled.
+    template <class F>
+    timeout<Clock> schedule_at(F&& task, time_point deadline) {
+        using fn = std::decay_t<F>;
+        static_assert(std::is_invocable_v<fn&>, "a task is a callable taking no arguments");
+        static_assert(std::is_nothrow_destructible_v<fn>, "a task's destructor must not throw");
+        using block = node_with<Clock, fn>;
+        node* n;
+        bool wake;
+        {
+            std::lock_guard lk(lock_);
+            if (stopped_) throw rejected_error("delayq: timer is stopped");
+            if (max_pending_ != 0 && pending_ >= max_pending_)
+                throw rejected_error("delayq: max_pending reached");
+            ring_.prepare(deadline);
+            void* mem = this->pool_.allocate(sizeof(block), alignof(block));
+            block* b;
+            try {
+                b = ::new (mem) block(std::forward<F>(task));
+            } catch (...) {
+                this->pool_.free_local(mem, sizeof(block), alignof(block));
+                throw;
+            }
+            b->init(&block::table, deadline, seq_++, 2);  // the timer's reference and the handle's
+            n = b;
+            ++pending_;
+            const time_point when = ring_.link(n);
+            wake = when < wake_at_;
+            if (wake) wake_at_ = when;
+        }
+        if (wake) wake_drivers();
+        return timeout<Clock>(n, this);
+    }
+
+    bool cancel(node& n) noexcept override {
+        bool in_batch;
+        {
+            std::lock_guard lk(lock_);
+            if (!n.linked()) return false;
+            in_batch = n.prev == run_marker();
+            if (in_batch) {
+                n.prev = nullptr;  // the runner skips it and drops the batch's reference
+            } else {
+                ring_.unlink(&n);
+            }
+            --pending_;
+            n.set_state(timer_state::cancelled);
+        }
+        n.destroy_task();  // outside the lock: a task's destructor may call back into the timer
+        if (!in_batch && n.drop()) this->free_block(n);  // the timer's reference
+        return true;
+    }
+
+    std::size_t pending() const {
+        std::lock_guard lk(lock_);
+        return pending_;
+    }
+
+    std::optional<time_point> next_expiry() const {
+        std::lock_guard lk(lock_);
+        return ring_.next_expiry();
+    }
+
+    bool stopped() const {
+        std::lock_guard lk(lock_);
+        return stopped_;
+    }
+
+    /// Runs, on the calling thread, every task due at `now`, in the heap's order. One thread
+    /// advances at a time (another waits its turn); from inside a task, or after stop(), it does
+    /// nothing.
+    pass advance(time_point now) {
+        pass p;
+        std::unique_lock turn(sleep_m_, std::defer_lock);  // taken only to wait for another pass
+        for (;;) {
+            bool wait_turn = false;
+            {
+                std::lock_guard lk(lock_);
+                if (stopped_) return p;
+                if (!advancing_) {
+                    batch_.begin();
+                    const std::size_t count = ring_.expire(
+                        now,
+                        [this](node* n) {
+                            n->prev = run_marker();
+                            batch_.add(n);
+                        },
+                        p.worked);
+                    if (count == 0) return p;
+                    batch_.finish();
+                    next_in_batch_ = 0;
+                    advancing_ = true;
+                    advancer_ = std::this_thread::get_id();
+                    break;
+                }
+                if (advancer_ == std::this_thread::get_id()) return p;  // from inside a task
+                if (turn.owns_lock()) {
+                    ++turn_waiters_;
+                    wait_turn = true;
+                }
+            }
+            if (!wait_turn) {
+                turn.lock();  // then look again: the end of that pass cannot be missed
+                continue;
+            }
+            turn_cv_.wait(turn);
+            std::lock_guard lk(lock_);
+            --turn_waiters_;
+        }
+        if (turn.owns_lock()) turn.unlock();
+        struct end_of_pass {
+            wheel_core& c;
+            ~end_of_pass() {
+                bool waiters;
+                {
+                    std::lock_guard lk(c.lock_);
+                    c.batch_.clear();
+                    c.advancing_ = false;
+                    c.advancer_ = std::thread::id{};
+                    waiters = c.turn_waiters_ != 0;
+                }
+                if (waiters) {
+                    std::lock_guard sl(c.sleep_m_);
+                    c.turn_cv_.notify_all();
+                }
+            }
+        } guard{*this};
+        node* done = nullptr;  // the last node run, if its block is ours to free
+        for (std::size_t i = 0; i < batch_.size(); ++i) {
+            node* n;
+            bool claimed;
+            {
+                std::lock_guard lk(lock_);
+                if (done) this->pool_.free_local(done, done->ops()->size, done->ops()->align);
+                done = nullptr;
+                n = batch_.at(i);
+                next_in_batch_ = i + 1;
+                claimed = n->prev == run_marker();
+                if (claimed) {
+                    n->prev = nullptr;
+                    --pending_;
+                    n->set_state(timer_state::expired);
+                }
+            }
+            if (!claimed) {  // cancelled, by a handle or by stop(): the batch's reference goes
+                if (n->drop()) done = n;
+                continue;
+            }
+            run_reporting(*n, on_error_);
+            n->destroy_task();
+            if (n->drop()) done = n;
+            ++p.ran;
+        }
+        if (done) this->free_block(*done);
+        return p;
+    }
+
+    /// Refuses further schedules and cancels every pending task (the current batch's too). With
+    /// `collect`, returns their handles, earliest deadline first (may throw std::bad_alloc, then
+    /// nothing has changed); else releases them and does not throw. Idempotent.
+    std::vector<timeout<Clock>> shut(bool collect) {
+        std::vector<timeout<Clock>> out;
+        node_links* chain;
+        {
+            std::lock_guard lk(lock_);
+            if (stopped_) return out;
+            try {
+                out.reserve(pending_);
+            } catch (...) {
+                if (collect) throw;
+                // The destructor, out of memory: end the tasks under the lock instead (a task whose
+                // destructor calls back into the timer would deadlock; better than a leak).
+                stopped_ = true;
+                end_all(take_everything(nullptr));
+                chain = nullptr;
+            }
+            if (!stopped_) {
+                stopped_ = true;
+                chain = take_everything(&out);
+            }
+        }
+        wake_drivers();
+        // Outside the lock: destroying a task may call back into the timer.
+        for (auto& h : out) h.node_for_timer()->destroy_task();
+        for (node_links* l = chain; l;) {
+            node* n = node::of(l);
+            l = l->next;
+            n->next = nullptr;
+            n->destroy_task();
+            if (collect) {
+                out.emplace_back(n, this);  // adopts the timer's reference
+            } else {
+                timer_core<Clock>::release(*n);
+            }
+        }
+        if (!collect) {
+            out.clear();
+            return out;
+        }
+        std::stable_sort(out.begin(), out.end(),
+                         [](const timeout<Clock>& a, const timeout<Clock>& b) {
+                             return node::before(*a.node_for_timer(), *b.node_for_timer());
+                         });
+        return out;
+    }
+
+    // ---- for drivers ----
+
+    /// Waits until the ring has something due (its next expiry has come on Clock), `limit` has
+    /// come, a schedule makes the next expiry earlier, or stop. False once stopped.
+    bool wait_for_work(time_point limit) {
+        std::unique_lock sl(sleep_m_);  // held from the check to the wait: see wake_drivers()
+        for (;;) {
+            time_point until;
+            bool deadline;
+            {
+                std::lock_guard lk(lock_);
+                if (stopped_) return false;
+                const std::optional<time_point> next = ring_.next_expiry();
+                const time_point now = Clock::now();
+                if ((next && *next <= now) || limit <= now) return true;
+                until = next ? std::min(*next, limit) : limit;
+                deadline = next || limit != time_point::max();
+                ++sleepers_;
+                wake_at_ = std::max(wake_at_, until);
+            }
+            if (deadline) {
+                detail::wait_until_deadline<Clock>(cv_, sl, until);
+            } else {
+                detail::wait(cv_, sl);  // nothing pending: no deadline, no wake-up
+            }
+            {
+                std::lock_guard lk(lock_);
+                if (--sleepers_ == 0) wake_at_ = time_point::min();
+            }
+            wakeups_.fetch_add(1, std::memory_order_relaxed);
+        }
+    }
+
+    /// Starts `worker` running `loop` unless a worker runs already. Throws rejected_error once
+    /// stopped, or what starting a thread throws (then no worker runs).
+    template <class Loop>
+    void start_worker(std::thread& worker, Loop loop) {
+        std::lock_guard lk(lock_);
+        if (stopped_) throw rejected_error("delayq: timer is stopped");
+        if (started_.load(std::memory_order_relaxed)) return;
+        this->add_owner();  // the worker's
+        try {
+            worker = std::thread([this, loop = std::move(loop)]() mutable {
+                worker_id_.store(std::this_thread::get_id(), std::memory_order_release);
+                loop(*this);
+                this->drop_owner();
+            });
+        } catch (...) {
+            this->drop_owner();
+            throw;
+        }
+        started_.store(true, std::memory_order_release);
+    }
+
+    /// Whether the calling thread is running a pass (so: inside a task).
+    bool advancing_here() const {
+        std::lock_guard lk(lock_);
+        return advancing_ && advancer_ == std::this_thread::get_id();
+    }
+
+    bool started() const noexcept { return started_.load(std::memory_order_acquire); }
+    bool on_worker() const noexcept {
+        return worker_id_.load(std::memory_order_acquire) == std::this_thread::get_id();
+    }
+    std::size_t wakeups() const noexcept { return wakeups_.load(std::memory_order_relaxed); }
+
+    /// Calls f(ring) under the lock (introspection for tests).
+    template <class F>
+    decltype(auto) with_ring(F f) const {
+        std::lock_guard lk(lock_);
+        return f(ring_);
+    }
+
+  private:
+    ~wheel_core() override = default;  // by drop_owner() only
+
+    // Wakes every driver sleeping in wait_for_work(). A sleeper holds sleep_m_ from the moment it
+    // looks at the ring until it waits, so taking sleep_m_ here means the wake-up either comes
+    // before it looks (it sees the change) or reaches it asleep.
+    void wake_drivers() {
+        std::lock_guard sl(sleep_m_);
+        cv_.notify_all();
+    }
+
+    // Under the lock: unlinks every pending node. Nodes of the current batch go to `out` as
+    // handles holding a reference of their own (the runner drops the batch's); the ring's come
+    // back as a chain through `next`. Without `out`, batch nodes are ended here.
+    node_links* take_everything(std::vector<timeout<Clock>>* out) noexcept {
+        if (advancing_) {
+            // Nodes before next_in_batch_ are claimed or skipped (and may be freed already).
+            batch_.for_each_from(next_in_batch_, [&](node* n) {
+                if (n->prev != run_marker()) return;
+                n->prev = nullptr;
+                n->set_state(timer_state::cancelled);
+                if (out) {
+                    n->acquire();
+                    out->emplace_back(n, this);
+                } else {
+                    n->destroy_task();
+                }
+            });
+        }
+        pending_ = 0;
+        node_links* chain = ring_.take_all();
+        for (node_links* l = chain; l; l = l->next) node::of(l)->set_state(timer_state::cancelled);
+        return chain;
+    }
+
+    // Ends every node of a chain from take_everything (cancelled already).
+    void end_all(node_links* chain) noexcept {
+        while (chain) {
+            node* n = node::of(chain);
+            chain = chain->next;
+            n->next = nullptr;
+            n->destroy_task();
+            timer_core<Clock>::release(*n);
+        }
+    }
+
+    mutable spin_lock lock_;  // the ring, the pool, the batch marks, the counts and the states
+    std::mutex sleep_m_;      // what drivers and waiting passes sleep with (cv_, turn_cv_)
+    Ring ring_;
+    due_batch<Clock> batch_;         // the current pass's due nodes, while advancing_
+    std::size_t next_in_batch_ = 0;  // the first one the runner has not claimed yet
+    std::size_t pending_ = 0;        // in the ring, or in the batch and not yet claimed
+    std::uint32_t seq_ = 0;
+    bool stopped_ = false;
+    bool advancing_ = false;
+    std::thread::id advancer_{};
+    std::size_t turn_waiters_ = 0;
+    std::condition_variable turn_cv_;  // an advance waits here for another's to end
+    std::condition_variable cv_;       // drivers sleep here
+    time_point wake_at_ =
+        time_point::min();  // the latest a sleeper wakes by itself; min: none sleeps
+    std::size_t sleepers_ = 0;
+    const std::size_t max_pending_;
+    const on_error_fn on_error_;
+    std::atomic<bool> started_{false};
+    std::atomic<std::thread::id> worker_id_{};
+    std::atomic<std::size_t> wakeups_{0};
+};
+
+}  // namespace delayq::detail

@@ -1,0 +1,427 @@
+// Both wheels on their unhappy paths (issue 10): stop() racing a task's stop(), a refused schedule
+// racing stop(), allocation failures inside expiry, the order of a late pass, a deadline of
+// time_point::max() with manual_clock, and the clock going backwards. Each test failed or hung
+// before its fix; a test that could hang fails after a bounded wait instead (see `within`).
+//
+// This binary replaces the global operator new (failing_new.hpp), so it holds only these tests.
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <delayq/hashed_wheel_timer.hpp>
+#include <delayq/hierarchical_timing_wheel.hpp>
+#include <delayq/manual_clock.hpp>
+#include <future>
+#include <memory>
+#include <random>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "catch.hpp"
+#include "failing_new.hpp"
+#include "support.hpp"
+
+using namespace std::chrono_literals;
+using mc = delayq::manual_clock;
+using tp = mc::time_point;
+using dur = mc::duration;
+using handle = delayq::timeout<mc>;
+using delayq::test::eventually;
+
+namespace {
+
+// The two thread-free wheels behind one face: make(tick), drive(w) runs what is due at mc::now().
+struct hashed {
+    using wheel = delayq::hashed_wheel<mc>;
+    static constexpr const char* name = "hashed_wheel";
+    static std::unique_ptr<wheel> make(dur tick) {
+        wheel::options o;
+        o.tick = tick;
+        o.ticks_per_wheel = 16;
+        return std::make_unique<wheel>(std::move(o));
+    }
+    static void drive(wheel& w) { w.advance(mc::now()); }
+};
+
+struct hierarchical {
+    using wheel = delayq::hierarchical_timing_wheel<mc>;
+    static constexpr const char* name = "hierarchical_timing_wheel";
+    static std::unique_ptr<wheel> make(dur tick) {
+        wheel::options o;
+        o.tick = tick;
+        o.wheel_size = 8;
+        o.own_thread = false;
+        return std::make_unique<wheel>(std::move(o));
+    }
+    static void drive(wheel& w) {
+        while (w.advance_clock(0ns)) {
+        }
+    }
+};
+
+// Runs f on another thread and waits up to `limit` for it. A deadlock cannot be undone: report it
+// and end the process, so that the suite fails instead of hanging.
+template <class F>
+void within(std::chrono::seconds limit, const char* what, F f) {
+    std::packaged_task<void()> job(std::move(f));
+    auto done = job.get_future();
+    std::thread t(std::move(job));
+    if (done.wait_for(limit) != std::future_status::ready) {
+        std::fprintf(stderr, "\n*** %s did not finish within %llds: deadlock\n", what,
+                     static_cast<long long>(limit.count()));
+        std::fflush(stderr);
+        std::_Exit(1);
+    }
+    t.join();
+    done.get();
+}
+
+// A record of the tasks that ran: (deadline, schedule order), and whether any ran early.
+struct journal {
+    std::vector<std::pair<tp, int>> ran;
+    int early = 0;
+};
+
+struct logged_task {
+    journal* j;
+    tp at;
+    int order;
+    void operator()() const {
+        if (mc::now() < at) ++j->early;
+        j->ran.emplace_back(at, order);
+    }
+};
+
+}  // namespace
+
+namespace {
+
+// Thread M stops the timer while its task sleeps; the task then calls stop() too.
+template <class Timer>
+void stop_from_task_while_stopping(const char* what) {
+    within(20s, what, [] {
+        typename Timer::options o;
+        o.tick = 1ms;
+        Timer t(std::move(o));
+        std::atomic<bool> started{false}, main_stops{false};
+        t.schedule(
+            [&] {
+                started = true;
+                while (!main_stops) std::this_thread::yield();
+                // Real time, on purpose: M must be inside stop(), joining, before this stop() runs;
+                // nothing observable says so. The fixed code passes whatever the order.
+                std::this_thread::sleep_for(100ms);
+                t.stop();
+            },
+            1ms);
+        REQUIRE(eventually([&] { return started.load(); }));
+        main_stops = true;
+        t.stop();
+    });
+}
+
+}  // namespace
+
+// Item 1. stop() on thread M joins the worker while holding the join mutex; a running task that
+// calls stop() used to block on that mutex before it checked whether it runs on the worker.
+TEST_CASE("reliability: stop() from a task while another thread stops the timer does not deadlock",
+          "[finding]") {
+    stop_from_task_while_stopping<delayq::hashed_wheel_timer<>>("hashed_wheel_timer::stop()");
+    stop_from_task_while_stopping<delayq::hierarchical_timing_wheel<>>(
+        "hierarchical_timing_wheel::stop()");
+}
+
+namespace {
+
+// A callable of `Size` bytes that owns a block: a refused schedule must leave the block with it.
+template <std::size_t Size>
+struct owning_task {
+    std::unique_ptr<int> block = std::make_unique<int>(7);
+    std::array<char, Size> padding{};
+    void operator()() const {}
+};
+
+// One thread schedules until refused; the main thread stops the timer meanwhile. Returns how many
+// refused tasks had lost their block (must be 0).
+template <class Timer, class Task>
+int refused_tasks_emptied(int rounds) {
+    int emptied = 0;
+    for (int r = 0; r < rounds; ++r) {
+        Timer t{typename Timer::options{}};
+        std::atomic<int> scheduled{0};
+        std::thread producer([&] {
+            for (;;) {
+                Task task;
+                try {
+                    t.schedule(std::move(task), 1h);
+                    ++scheduled;
+                } catch (const delayq::rejected_error&) {
+                    if (!task.block) ++emptied;
+                    return;
+                }
+            }
+        });
+        while (scheduled.load() < 1 + r % 64) std::this_thread::yield();
+        t.stop();
+        producer.join();
+    }
+    return emptied;
+}
+
+}  // namespace
+
+// Item 5. A callable too large for the node pool was moved into its node before the "stopped"
+// check, so a schedule racing stop() destroyed the task it then refused. (The hierarchical wheel
+// did the same for every callable.)
+TEST_CASE("reliability: a schedule refused because stop() raced it leaves the task untouched",
+          "[finding]") {
+    CHECK(refused_tasks_emptied<delayq::hashed_wheel_timer<mc>, owning_task<512>>(300) == 0);
+    CHECK(refused_tasks_emptied<delayq::hashed_wheel_timer<mc>, owning_task<8>>(100) == 0);
+    CHECK(refused_tasks_emptied<delayq::hierarchical_timing_wheel<mc>, owning_task<8>>(300) == 0);
+    CHECK(refused_tasks_emptied<delayq::hierarchical_timing_wheel<mc>, owning_task<512>>(100) == 0);
+}
+
+// Item 3. Expiry may need memory (the hierarchical wheel's run list, its queue of buckets, a
+// level). Out of memory there must be an exception that leaves the wheel whole, never
+// std::terminate: after the failure the same pass can be repeated, and every task runs once.
+TEMPLATE_TEST_CASE("reliability: an allocation that fails during expiry leaves the wheel whole",
+                   "[finding]", hashed, hierarchical) {
+    using W = TestType;
+    constexpr int tasks = 400;
+    bool failed_once = true;
+    for (long k = 0; failed_once && k < 200; ++k) {
+        mc::set(tp{1h});
+        auto w = W::make(1ms);
+        journal j;
+        j.ran.reserve(tasks);  // the tasks themselves must not allocate under the failure
+        std::vector<handle> hs;
+        std::mt19937 rng(static_cast<unsigned>(k));
+        for (int i = 0; i < tasks; ++i) {
+            const tp at = mc::now() +
+                          dur(std::uniform_int_distribution<std::int64_t>(0, 20'000'000'000)(rng));
+            hs.push_back(w->schedule_at(logged_task{&j, at, i}, at));
+        }
+        // Some passes on time, then a late one past every deadline, each under the failure.
+        failed_once = false;
+        for (dur step : {dur(3ms), dur(500ms), dur(7s), dur(30s)}) {
+            mc::advance(step);
+            delayq::test::allocations_before_failure = k;
+            try {
+                W::drive(*w);
+            } catch (const std::bad_alloc&) {
+                failed_once = true;
+            }
+            delayq::test::allocations_before_failure = -1;
+        }
+        W::drive(*w);
+        CHECK(j.early == 0);
+        REQUIRE(j.ran.size() == static_cast<std::size_t>(tasks));
+        CHECK(w->pending() == 0);
+        for (const auto& h : hs) CHECK(h.expired());
+    }
+    mc::reset();
+}
+
+// Item 3, the other end: a schedule whose allocation fails schedules nothing.
+TEMPLATE_TEST_CASE("reliability: a schedule whose allocation fails changes nothing", "[finding]",
+                   hashed, hierarchical) {
+    using W = TestType;
+    mc::set(tp{1h});
+    auto w = W::make(1ms);
+    journal j;
+    std::size_t expected = 0;
+    for (int i = 0; i < 3000; ++i) {
+        const tp at = mc::now() + dur(static_cast<std::int64_t>(i) * 7'919'000 % 50'000'000'000);
+        delayq::test::allocations_before_failure = i % 3;
+        try {
+            w->schedule_at(logged_task{&j, at, i}, at);
+            ++expected;
+        } catch (const std::bad_alloc&) {
+        }
+        delayq::test::allocations_before_failure = -1;
+        CHECK(w->pending() == expected);
+    }
+    mc::advance(60s);
+    W::drive(*w);
+    CHECK(j.ran.size() == expected);
+    CHECK(j.early == 0);
+    mc::reset();
+}
+
+// Item 6. Driven late, every task that is due runs in one pass, in deadline order, first in first
+// out among equal deadlines: the heap's order, in both wheels.
+TEMPLATE_TEST_CASE(
+    "reliability: a late pass runs due tasks in deadline order, first in first out among equals",
+    "[finding]", hashed, hierarchical) {
+    using W = TestType;
+    mc::set(tp{1h});
+    auto w = W::make(1ms);
+    journal j;
+    std::mt19937 rng(11);
+    const tp start = mc::now();
+    constexpr int tasks = 3000;
+    for (int i = 0; i < tasks; ++i) {
+        // 50 µs steps over 600 ms: many equal deadlines, spread over buckets and levels
+        const tp at = start + std::chrono::microseconds(
+                                  50 * std::uniform_int_distribution<int>(0, 12'000)(rng));
+        w->schedule_at(logged_task{&j, at, i}, at);
+    }
+    mc::advance(250us);  // one pass on time, then the driver comes back 600 ms late
+    W::drive(*w);
+    mc::advance(600ms);
+    const std::size_t before = j.ran.size();
+    W::drive(*w);
+    REQUIRE(j.ran.size() == static_cast<std::size_t>(tasks));
+    CHECK(j.early == 0);
+    CHECK(std::is_sorted(j.ran.begin() + static_cast<std::ptrdiff_t>(before), j.ran.end()));
+    CHECK(std::is_sorted(j.ran.begin(), j.ran.end()));
+    mc::reset();
+}
+
+// Item 7. A task due at time_point::max() runs once the clock reads time_point::max(), on the
+// threaded timers as on the thread-free ones (the worker used to sleep with no deadline and never
+// saw manual_clock reach it).
+TEST_CASE(
+    "reliability: a task due at time_point::max() runs when the clock gets there, threaded too",
+    "[finding]") {
+    mc::set(tp{1h});
+    {
+        delayq::hashed_wheel_timer<mc> t{delayq::hashed_wheel_options<mc>{}};
+        std::atomic<int> ran{0};
+        t.schedule_at([&] { ++ran; }, tp::max());
+        REQUIRE(eventually([] { return mc::sleepers() >= 1; }));
+        mc::set(tp::max());
+        CHECK(eventually([&] { return ran.load() == 1; }, 5s));
+        t.stop();
+    }
+    mc::set(tp{1h});
+    {
+        delayq::hierarchical_timing_wheel<mc> t{delayq::hierarchical_timing_wheel<mc>::options{}};
+        std::atomic<int> ran{0};
+        t.schedule_at([&] { ++ran; }, tp::max());
+        REQUIRE(eventually([] { return mc::sleepers() >= 1; }));
+        mc::set(tp::max());
+        CHECK(eventually([&] { return ran.load() == 1; }, 5s));
+        t.stop();
+    }
+    auto thread_free = [](auto wheel_type) {
+        using W = decltype(wheel_type);
+        INFO(W::name);
+        mc::set(tp{1h});
+        journal j;
+        auto w = W::make(1ms);
+        w->schedule_at(logged_task{&j, tp::max(), 0}, tp::max());
+        mc::set(tp::max() - 1ns);
+        W::drive(*w);
+        CHECK(j.ran.empty());
+        mc::set(tp::max());
+        W::drive(*w);
+        CHECK(j.ran.size() == 1);
+        CHECK(j.early == 0);
+    };
+    thread_free(hashed{});
+    thread_free(hierarchical{});
+    mc::reset();
+}
+
+// Item 9. The clock going backwards (manual_clock::set to an earlier time; system_clock under an
+// NTP step): nothing runs early by the clock as it reads, nothing is lost, what is due runs once
+// the clock comes back. A worked case, then a random walk.
+TEMPLATE_TEST_CASE("reliability: the clock going backwards: never early, nothing lost", "[finding]",
+                   hashed, hierarchical) {
+    using W = TestType;
+    const tp t0{1h};
+    mc::set(t0);
+    auto w = W::make(1ms);
+    journal j;
+    auto at = [&](dur d) { return t0 + d; };
+    auto put = [&](dur d, int id) { w->schedule_at(logged_task{&j, at(d), id}, at(d)); };
+    put(10ms, 0);
+    put(20ms, 1);
+    mc::set(at(15ms));
+    W::drive(*w);
+    REQUIRE(j.ran.size() == 1);  // 0
+    mc::set(at(5ms));            // back by 10 ms
+    put(8ms, 2);                 // behind where the wheel has been, ahead of the clock
+    put(12ms, 3);
+    put(1ms, 4);  // due
+    W::drive(*w);
+    CHECK(j.ran.size() == 2);  // 4 only
+    mc::set(at(9ms));
+    W::drive(*w);
+    CHECK(j.ran.size() == 3);  // 2
+    mc::set(at(25ms));
+    W::drive(*w);
+    CHECK(j.ran.size() == 5);  // 3, 1
+    CHECK(j.early == 0);
+
+    // A random walk with backward steps of every size.
+    std::mt19937_64 rng(5);
+    int next_id = 5;
+    for (int step = 0; step < 4000; ++step) {
+        const auto r = rng() % 10;
+        if (r < 5) {
+            const auto off = static_cast<std::int64_t>(rng() % 40'000'000) - 10'000'000;
+            const tp d = mc::now() + dur(off);
+            w->schedule_at(logged_task{&j, d, next_id++}, d);
+        } else if (r < 8) {
+            mc::set(mc::now() + dur(static_cast<std::int64_t>(rng() % 3'000'000)));
+            W::drive(*w);
+        } else {
+            mc::set(std::max(t0, mc::now() - dur(static_cast<std::int64_t>(rng() % 30'000'000))));
+            W::drive(*w);
+        }
+        REQUIRE(j.early == 0);
+    }
+    mc::set(mc::now() + 1s);
+    W::drive(*w);
+    CHECK(j.ran.size() == static_cast<std::size_t>(next_id));
+    CHECK(w->pending() == 0);
+    CHECK(j.early == 0);
+    mc::reset();
+}
+
+// Item 9 on the threaded timers: the worker goes back to sleep on the right deadline after the
+// clock stepped back, and runs nothing early.
+TEST_CASE("reliability: threaded timers and a clock stepping backwards", "[finding]") {
+    const tp t0{1h};
+    auto scenario = [&](auto& t) {
+        std::atomic<int> early{0}, ran{0};
+        auto task = [&](tp at) {
+            return [&, at] {
+                if (mc::now() < at) ++early;
+                ++ran;
+            };
+        };
+        t.schedule_at(task(t0 + 10ms), t0 + 10ms);
+        t.schedule_at(task(t0 + 40ms), t0 + 40ms);
+        mc::set(t0 + 20ms);
+        REQUIRE(eventually([&] { return ran.load() == 1; }));
+        mc::set(t0 + 5ms);  // back
+        t.schedule_at(task(t0 + 8ms), t0 + 8ms);
+        t.schedule_at(task(t0 + 30ms), t0 + 30ms);
+        mc::set(t0 + 9ms);
+        REQUIRE(eventually([&] { return ran.load() == 2; }));
+        mc::set(t0 + 50ms);
+        CHECK(eventually([&] { return ran.load() == 4; }));
+        CHECK(early.load() == 0);
+    };
+    mc::set(t0);
+    {
+        delayq::hashed_wheel_options<mc> o;
+        o.tick = 1ms;
+        delayq::hashed_wheel_timer<mc> t(std::move(o));
+        scenario(t);
+    }
+    mc::set(t0);
+    {
+        delayq::hierarchical_timing_wheel<mc>::options o;
+        o.tick = 1ms;
+        delayq::hierarchical_timing_wheel<mc> t(std::move(o));
+        scenario(t);
+    }
+    mc::reset();
+}
