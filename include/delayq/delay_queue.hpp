@@ -49,6 +49,7 @@
 #include <vector>
 
 #include "delayed.hpp"
+#include "detail/spin_lock.hpp"
 #include "detail/time.hpp"
 #include "detail/wait.hpp"
 
@@ -59,8 +60,9 @@ namespace detail {
 // T from args: with parentheses, or with braces for an aggregate such as delayed<V> (clang 14 has
 // no parenthesized aggregate initialization).
 template <class T, class... A>
-concept constructible =
-    std::is_constructible_v<T, A...> || requires(A&&... a) { T{std::forward<A>(a)...}; };
+concept constructible = std::is_constructible_v<T, A...> || requires(A&&... a) {
+    T{std::forward<A>(a)...};
+};
 
 template <class T, class... A>
 T construct(A&&... args) {
@@ -74,9 +76,9 @@ T construct(A&&... args) {
 }  // namespace detail
 
 template <class T, class Clock = std::chrono::steady_clock>
-    requires Delayed<T, Clock>
+requires Delayed<T, Clock>
 class delay_queue {
-public:
+  public:
     using value_type = T;
     using clock = Clock;
     using time_point = typename Clock::time_point;
@@ -92,11 +94,12 @@ public:
 
     /// Constructs an element in place from args. Returns false once the queue is closed.
     template <class... A>
-        requires detail::constructible<T, A...>
+    requires detail::constructible<T, A...>
     bool emplace(A&&... args) {
-        std::unique_lock lk(m_);
+        std::unique_lock lk = lock();
         if (closed_) return false;
-        if (heap_.size() == heap_.capacity()) heap_.reserve(std::max<std::size_t>(16, 2 * heap_.size()));
+        if (heap_.size() == heap_.capacity())
+            heap_.reserve(std::max<std::size_t>(16, 2 * heap_.size()));
         heap_.emplace_back(seq_, std::forward<A>(args)...);  // strong: capacity is there
         ++seq_;
         if (sift_up(heap_.size() - 1) == 0) {
@@ -126,7 +129,7 @@ public:
     /// The head if its deadline is at or before `now` (a reading of Clock the caller took once,
     /// e.g. for a batch of polls), else nullopt. Never blocks.
     std::optional<T> poll(time_point now) {
-        std::unique_lock lk(m_);
+        std::unique_lock lk = lock();
         if (heap_.empty() || now < heap_.front().at) return std::nullopt;
         return pop_front();
     }
@@ -139,9 +142,7 @@ public:
     }
 
     /// A copy of the head, due or not.
-    std::optional<T> peek() const
-        requires std::is_copy_constructible_v<T>
-    {
+    std::optional<T> peek() const requires std::is_copy_constructible_v<T> {
         std::unique_lock lk(m_);
         if (heap_.empty()) return std::nullopt;
         return std::optional<T>(std::in_place, value(heap_.front()));
@@ -192,7 +193,8 @@ public:
             }
         }
         heap_.erase(heap_.begin() + static_cast<std::ptrdiff_t>(keep), heap_.end());
-        std::make_heap(heap_.begin(), heap_.end(), [](const entry& a, const entry& b) { return before(b, a); });
+        std::make_heap(heap_.begin(), heap_.end(),
+                       [](const entry& a, const entry& b) { return before(b, a); });
         if (head_removed) depose_leader();
         return count;
     }
@@ -254,7 +256,7 @@ public:
         return closed_;
     }
 
-private:
+  private:
     // Sifting moves elements, so it must not throw: elements whose move may throw are boxed.
     static constexpr bool in_place =
         std::is_nothrow_move_constructible_v<T> && std::is_nothrow_move_assignable_v<T>;
@@ -285,12 +287,26 @@ private:
             }
         }
         T& get() noexcept {
-            if constexpr (in_place) return v; else return *v;
+            if constexpr (in_place)
+                return v;
+            else
+                return *v;
         }
         const T& get() const noexcept {
-            if constexpr (in_place) return v; else return *v;
+            if constexpr (in_place)
+                return v;
+            else
+                return *v;
         }
     };
+
+    // The lock, for put, poll and take: held for a sift of the heap, so a thread that finds it
+    // taken tries again with backoff before it sleeps in the kernel (detail/spin_lock.hpp): two
+    // threads putting at once then cost about what one does, rather than a futex sleep per put.
+    std::unique_lock<std::mutex> lock() const {
+        detail::lock_with_backoff(m_);
+        return std::unique_lock<std::mutex>(m_, std::adopt_lock);
+    }
 
     static T& value(entry& e) noexcept { return e.get(); }
     static const T& value(const entry& e) noexcept { return e.get(); }
@@ -401,7 +417,7 @@ private:
     }
 
     std::optional<T> take_impl(std::stop_token stop, const time_point* limit) {
-        std::unique_lock lk(m_);
+        std::unique_lock lk = lock();
         const char self = 0;  // identifies this call as the leader
         // However this call ends, a return or an exception out of sleep(), it no longer leads; and
         // whoever leaves with no leader in place and elements still held hands the lead on.

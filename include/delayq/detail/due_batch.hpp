@@ -24,6 +24,7 @@
 #include <new>
 #include <vector>
 
+#include "huge_pages.hpp"
 #include "timer_node.hpp"
 
 namespace delayq::detail {
@@ -100,8 +101,8 @@ class due_batch {
     void clear() noexcept {
         constexpr std::size_t keep = std::size_t{1} << 14;
         if (recs_.capacity() > keep) {
-            std::vector<rec>().swap(recs_);
-            std::vector<rec>().swap(tmp_);
+            decltype(recs_)().swap(recs_);
+            decltype(tmp_)().swap(tmp_);
         } else {
             recs_.clear();
         }
@@ -152,26 +153,31 @@ class due_batch {
             hi = std::max(hi, r.key);
         }
         for (rec& r : recs_) r.key -= lo;
-        constexpr unsigned digit = 11;
-        constexpr std::size_t radix = std::size_t{1} << digit;
-        const unsigned bits = static_cast<unsigned>(std::bit_width(hi - lo));
-        rec* from = recs_.data();
-        rec* to = tmp_.data();
-        std::size_t counts[radix];
-        for (unsigned shift = 0; shift < bits; shift += digit) {
-            std::fill(std::begin(counts), std::end(counts), std::size_t{0});
-            for (std::size_t i = 0; i < n; ++i) ++counts[(from[i].key >> shift) & (radix - 1)];
-            std::size_t sum = 0;
-            for (std::size_t& c : counts) {
-                const std::size_t k = c;
-                c = sum;
-                sum += k;
+        const auto bits = static_cast<unsigned>(std::bit_width(hi - lo));
+        if (n < 4096 || bits <= 16) {
+            if (lsd(recs_.data(), tmp_.data(), n, bits) != recs_.data())
+                std::copy(tmp_.begin(), tmp_.begin() + static_cast<std::ptrdiff_t>(n),
+                          recs_.begin());
+        } else {
+            // Most significant digit first, into tmp_: 2048 bins whose ranges are sorted apart;
+            // then each bin, small enough to stay in cache, by its remaining digits.
+            const unsigned shift = bits - top_digit;
+            std::size_t bounds[top_radix + 1] = {};
+            for (std::size_t i = 0; i < n; ++i) ++bounds[(recs_[i].key >> shift) + 1];
+            for (std::size_t d = 0; d < top_radix; ++d) bounds[d + 1] += bounds[d];
+            std::size_t at[top_radix];
+            std::copy(bounds, bounds + top_radix, at);
+            for (std::size_t i = 0; i < n; ++i) tmp_[at[recs_[i].key >> shift]++] = recs_[i];
+            for (std::size_t d = 0; d < top_radix; ++d) {
+                const std::size_t b = bounds[d], e = bounds[d + 1];
+                if (e - b > 1 &&
+                    lsd(tmp_.data() + b, recs_.data() + b, e - b, shift) != tmp_.data() + b)
+                    std::copy(recs_.begin() + static_cast<std::ptrdiff_t>(b),
+                              recs_.begin() + static_cast<std::ptrdiff_t>(e),
+                              tmp_.begin() + static_cast<std::ptrdiff_t>(b));
             }
-            for (std::size_t i = 0; i < n; ++i)
-                to[counts[(from[i].key >> shift) & (radix - 1)]++] = from[i];
-            std::swap(from, to);
+            recs_.swap(tmp_);
         }
-        if (from != recs_.data()) std::copy(from, from + n, recs_.data());
         // equal deadlines: sequence order (the radix passes kept the input order, which a bucket's
         // lanes and a hierarchical wheel's levels do not make the schedule order)
         for (std::size_t i = 0; i < n;) {
@@ -187,6 +193,31 @@ class due_batch {
             i = j;
         }
         return true;
+    }
+
+    static constexpr unsigned top_digit = 11;
+    static constexpr std::size_t top_radix = std::size_t{1} << top_digit;
+
+    // Least significant digit first, 8 bits a pass, over the low `bits` bits of the keys of
+    // a[0..n), ping-ponging with `scratch`; stable. Returns where the sorted records are.
+    static rec* lsd(rec* a, rec* scratch, std::size_t n, unsigned bits) noexcept {
+        constexpr unsigned digit = 8;
+        constexpr std::size_t radix = std::size_t{1} << digit;
+        std::size_t counts[radix];
+        for (unsigned shift = 0; shift < bits; shift += digit) {
+            std::fill(std::begin(counts), std::end(counts), std::size_t{0});
+            for (std::size_t i = 0; i < n; ++i) ++counts[(a[i].key >> shift) & (radix - 1)];
+            std::size_t sum = 0;
+            for (std::size_t& c : counts) {
+                const std::size_t k = c;
+                c = sum;
+                sum += k;
+            }
+            for (std::size_t i = 0; i < n; ++i)
+                scratch[counts[(a[i].key >> shift) & (radix - 1)]++] = a[i];
+            std::swap(a, scratch);
+        }
+        return a;
     }
 
     // Sorts a chain of n nodes by (deadline, seq), through `next`; no allocation.
@@ -217,8 +248,8 @@ class due_batch {
         return out;
     }
 
-    std::vector<rec> recs_;
-    std::vector<rec> tmp_;
+    std::vector<rec, huge_page_allocator<rec>> recs_;
+    std::vector<rec, huge_page_allocator<rec>> tmp_;
     node_links* chain_ = nullptr;  // the batch when it could not be put in an array
     std::size_t count_ = 0;
     bool in_array_ = true;

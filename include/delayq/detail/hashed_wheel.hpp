@@ -16,13 +16,15 @@
 // whose slot is already behind the cursor (a deadline in the past), or before the origin (a clock
 // that went back that far), goes to a separate `due` list that every expire() checks by deadline.
 //
-// Invariant: a node is in a bucket exactly when slot(deadline) >= cursor and deadline >= origin
-// (the cursor passes a slot only after taking out all of its nodes, and never moves back), else in
-// `due`. So unlink() finds a node's list from its deadline, with no tag in the node.
+// Lists are circular with a sentinel, so unlink() needs only the node. A bucket's bit in the bitmap
+// and its bounds (min, max) may outlive its last node when that node is unlinked: the next pass
+// over the bucket finds it empty and clears them. So cancel touches nothing but the node and its
+// neighbours; an emptied bucket costs at most one early wake-up.
 //
 // next_expiry() is when the next expire() will have work: the boundary of the earliest non-empty
 // slot (or a past time when the due list holds something). A bitmap of non-empty buckets lets it
-// and expire() skip empty buckets, so an idle ring costs nothing and a sparse one little.
+// and expire() skip empty buckets, so an idle ring costs nothing and a sparse one little. A bucket
+// whose nodes are all due (its max <= the pass's limit, the usual case) is emptied whole.
 //
 // Arithmetic is done in Clock::rep with 128-bit intermediates where it could overflow, so deadlines
 // anywhere on the time line (time_point::max() included) are placed correctly.
@@ -76,44 +78,35 @@ class hashed_wheel_ring {
     std::size_t buckets() const noexcept { return mask_ + 1; }
     duration tick() const noexcept { return duration{tick_}; }
 
-    /// Nothing to prepare: linking never allocates.
-    void prepare(time_point) noexcept {}
+    /// Where a node due at `deadline` goes: its slot. Never allocates.
+    std::uint64_t prepare(time_point deadline) const noexcept {
+        return slot(deadline.time_since_epoch().count());
+    }
 
-    /// Links n (not in the ring) by its deadline. Returns when it comes out: the boundary of its
-    /// slot, or its deadline if that slot is already behind the cursor.
-    time_point link(node* n) noexcept {
+    /// Links n (not in the ring) at its slot `s` (prepare(n->deadline)). Returns whether it comes
+    /// out before `wake_by` (time_point::min(): nobody waits; then false, and nothing computed).
+    bool link(node* n, std::uint64_t s, time_point wake_by) noexcept {
         const rep d = n->deadline.time_since_epoch().count();
-        const std::uint64_t s = slot(d);
         ++size_;
         if (in_due(d, s)) {
             due_.push_back(n);
             if (d < due_min_) due_min_ = d;
-            return n->deadline;
+            return n->deadline < wake_by;
         }
         const std::size_t b = static_cast<std::size_t>(s) & mask_;
         bucket& k = buckets_[b];
-        if (k.count++ == 0) bits_[b >> 6] |= std::uint64_t{1} << (b & 63);
+        bits_[b >> 6] |= std::uint64_t{1} << (b & 63);
         k.nodes.push_back(n);
         if (d < k.min) k.min = d;
-        return boundary(s);
+        if (d > k.max) k.max = d;
+        return wake_by != time_point::min() && boundary(s) < wake_by;
     }
 
-    /// Unlinks n, which this ring holds. O(1).
+    /// Unlinks n, which this ring holds. O(1): the bucket is not touched (its bit, and its bounds,
+    /// may stay behind: a pass clears them).
     void unlink(node* n) noexcept {
         node_list::unlink(n);
         --size_;
-        const rep d = n->deadline.time_since_epoch().count();
-        const std::uint64_t s = slot(d);
-        if (in_due(d, s)) {
-            if (due_.empty()) due_min_ = never;
-            return;
-        }
-        const std::size_t b = static_cast<std::size_t>(s) & mask_;
-        bucket& k = buckets_[b];
-        if (--k.count == 0) {
-            k.min = never;
-            bits_[b >> 6] &= ~(std::uint64_t{1} << (b & 63));
-        }
     }
 
     /// Unlinks every node due at `now` and hands each to sink(node*), in no particular order;
@@ -123,7 +116,6 @@ class hashed_wheel_ring {
         const rep now = now_tp.time_since_epoch().count();
         std::size_t count = 0;
         auto out = [&](node_links* n) {
-            node_list::unlink(n);
             sink(node::of(n));
             ++count;
         };
@@ -133,6 +125,7 @@ class hashed_wheel_ring {
                 node_links* next = l->next;
                 const rep d = node::of(l)->deadline.time_since_epoch().count();
                 if (d <= now) {
+                    node_list::unlink(l);
                     out(l);
                 } else if (d < lo) {
                     lo = d;
@@ -157,18 +150,24 @@ class hashed_wheel_ring {
                         const std::size_t b = (start + i) & mask_;
                         bucket& k = buckets_[b];
                         if (k.min > limit) continue;
-                        rep lo = never;
-                        k.nodes.for_each([&](node_links* l) {
-                            const rep d = node::of(l)->deadline.time_since_epoch().count();
-                            if (d <= limit) {
-                                out(l);
-                                --k.count;
-                            } else if (d < lo) {
-                                lo = d;
-                            }
-                        });
-                        k.min = lo;
-                        if (k.count == 0) bits_[b >> 6] &= ~(std::uint64_t{1} << (b & 63));
+                        if (k.max <= limit) {
+                            k.nodes.drain(out);  // all due: no unlinking one by one
+                        } else {
+                            rep lo = never, hi = std::numeric_limits<rep>::min();
+                            k.nodes.for_each([&](node_links* l) {
+                                const rep d = node::of(l)->deadline.time_since_epoch().count();
+                                if (d <= limit) {
+                                    node_list::unlink(l);
+                                    out(l);
+                                } else {
+                                    lo = std::min(lo, d);
+                                    hi = std::max(hi, d);
+                                }
+                            });
+                            k.min = lo;
+                            k.max = hi;
+                        }
+                        if (k.nodes.empty()) clear(k, b);
                     }
                 }
                 cursor_ = t + 1;
@@ -201,11 +200,10 @@ class hashed_wheel_ring {
     node_links* take_all() noexcept {
         node_links* chain = due_.detach_onto(nullptr);
         due_min_ = never;
-        for (auto& k : buckets_) {
-            if (k.count == 0) continue;
-            chain = k.nodes.detach_onto(chain);
-            k.count = 0;
-            k.min = never;
+        for (std::size_t b = 0; b < buckets_.size(); ++b) {
+            if (!(bits_[b >> 6] >> (b & 63) & 1)) continue;
+            chain = buckets_[b].nodes.detach_onto(chain);
+            clear(buckets_[b], b);
         }
         std::fill(bits_.begin(), bits_.end(), 0);
         size_ = 0;
@@ -222,9 +220,15 @@ class hashed_wheel_ring {
 
     struct bucket {
         laned_list<8> nodes;
-        std::size_t count = 0;
-        rep min = never;  // a lower bound of the deadlines held (exact after a pass)
+        rep min = never;  // bounds of the deadlines held (exact after a pass)
+        rep max = std::numeric_limits<rep>::min();
     };
+
+    void clear(bucket& k, std::size_t b) noexcept {
+        k.min = never;
+        k.max = std::numeric_limits<rep>::min();
+        bits_[b >> 6] &= ~(std::uint64_t{1} << (b & 63));
+    }
 
     // The first tick whose boundary is at or after d.
     std::uint64_t slot(rep d) const noexcept {

@@ -3,8 +3,9 @@
 // The idea. Blocks up to 256 bytes come from slabs of 64 KiB cut into slots of a few sizes
 // (multiples of 16 bytes), so a node with a small capture costs exactly its size (48 B) instead of
 // malloc's 64, and allocating is a pop from a list, done under the timer's lock. A slab's first
-// bytes point back to its pool, so a block finds its pool from its own address. Larger blocks come
-// from operator new with a 16-byte prefix that points back to the pool.
+// bytes point back to its pool, so a block finds its pool from its own address. Slabs are cut from
+// regions: 64 KiB ones at first, huge pages once the pool is large (see new_slab()). Larger blocks
+// come from operator new with a 16-byte prefix that points back to the pool.
 //
 // Freeing. The owner frees under its lock onto a local list (free_local). Anyone else (a handle
 // dropping the last reference, on any thread) pushes the block onto a lock-free list per size
@@ -26,6 +27,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <new>
+
+#include "huge_pages.hpp"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define DELAYQ_POOL_ASAN 1
@@ -60,11 +63,12 @@ class node_pool {
     node_pool& operator=(const node_pool&) = delete;
     ~node_pool() {
         drop_large(take(large_remote_));  // small blocks go with their slabs
-        while (slabs_) {
-            header* h = slabs_;
-            slabs_ = h->next;
-            unpoison(h, slab_bytes);
-            ::operator delete (static_cast<void*>(h), std::align_val_t{slab_bytes});
+        while (regions_) {
+            header* h = regions_;
+            regions_ = h->next_region;
+            const std::size_t bytes = h->region_bytes;
+            unpoison(h, bytes);
+            deallocate_region(h, bytes);
         }
     }
 
@@ -81,11 +85,9 @@ class node_pool {
         }
         const std::size_t bytes = c * granule;
         if (static_cast<std::size_t>(k.end - k.bump) < bytes) {
-            void* mem = ::operator new (slab_bytes, std::align_val_t{slab_bytes});
-            auto* h = ::new (mem) header{this, slabs_};
-            slabs_ = h;
-            k.bump = static_cast<char*>(mem) + sizeof(header);
-            k.end = static_cast<char*>(mem) + slab_bytes;
+            char* slab = new_slab();
+            k.bump = slab + sizeof(header);
+            k.end = slab + slab_bytes;
         }
         void* p = k.bump;
         k.bump += bytes;
@@ -153,10 +155,35 @@ class node_pool {
     struct slot {
         slot* next;
     };
+    // At the start of every slab; the region fields only in a region's first slab.
     struct alignas(64) header {
         node_pool* pool;
-        header* next;
+        header* next_region;
+        std::size_t region_bytes;
     };
+
+    // A slab for a size class: the next one of the current region, or the first of a new region.
+    // The first regions are one slab each, so that a small timer costs a few KiB; once the pool
+    // holds a few MiB, regions are huge pages (2 MiB), so that walking a million nodes does not
+    // miss the TLB on nearly every node (that, not the cache, was what a large flush waited for).
+    char* new_slab() {
+        if (region_next_ == region_end_) {
+            const std::size_t bytes = region_count_ < small_regions ? slab_bytes : huge_page_bytes;
+            auto* h = static_cast<header*>(allocate_region(bytes));
+            h->next_region = regions_;
+            h->region_bytes = bytes;
+            regions_ = h;
+            ++region_count_;
+            region_next_ = reinterpret_cast<char*>(h);
+            region_end_ = region_next_ + bytes;
+        }
+        char* slab = region_next_;
+        region_next_ += slab_bytes;
+        reinterpret_cast<header*>(slab)->pool = this;
+        return slab;
+    }
+
+    static constexpr std::size_t small_regions = 32;  // 2 MiB in 64 KiB regions, then huge pages
     struct cls {
         slot* local = nullptr;  // owner only
         char* bump = nullptr;   // the rest of the current slab for this size
@@ -243,7 +270,10 @@ class node_pool {
     cls classes_[max_slot / granule + 1];
     alignas(64) std::atomic<slot*> large_remote_{nullptr};  // freed large blocks
     std::atomic<std::int64_t> live_{0};                     // blocks out, once orphaned
-    header* slabs_ = nullptr;
+    header* regions_ = nullptr;
+    char* region_next_ = nullptr;  // the next unused slab of the newest region
+    char* region_end_ = nullptr;
+    std::size_t region_count_ = 0;
     std::size_t carved_ = 0;      // blocks ever cut from slabs
     std::size_t large_live_ = 0;  // large blocks allocated and not yet deleted by the owner
     void (*on_empty_)(void*);

@@ -20,6 +20,36 @@
 
 namespace delayq::detail {
 
+inline void spin_lock_pause() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#endif
+}
+
+/// How a thread waits for a lock that is taken: pauses that double from 1 to 64 (the holder is
+/// almost always about to let go, and a waiter that looks less often leaves it the cache line, so
+/// that it can take the lock again without a transfer: two threads then lose little to each
+/// other), then yields of its core (a holder that was preempted gets to run), then short sleeps.
+class backoff {
+  public:
+    void wait() noexcept {
+        if (n_ <= 64) {
+            for (unsigned i = 0; i < n_; ++i) spin_lock_pause();
+            n_ *= 2;
+        } else if (++yields_ < 256) {
+            std::this_thread::yield();
+        } else {
+            std::this_thread::sleep_for(std::chrono::microseconds(20));
+        }
+    }
+
+  private:
+    unsigned n_ = 1;
+    unsigned yields_ = 0;
+};
+
 class spin_lock {
   public:
     void lock() noexcept {
@@ -36,31 +66,26 @@ class spin_lock {
 
   private:
     [[gnu::noinline]] void wait_and_lock() noexcept {
-        for (unsigned round = 0;; ++round) {
-            // test before test-and-set: spinning on a read keeps the line shared, not bouncing
-            while (locked_.load(std::memory_order_relaxed)) {
-                if (round < 64) {
-                    pause();
-                } else if (round < 1024) {
-                    std::this_thread::yield();
-                } else {
-                    std::this_thread::sleep_for(std::chrono::microseconds(20));
-                }
-                ++round;
-            }
-            if (!locked_.exchange(true, std::memory_order_acquire)) return;
-        }
-    }
-
-    static void pause() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
-#elif defined(__aarch64__)
-        asm volatile("yield");
-#endif
+        backoff b;
+        do {
+            // test before test-and-set: waiting on a read keeps the line shared, not bouncing
+            while (locked_.load(std::memory_order_relaxed)) b.wait();
+        } while (locked_.exchange(true, std::memory_order_acquire));
     }
 
     std::atomic<bool> locked_{false};
 };
+
+/// Locks a mutex whose holders hold it briefly: tries with backoff before blocking, so that two
+/// threads contending do not put each other to sleep in the kernel at every turn.
+template <class Mutex>
+void lock_with_backoff(Mutex& m) {
+    backoff b;
+    for (int i = 0; i < 10; ++i) {
+        if (m.try_lock()) return;
+        b.wait();
+    }
+    m.lock();
+}
 
 }  // namespace delayq::detail

@@ -133,18 +133,20 @@ class timing_wheel {
 
     std::size_t size() const noexcept { return size_; }
 
-    /// Creates the levels a node due at `deadline` needs. Throws std::bad_alloc; then nothing
-    /// visible has changed.
-    void prepare(time_point deadline) {
+    /// Where a node due at `deadline` goes (its tick), creating the levels it needs. Throws
+    /// std::bad_alloc; then nothing visible has changed.
+    std::uint64_t prepare(time_point deadline) {
         const std::uint64_t u = to_ticks(deadline);
         while (u >= sat_add_u64(levels_.back().current, levels_.back().interval)) add_level();
+        return u;
     }
 
-    /// Links n (not in the wheel; prepare()d for its deadline). Returns when it comes out at the
-    /// earliest: its bucket's expiry, or its deadline when overdue.
-    time_point link(node* n) noexcept {
+    /// Links n (not in the wheel) at its tick `u` (prepare(n->deadline)). Returns whether its
+    /// list comes out before `wake_by` (time_point::min(): nobody waits; then false).
+    bool link(node* n, std::uint64_t u, time_point wake_by) noexcept {
         ++size_;
-        return place(n, to_ticks(n->deadline));
+        const time_point when = place(n, u);
+        return when < wake_by;
     }
 
     /// Unlinks n, which this wheel holds. O(1).

@@ -92,7 +92,7 @@ class wheel_core final : public timer_core<Clock> {
             if (stopped_) throw rejected_error("delayq: timer is stopped");
             if (max_pending_ != 0 && pending_ >= max_pending_)
                 throw rejected_error("delayq: max_pending reached");
-            ring_.prepare(deadline);
+            const auto where = ring_.prepare(deadline);
             void* mem = this->pool_.allocate(sizeof(block), alignof(block));
             block* b;
             try {
@@ -104,9 +104,8 @@ class wheel_core final : public timer_core<Clock> {
             b->init(&block::table, deadline, seq_++, 2);  // the timer's reference and the handle's
             n = b;
             ++pending_;
-            const time_point when = ring_.link(n);
-            wake = when < wake_at_;
-            if (wake) wake_at_ = when;
+            wake = ring_.link(n, where, wake_at_);
+            if (wake) wake_at_ = deadline;  // the sleepers will look again: no need to notify twice
         }
         if (wake) wake_drivers();
         return timeout<Clock>(n, this);
