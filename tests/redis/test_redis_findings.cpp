@@ -1,5 +1,6 @@
 // Defects found in delayq::redis::delay_queue by review and fault injection (issue 10, items
 // 11-14), each with the test that failed (or showed the wrong behaviour) before its fix.
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <delayq/redis/delay_queue.hpp>
@@ -209,4 +210,35 @@ TEST_CASE(
     REQUIRE(again);
     CHECK(again->payload == "retry after the ack");
     CHECK(q.ack(*again));
+}
+
+TEST_CASE("take(0) in four threads at once: none gives up while jobs are due", "[finding]") {
+    // Found while measuring: a take whose shard another thread of the object was looking at (its
+    // consume script in flight) returned nothing at once, although jobs were due: three of four
+    // `while (auto j = q.take(0ms)) q.ack(*j);` loops ended at the start and one did all the work.
+    redis_server srv;
+    delay_queue q(opts(srv));
+    constexpr int n = 2000;
+    const auto past = std::chrono::system_clock::time_point(std::chrono::hours(24));
+    std::vector<delay_queue::put_request> reqs;
+    std::vector<std::string> ids;
+    for (int i = 0; i < n; ++i) ids.push_back("j" + std::to_string(i));
+    for (const auto& id : ids) REQUIRE(q.put(id, "", past));
+    std::atomic<int> ready{0};
+    std::array<int, 4> took{};
+    std::vector<std::thread> ts;
+    for (int t = 0; t < 4; ++t)
+        ts.emplace_back([&, t] {
+            ++ready;
+            while (ready.load() < 4) {
+            }
+            while (auto j = q.take(0ms)) {
+                q.ack(*j);
+                ++took[static_cast<std::size_t>(t)];
+            }
+        });
+    for (auto& t : ts) t.join();
+    CHECK(took[0] + took[1] + took[2] + took[3] == n);
+    for (int k : took) CHECK(k > 0);
+    CHECK(q.size() == 0);
 }

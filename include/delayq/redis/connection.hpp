@@ -34,12 +34,14 @@
 #endif
 #include <poll.h>
 #include <sys/time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <exception>
 #include <memory>
@@ -222,6 +224,74 @@ class connection {
     std::vector<std::size_t> len_;
 };
 
+// Flat combining: threads hand in work items; one of them at a time, the leader, takes every item
+// handed in so far and runs them all at once, while the others sleep until theirs is done. A thread
+// that hands in an item while a batch runs leads the next batch, so batches grow with the number
+// of threads that wait. Item derives from combined.
+struct combined {
+    enum state : int { waiting, done, lead };
+
+    // Tells the waiting thread `what`, under the item's own lock: its thread cannot see the new
+    // state, return and destroy the item before this has let go of it (POSIX lets a mutex be
+    // destroyed right after another thread unlocked it).
+    void signal(state what) noexcept {
+        std::lock_guard lk(m);
+        st = what;
+        cv.notify_one();
+    }
+    // Waits for signal() and returns what it said.
+    state await() noexcept {
+        std::unique_lock lk(m);
+        cv.wait(lk, [&] { return st != waiting; });
+        return st;
+    }
+
+  private:
+    std::mutex m;
+    std::condition_variable cv;
+    state st = waiting;
+};
+
+template <class Item>
+class combiner {
+  public:
+    // Runs `item` in some batch: `run(std::vector<Item*>&)` (noexcept; it reports failures in the
+    // items) runs every batch. Returns when `item` has run.
+    template <class Run>
+    void submit(Item& item, Run&& run) {
+        bool lead = false;
+        {
+            std::lock_guard lk(m_);
+            queue_.push_back(&item);
+            lead = !std::exchange(busy_, true);
+        }
+        if (!lead && item.await() == combined::done) return;
+        std::vector<Item*> batch;  // its own: once the lock is let go, the next leader may start
+        {
+            std::lock_guard lk(m_);
+            batch.swap(queue_);
+        }
+        run(batch);
+        Item* next = nullptr;
+        {
+            std::lock_guard lk(m_);
+            if (queue_.empty())
+                busy_ = false;
+            else
+                next = queue_.front();
+        }
+        // Each is told alone, after the lock is let go: no thread wakes only to wait for the lock.
+        for (Item* x : batch)
+            if (x != &item) x->signal(combined::done);
+        if (next != nullptr) next->signal(combined::lead);
+    }
+
+  private:
+    std::mutex m_;
+    std::vector<Item*> queue_;
+    bool busy_ = false;
+};
+
 // One node's connection, shared by every thread of a queue object; see "The idea" above.
 class link {
   public:
@@ -237,35 +307,7 @@ class link {
     std::vector<reply_ptr> call(std::span<const command> cmds) {
         request r;
         r.cmds = cmds;
-        bool lead = false;
-        {
-            std::lock_guard lk(m_);
-            queue_.push_back(&r);
-            lead = !std::exchange(flushing_, true);
-        }
-        if (lead || r.await() == request::lead) {
-            // This thread flushes what is queued (its own request too), then hands the role to
-            // the first thread that queued meanwhile. The others are told one by one, after the
-            // lock is let go, so that no thread wakes up only to wait for the lock.
-            std::vector<request*>
-                batch;  // its own: once the lock is let go, another leader may start
-            {
-                std::lock_guard lk(m_);
-                batch.swap(queue_);
-            }
-            flush(batch);
-            request* next = nullptr;
-            {
-                std::lock_guard lk(m_);
-                if (queue_.empty())
-                    flushing_ = false;
-                else
-                    next = queue_.front();
-            }
-            for (request* x : batch)
-                if (x != &r) x->signal(request::done);
-            if (next != nullptr) next->signal(request::lead);
-        }
+        combiner_.submit(r, [this](std::vector<request*>& batch) { flush(batch); });
         if (!r.failure.empty()) {
             const std::string msg = "delayq::redis: " + name_of(cmds.front()) + r.failure;
             if (r.unsent) throw unsent_error(msg);
@@ -277,29 +319,11 @@ class link {
     reply_ptr call(command c) { return std::move(call(std::span<const command>(&c, 1)).front()); }
 
   private:
-    struct request {
-        enum state : int { waiting, telling, done, lead };
+    struct request : combined {
         std::span<const command> cmds;
         std::vector<reply_ptr> replies;
         std::string failure;  // the end of the error message; empty: it went through
         bool unsent = false;
-        std::atomic<int> st{waiting};
-
-        // Tells the waiting thread `what`. The object lives until its thread has seen the final
-        // state, which is stored last: nothing touches it after that.
-        void signal(state what) noexcept {
-            st.store(telling, std::memory_order_release);
-            st.notify_one();
-            st.store(what, std::memory_order_release);
-        }
-        // Waits for signal() and returns what it said.
-        state await() noexcept {
-            int s = waiting;
-            while ((s = st.load(std::memory_order_acquire)) == waiting)
-                st.wait(waiting, std::memory_order_acquire);
-            while ((s = st.load(std::memory_order_acquire)) == telling) std::this_thread::yield();
-            return static_cast<state>(s);
-        }
     };
 
     // Runs `batch` on the connection; the flusher alone touches conn_. Never throws: a failure
@@ -350,10 +374,8 @@ class link {
 
     endpoint at_;
     milliseconds io_timeout_;
-    std::mutex m_;
-    std::vector<request*> queue_;
-    bool flushing_ = false;
-    std::unique_ptr<connection> conn_;
+    combiner<request> combiner_;
+    std::unique_ptr<connection> conn_;  // the leader's alone
 };
 
 // A connection subscribed to one channel: where a queue object's waiting consumer listens for
@@ -368,20 +390,31 @@ class subscriber {
             throw error("delayq::redis: SUBSCRIBE: " + std::string(text_of(r.get())));
     }
 
-    // Waits until a message comes or `until` passes, and appends the payloads of the messages
-    // that came (possibly none) to `out`. Throws error when the connection fails.
-    void wait(std::chrono::steady_clock::time_point until, std::vector<std::string>& out) {
+    // Waits until a message comes, `until` passes or `poke` (a pipe's read end, or -1) becomes
+    // readable, and appends the payloads of the messages that came (possibly none) to `out`.
+    // Throws error when the connection fails.
+    void wait(std::chrono::steady_clock::time_point until, std::vector<std::string>& out,
+              int poke = -1) {
         if (take_buffered(out)) return;
         for (;;) {
             const auto left =
                 std::chrono::ceil<milliseconds>(until - std::chrono::steady_clock::now());
-            pollfd p{};
-            p.fd = conn_.fd();
-            p.events = POLLIN;
-            const int n = ::poll(
-                &p, 1, static_cast<int>(std::clamp<long long>(left.count(), 0, 1'000'000'000)));
+            std::array<pollfd, 2> p{};
+            p[0].fd = conn_.fd();
+            p[0].events = POLLIN;
+            p[1].fd = poke;  // poll ignores a negative fd
+            p[1].events = POLLIN;
+            const int n =
+                ::poll(p.data(), 2,
+                       static_cast<int>(std::clamp<long long>(left.count(), 0, 1'000'000'000)));
             if (n == 0) return;
             if (n < 0 && errno == EINTR) continue;
+            if ((p[1].revents & POLLIN) != 0) {  // somebody in this process wants the reader back
+                std::array<char, 64> sink{};
+                while (::read(poke, sink.data(), sink.size()) > 0) {
+                }
+                if ((p[0].revents & POLLIN) == 0) return;
+            }
             conn_.fill();  // readable, or an error that the read reports
             if (take_buffered(out) || left.count() <= 0) return;
         }

@@ -32,6 +32,9 @@
 // holds up no other call.
 #pragma once
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -40,6 +43,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <initializer_list>
 #include <limits>
 #include <memory>
@@ -129,6 +133,8 @@ class queue_base {
             release(left);
         } catch (...) {  // the server is gone: the leases end by themselves
         }
+        for (int fd : poke_)
+            if (fd >= 0) ::close(fd);
     }
 
     const options& get_options() const noexcept { return opt_; }
@@ -451,8 +457,24 @@ class queue_base {
                         : std::min(milliseconds(next_ms + (next_ms > 0 ? 1 : 0)), opt_.max_block);
         s.next = now + d;
         s.backlog = next_ms == 0;
-        if (next_ms == 0 && waiting_ > 0)
-            cv_.notify_all();  // more is due: let the waiting threads at it
+        if (next_ms == 0)
+            wake_one();  // more is due now: one more thread may take it
+        else if (reading_ && s.next < reader_until_)
+            poke();  // the reader would sleep past it
+    }
+
+    // Under m_: brings the thread that reads the subscription back to look again.
+    void poke() {
+        if (poke_[1] >= 0)
+            (void)!::write(poke_[1], "!", 1);  // full pipe: it is being poked already
+    }
+
+    // Under m_: there is something to take (a kept job, a backlog): one waiting thread takes it.
+    void wake_one() {
+        if (waiting_ > 0)
+            cv_.notify_one();
+        else if (reading_)
+            poke();
     }
 
     // Under m_: a message "<shard> <ms>": the shard's next event is that near now.
@@ -472,13 +494,14 @@ class queue_base {
 
     // Under m_: the shard to look at now: one whose next event has come, and that no other
     // thread is looking at (unless it said more is due), earliest first. With `first`, the call
-    // has not asked the server yet: then the earliest shard will do even if it is not due (a put
-    // by another client just before this call may not have been heard yet).
+    // has not asked the server yet: then the earliest shard will do, due or not, looked at or not
+    // (a put by another client just before this call may not have been heard yet).
     shard* pick(clock::time_point now, bool first) {
         shard* best = nullptr;
         for (auto& s : shards_) {
-            if (s.takers > 0 && !s.backlog) continue;
-            if (s.next > now && !first) continue;
+            // A thread woken for a due shard leaves it to the one already looking; a call that
+            // has not asked yet asks anyway (nothing it sees tells it that nothing is due).
+            if (!first && (s.next > now || (s.takers > 0 && !s.backlog))) continue;
             if (best == nullptr || s.next < best->next) best = &s;
         }
         return best;
@@ -509,7 +532,7 @@ class queue_base {
         learn(s, c.next);
         if (!c.jobs.empty()) {
             stash_.push_back(held{std::move(c.jobs.front()), &s, clock::now()});
-            if (waiting_ > 0) cv_.notify_all();  // a thread waiting in take() may have it
+            wake_one();  // a thread waiting in take() may have it
         }
         return c.ok.front();
     }
@@ -564,7 +587,15 @@ class queue_base {
     // Under lk, as the one reading thread: (re)subscribes; everything said before the
     // subscription is lost, so every shard is looked at again.
     void subscribe(std::unique_lock<std::mutex>& lk) {
+        if (poke_[0] < 0) {  // the pipe that brings the reader back (see poke())
+            std::array<int, 2> fds{-1, -1};
+            if (::pipe(fds.data()) != 0)
+                throw error("delayq::redis: cannot make a pipe for the waiting consumers");
+            for (int fd : fds) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+            poke_ = fds;
+        }
         reading_ = true;
+        reader_until_ = clock::time_point::max();
         lk.unlock();
         std::unique_ptr<subscriber> sub;
         std::exception_ptr failed;
@@ -601,6 +632,11 @@ class queue_base {
         --waiting_;
     }
 
+    // The leader-follower wait of delay_queue, over the subscription. One thread, the reader,
+    // waits on the subscription until the earliest time something may come due (or its own
+    // limit); the others wait on cv_ until their limits, and are woken one at a time when there
+    // is something for them (a kept job, a backlog) or when the reader leaves its post. A thread
+    // whose script taught it an earlier time than the reader waits for pokes the reader.
     std::vector<job> take_jobs(std::size_t want, std::chrono::milliseconds max_wait) {
         const auto limit =
             delayq::detail::saturating_add(clock::now(), std::max(max_wait, milliseconds::zero()));
@@ -618,7 +654,7 @@ class queue_base {
                 } catch (...) {
                     lk.lock();
                     --s->takers;
-                    cv_.notify_all();
+                    wake_one();  // the shard is still due: someone else may try
                     throw;
                 }
                 lk.lock();
@@ -626,29 +662,24 @@ class queue_base {
                 learn(*s, c.next);
                 asked = true;
                 if (!c.jobs.empty()) return std::move(c.jobs);
-                if (waiting_ > 0)
-                    cv_.notify_all();  // what this thread learned may end another's wait
                 continue;
             }
             if (max_wait <= milliseconds::zero() || now >= limit) return {};
-            if (sub_ == nullptr) {
-                if (!reading_)
-                    subscribe(lk);
-                else
-                    wait_until(lk, limit);
+            if (reading_) {
+                wait_until(lk, limit);
                 continue;
             }
-            const auto until = std::min(limit, wake_time(now));
-            if (reading_) {
-                wait_until(lk, until);
+            if (sub_ == nullptr) {
+                subscribe(lk);
                 continue;
             }
             reading_ = true;
+            reader_until_ = std::min(limit, wake_time(now));
             lk.unlock();
             heard_.clear();
             bool lost = false;
             try {
-                sub_->wait(until, heard_);
+                sub_->wait(reader_until_, heard_, poke_[0]);
             } catch (const error&) {
                 lost = true;  // a killed connection, a restarted server: subscribe again
             }
@@ -656,7 +687,7 @@ class queue_base {
             reading_ = false;
             if (lost) sub_.reset();
             for (const auto& m : heard_) hear(m);
-            cv_.notify_all();
+            if (waiting_ > 0) cv_.notify_one();  // the post is free: this thread may go and take
         }
     }
 
@@ -674,7 +705,9 @@ class queue_base {
     std::unique_ptr<subscriber> sub_;  // used by the reading thread only
     std::vector<std::string> heard_;   // likewise
     bool reading_ = false;
-    int waiting_ = 0;  // threads in wait_until()
+    clock::time_point reader_until_;   // when the reader looks again by itself
+    std::array<int, 2> poke_{-1, -1};  // a pipe: a byte in it brings the reader back
+    int waiting_ = 0;                  // threads in wait_until()
     std::vector<held> stash_;
     std::size_t in_hand_ = 0;  // jobs take() handed out, not yet acked or nacked
 };
