@@ -306,6 +306,8 @@ void memory(const delayq_test::redis_server& srv, int n) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    std::setvbuf(stdout, nullptr, _IOLBF,
+                 0);  // progress shows as it comes, in a pipe or a file too
     config cfg;
     for (int i = 1; i + 1 < argc; i += 2) {
         const std::string a = argv[i];
@@ -375,7 +377,7 @@ int main(int argc, char** argv) {
         };
         const double one = repeated(cfg, {cfg.jobs, 0, 1, 0}, "sharded (8 shards), one node",
                                     sharded(cfg.port, "bench-sh-"));
-        delayq_test::redis_cluster cluster;
+        delayq_test::redis_cluster cluster({"--appendonly", "no"});
         const double three =
             repeated(cfg, {cfg.jobs, 0, 1, 0}, "sharded (8 shards), 3-master cluster",
                      sharded(cluster.masters().front(), "bench-shc-"));

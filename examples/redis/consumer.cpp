@@ -2,11 +2,10 @@
 // without work. Start several: each reminder goes to exactly one of them, and if one is killed
 // mid-job, its job goes to another when its 30 s lease ends.
 //   example_redis_consumer [HOST [PORT]]
-#include <delayq/redis/delay_queue.hpp>
-
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <delayq/redis/delay_queue.hpp>
 
 int main(int argc, char** argv) {
     using namespace std::chrono_literals;
@@ -16,10 +15,12 @@ int main(int argc, char** argv) {
     if (argc > 2) o.port = std::atoi(argv[2]);
     try {
         delayq::redis::delay_queue q(o);
-        while (auto job = q.take(10s)) {  // blocks in Redis without polling; nullopt after 10 s idle
+        while (auto job = q.take(10s)) {  // waits without polling; nullopt after 10 s idle
             const auto late = std::chrono::system_clock::now() - job->deadline;
-            std::printf("%s: %s (attempt %u, %lld ms after its due time)\n", job->id.c_str(), job->payload.c_str(),
-                        job->attempts, static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(late).count()));
+            std::printf("%s: %s (attempt %u, %lld ms after its due time)\n", job->id.c_str(),
+                        job->payload.c_str(), job->attempts,
+                        static_cast<long long>(
+                            std::chrono::duration_cast<std::chrono::milliseconds>(late).count()));
             if (!q.ack(*job)) std::printf("  lease lost: someone else has it now\n");
         }
         std::printf("no work for 10 s, leaving\n");

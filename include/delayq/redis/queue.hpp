@@ -18,14 +18,14 @@
 // Waiting without polling. When nothing is due, take() waits on the queue's pub/sub channel (see
 // "Wake-ups" in scripts.hpp): every script reports how far off its shard's next event is, and
 // every script that makes it earlier publishes the new time, so the object knows, for each shard,
-// a time before which nothing there is due. Its threads wait for the earliest of those times with
-// their own timer, then one of them (one per shard, unless the last answer said more is due) runs
-// the script. One thread at a time reads the subscription; the others wait on a condition
-// variable, so a process needs one subscribed connection per queue object however many threads
-// consume. After `max_block` without news a shard is looked at anyway: a safety net for
-// messages lost while a connection was down. Every waiting object hears every message, so when a
-// job comes due each idle object looks once and one of them gets it (the others learn the next
-// due time); objects that are busy hear the message but run nothing.
+// a time before which nothing there is due. One thread, the reader, waits on the subscription with
+// its own timer until the earliest of those times, and then runs the script (one thread per shard
+// at a time, unless the last answer said more is due); the others sleep on a condition variable
+// and are woken one at a time, as delay_queue's followers are, so a process needs one subscribed
+// connection per queue object however many threads consume. After `max_block` without news a
+// shard is looked at anyway: a safety net for messages lost while a connection was down. Every
+// waiting object hears every message, so when a job comes due each idle object looks once and
+// one of them gets it (the others learn the next due time); busy objects run nothing.
 //
 // Threads. Every command goes through a link (connection.hpp), which sends what the threads send
 // at the same time in one write. A take that waits holds the subscription, not a link, so it
@@ -45,7 +45,6 @@
 #include <cstdint>
 #include <exception>
 #include <initializer_list>
-#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -72,10 +71,10 @@ struct options {
     std::chrono::milliseconds lease = std::chrono::seconds(30);
     std::chrono::milliseconds io_timeout = std::chrono::seconds(5);
     unsigned max_attempts = 0;  // 0: redeliver forever; else dead-letter after this many
-    std::chrono::milliseconds max_block =
-        std::chrono::seconds(5);      // longest wait without asking, >= 2 ms
+    // The longest a waiting take goes without asking the server, >= 2 ms.
+    std::chrono::milliseconds max_block = std::chrono::seconds(5);
     std::size_t reclaim_batch = 100;  // ended leases reclaimed per script call, > 0
-    bool prefetch = true;  // ack and nack also lease the next due job for the next take()
+    bool prefetch = true;             // ack and nack also lease the next due job for take()
 };
 
 struct job {
