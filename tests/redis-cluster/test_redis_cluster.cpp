@@ -97,6 +97,14 @@ TEST_CASE(
 
 TEST_CASE("a sharded queue on a cluster: shards on every master, each job once, idempotent by id") {
     redis_cluster c;
+    // The client's slot of a key is the server's (CRC16 of the hash tag), tags of every shape.
+    const std::vector<std::string> keys{
+        "",         "a",     "somekey",           "{orders#3}:due",
+        "foo{}bar", "{}{x}", "a{b}c{d}",          "{{x}}",
+        "{x",       "x}",    "dq:v2:{q}:data:17", std::string("bin\0\xff{t}", 8)};
+    for (const auto& key : keys)
+        CHECK(slot_of(key) == c.node(0).command({"CLUSTER", "KEYSLOT", key})->integer);
+
     auto o = cluster_options(c, "orders");
     sharded_delay_queue q(o, 12);
     CHECK(q.shards() == 12);

@@ -131,18 +131,27 @@ class redis_cluster {
     }
 
     // CLUSTER FAILOVER on a replica of the master that serves `slot`: a coordinated handover, no
-    // write lost. Returns when every node names the replica as the slot's master.
+    // write lost. Returns when every node names the replica as the slot's master. Redis gives up
+    // a manual failover whose replica has not caught up within 5 s (a loaded machine): then it is
+    // asked again.
     int failover(std::uint16_t slot) {
         const int old_master = master_of(slot);
         const int replica = replica_of(old_master);
-        auto r = at_port(replica).command({"CLUSTER", "FAILOVER"});
-        if (r->type == REDIS_REPLY_ERROR)
-            throw std::runtime_error("CLUSTER FAILOVER: " + std::string(r->str));
-        wait_until("the failover", [&] {
+        const auto everyone_agrees = [&] {
             for (std::size_t i = 0; i < nodes_.size(); ++i)
                 if (master_of(slot, i) != replica) return false;
             return true;
-        });
+        };
+        for (int attempt = 0; !everyone_agrees(); ++attempt) {
+            if (attempt == 4)
+                throw std::runtime_error("CLUSTER FAILOVER did not happen in 4 tries");
+            auto r = at_port(replica).command({"CLUSTER", "FAILOVER"});
+            if (r->type == REDIS_REPLY_ERROR)
+                throw std::runtime_error("CLUSTER FAILOVER: " + std::string(r->str));
+            const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+            while (!everyone_agrees() && std::chrono::steady_clock::now() < give_up)
+                std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
         wait_stable("the cluster after the failover");
         return replica;
     }

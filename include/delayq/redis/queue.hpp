@@ -6,13 +6,13 @@
 // scripts.hpp; what the object adds is how its threads wait, and how few round trips they need.
 //
 // One round trip per job. Users write `while (auto j = q.take(t)) { work(*j); q.ack(*j); }`. The
-// ack of a job that take() handed out also leases the next due job of its shard, in the same
-// script call, and keeps it for the object's next take(), which then needs no round trip: the loop
-// costs the consumer one call per job while jobs are due (BullMQ's worker does the same when it
-// completes a job). A job kept that way is leased to nobody in particular, so the object keeps at
-// most one per job that take() handed out and that is not yet acked or nacked (one per consumer
-// thread in the loop above), and gives a kept job back (release: its attempt not counted) when no
-// take() came for it within min(100 ms, lease / 4), and when the object is destroyed.
+// ack (not a nack) of a job that take() handed out also leases the next due job of its shard, in
+// the same script call, and keeps it for the object's next take(), which then needs no round trip:
+// the loop costs the consumer one call per job while jobs are due (BullMQ's worker does the same
+// when it completes a job). A job kept that way is leased to nobody in particular, so the object
+// keeps at most one per job that take() handed out and that is not yet acked or nacked (one per
+// consumer thread in the loop above), and gives a kept job back (release: its attempt not counted)
+// when no take() came for it within min(100 ms, lease / 4), and when the object is destroyed.
 // `options::prefetch = false` turns it off.
 //
 // Waiting without polling. When nothing is due, take() waits on the queue's pub/sub channel (see
@@ -74,7 +74,7 @@ struct options {
     // The longest a waiting take goes without asking the server, >= 2 ms.
     std::chrono::milliseconds max_block = std::chrono::seconds(5);
     std::size_t reclaim_batch = 100;  // ended leases reclaimed per script call, > 0
-    bool prefetch = true;             // ack and nack also lease the next due job for take()
+    bool prefetch = true;             // ack also leases the next due job for the next take()
 };
 
 struct job {
@@ -216,7 +216,7 @@ class queue_base {
     }
 
     /// Done with the job: it is gone for good. False if the lease was lost (ended, or cancelled).
-    bool ack(const job& j) { return settle_one(j, "a"); }
+    bool ack(const job& j) { return settle_one(j, "a", opt_.prefetch); }
 
     /// ack for many jobs, one script call per shard and 500 jobs; element i is what ack(jobs[i])
     /// would have returned. Leases nothing for later.
@@ -237,7 +237,9 @@ class queue_base {
     /// Back to the queue, due `retry_after` from now (or dead-lettered after max_attempts).
     /// False if the lease was lost.
     bool nack(const job& j, std::chrono::milliseconds retry_after) {
-        return settle_one(j, "n" + std::to_string(clamp_delay(retry_after)));
+        // Leases nothing for later: the next due job may be this one again, and a nacked job is
+        // for the others to try.
+        return settle_one(j, "n" + std::to_string(clamp_delay(retry_after)), false);
     }
 
     /// Jobs queued: waiting plus leased (including those kept for this object's next take()).
@@ -515,13 +517,13 @@ class queue_base {
         return t;
     }
 
-    bool settle_one(const job& j, const std::string& how) {
+    bool settle_one(const job& j, const std::string& how, bool prefetch) {
         check_id(j.id);
         shard& s = shard_for(j.id);
         bool fetch = false;
         {
             std::lock_guard lk(m_);
-            fetch = opt_.prefetch && in_hand_ > stash_.size();
+            fetch = prefetch && in_hand_ > stash_.size();
             if (in_hand_ > 0) --in_hand_;
         }
         const std::string token = std::to_string(j.token);
