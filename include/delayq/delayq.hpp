@@ -14,3 +14,4 @@
 #if __has_include("hierarchical_timing_wheel.hpp")
 #include "hierarchical_timing_wheel.hpp"
 #endif
+#include "coro.hpp"

@@ -1,6 +1,7 @@
 // The translation unit scripts/tidy runs clang-tidy over: every public header, and one
 // instantiation of each template with the usual arguments, so that the checks see the code that
 // users compile. Not built by CMake (this folder has no CMakeLists.txt).
+#include <delayq/coro.hpp>
 #include <delayq/delay_queue.hpp>
 #include <delayq/delayed.hpp>
 #include <delayq/delayq.hpp>
@@ -13,12 +14,32 @@
 #endif
 
 #include <chrono>
+#include <coroutine>
+#include <exception>
+#include <stop_token>
 #include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
 
 namespace {
+
+struct detached {
+    struct promise_type {
+        detached get_return_object() noexcept { return {}; }
+        std::suspend_never initial_suspend() noexcept { return {}; }
+        std::suspend_never final_suspend() noexcept { return {}; }
+        void return_void() noexcept {}
+        void unhandled_exception() noexcept { std::terminate(); }
+    };
+};
+
+template <class Timer>
+detached sleep_on(Timer& t, const std::stop_token& st) {
+    using namespace std::chrono_literals;
+    (void)co_await delayq::sleep_for(t, 1ms, st);
+    (void)co_await delayq::sleep_until(t, Timer::clock::now(), [](delayq::resumption r) { r(); });
+}
 
 template <class Clock>
 void use_all() {
@@ -43,6 +64,9 @@ void use_all() {
     (void)h.cancel();
     (void)hw.advance();
     (void)hw.next_expiry();
+    std::stop_source src;
+    sleep_on(hw, src.get_token());
+    src.request_stop();
     (void)hw.stop();
 
     delayq::hashed_wheel_timer<Clock> t;

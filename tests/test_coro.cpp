@@ -1,0 +1,541 @@
+// <delayq/coro.hpp>: co_await sleep_for / sleep_until on the wheels.
+//
+// Assertions never contain a co_await: Catch's macros wrap their expression in a try block and
+// temporaries, which g++ 12's coroutines do not always carry across a suspension.
+//
+// The thread-free wheels (hashed_wheel, hierarchical_timing_wheel with own_thread = false) on
+// manual_clock make every test here deterministic: a coroutine resumes exactly inside the advance()
+// that runs its task. The threaded timers check where a coroutine resumes and, under TSan, the
+// races between a sleep ending, its stop_token and the timer's stop().
+#include <atomic>
+#include <chrono>
+#include <coroutine>
+#include <cstddef>
+#include <delayq/coro.hpp>
+#include <delayq/hashed_wheel_timer.hpp>
+#include <delayq/hierarchical_timing_wheel.hpp>
+#include <delayq/manual_clock.hpp>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <latch>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <stdexcept>
+#include <stop_token>
+#include <thread>
+#include <vector>
+
+#include "catch.hpp"
+#include "support.hpp"
+
+using namespace std::chrono_literals;
+using mc = delayq::manual_clock;
+
+namespace {
+
+// A coroutine that starts at once and destroys itself when it ends.
+struct detached {
+    struct promise_type {
+        detached get_return_object() noexcept { return {}; }
+        std::suspend_never initial_suspend() noexcept { return {}; }
+        std::suspend_never final_suspend() noexcept { return {}; }
+        void return_void() noexcept {}
+        void unhandled_exception() noexcept { std::terminate(); }
+    };
+};
+
+// A coroutine that starts at once and whose frame its owner destroys (also while it sleeps).
+struct owned {
+    struct promise_type {
+        owned get_return_object() noexcept {
+            return owned{std::coroutine_handle<promise_type>::from_promise(*this)};
+        }
+        std::suspend_never initial_suspend() noexcept { return {}; }
+        std::suspend_always final_suspend() noexcept { return {}; }
+        void return_void() noexcept {}
+        void unhandled_exception() noexcept { std::terminate(); }
+    };
+    explicit owned(std::coroutine_handle<promise_type> h) : h_(h) {}
+    owned(owned&& o) noexcept : h_(std::exchange(o.h_, {})) {}
+    owned& operator=(owned&&) = delete;
+    ~owned() {
+        if (h_) h_.destroy();
+    }
+    bool done() const { return h_.done(); }
+
+  private:
+    std::coroutine_handle<promise_type> h_;
+};
+
+delayq::hashed_wheel_options<mc> wheel_opts(mc::duration tick = 1ms) {
+    delayq::hashed_wheel_options<mc> o;
+    o.tick = tick;
+    o.ticks_per_wheel = 64;
+    return o;
+}
+
+// What one sleeper saw.
+struct outcome {
+    int resumed = 0;
+    std::optional<bool> ok;
+    mc::time_point at{};
+    std::thread::id thread{};
+};
+
+template <class Timer>
+detached sleeper(Timer& t, mc::duration d, outcome& out, std::stop_token st = {}) {
+    const bool ok = co_await delayq::sleep_for(t, d, std::move(st));
+    out.ok = ok;
+    out.at = mc::now();
+    out.thread = std::this_thread::get_id();
+    ++out.resumed;
+}
+
+// An executor: a queue of resumptions that the test runs when it chooses.
+struct run_queue {
+    std::mutex m;
+    std::deque<delayq::resumption> q;
+    std::size_t run_all() {
+        std::size_t n = 0;
+        for (;;) {
+            std::unique_lock lk(m);
+            if (q.empty()) return n;
+            auto r = q.front();
+            q.pop_front();
+            lk.unlock();
+            r();
+            ++n;
+        }
+    }
+    std::size_t size() {
+        std::lock_guard lk(m);
+        return q.size();
+    }
+};
+
+struct post_to {
+    run_queue* rq;
+    void operator()(delayq::resumption r) const {
+        std::lock_guard lk(rq->m);
+        rq->q.push_back(r);
+    }
+};
+
+}  // namespace
+
+TEST_CASE("coro: sleep_for resumes inside the advance() that reaches the deadline, never before",
+          "[coro]") {
+    mc::reset();
+    delayq::hashed_wheel<mc> w(wheel_opts());
+    outcome o;
+    sleeper(w, 5ms, o);
+    CHECK(o.resumed == 0);
+    CHECK(w.pending() == 1);
+    mc::advance(4ms);
+    CHECK(w.advance() == 0);
+    CHECK(o.resumed == 0);
+    mc::advance(1ms);
+    CHECK(w.advance() == 1);
+    CHECK(o.resumed == 1);
+    CHECK(o.ok == true);
+    CHECK(o.at == mc::time_point{} + 5ms);
+    CHECK(o.thread == std::this_thread::get_id());
+    CHECK(w.pending() == 0);
+}
+
+TEST_CASE("coro: sleep_until, a past deadline and a coroutine that sleeps in a loop", "[coro]") {
+    mc::reset();
+    mc::advance(1s);
+    delayq::hashed_wheel<mc> w(wheel_opts());
+    int rounds = 0;
+    bool finished = false;
+    auto loop = [&]() -> detached {
+        bool ok = co_await delayq::sleep_until(w, mc::time_point{});  // in the past: next pass
+        CHECK(ok);
+        ++rounds;
+        for (int i = 0; i < 3; ++i) {
+            ok = co_await delayq::sleep_for(w, 10ms);  // a task scheduled from a task
+            CHECK(ok);
+            ++rounds;
+        }
+        finished = true;
+    };
+    loop();
+    CHECK(rounds == 0);  // never inside the co_await: through the timer
+    w.advance();
+    CHECK(rounds == 1);
+    for (int i = 0; i < 3; ++i) {
+        mc::advance(10ms);
+        w.advance();
+    }
+    CHECK(rounds == 4);
+    CHECK(finished);
+}
+
+TEST_CASE("coro: thousands of sleepers resume once each, in deadline order, never early",
+          "[coro]") {
+    mc::reset();
+    delayq::hashed_wheel<mc> w(wheel_opts());
+    constexpr int n = 5000;
+    std::vector<outcome> outs(n);
+    std::vector<mc::duration> delays(n);
+    std::mt19937 rng(3);
+    std::uniform_int_distribution<int> ms(0, 500);
+    std::vector<int> order;
+    order.reserve(n);
+    auto one = [&](int i) -> detached {
+        co_await delayq::sleep_for(w, delays[static_cast<std::size_t>(i)]);
+        outs[static_cast<std::size_t>(i)].at = mc::now();
+        ++outs[static_cast<std::size_t>(i)].resumed;
+        order.push_back(i);
+    };
+    for (int i = 0; i < n; ++i) {
+        delays[static_cast<std::size_t>(i)] = std::chrono::milliseconds(ms(rng));
+        one(i);
+    }
+    CHECK(w.pending() == static_cast<std::size_t>(n));
+    for (int step = 0; step < 600; ++step) {
+        mc::advance(1ms);
+        w.advance();
+    }
+    CHECK(w.pending() == 0);
+    REQUIRE(order.size() == static_cast<std::size_t>(n));
+    for (int i = 0; i < n; ++i) {
+        const auto& o = outs[static_cast<std::size_t>(i)];
+        CHECK(o.resumed == 1);
+        CHECK(o.at >= mc::time_point{} + delays[static_cast<std::size_t>(i)]);        // never early
+        CHECK(o.at <= mc::time_point{} + delays[static_cast<std::size_t>(i)] + 1ms);  // one tick
+    }
+    for (std::size_t k = 1; k < order.size(); ++k)  // deadline order, first in first out
+        CHECK(delays[static_cast<std::size_t>(order[k - 1])] <=
+              delays[static_cast<std::size_t>(order[k])]);
+}
+
+TEST_CASE("coro: the hierarchical wheel without a thread, driven by advance_clock()", "[coro]") {
+    mc::reset();
+    delayq::hierarchical_timing_wheel<mc>::options o;
+    o.own_thread = false;
+    o.tick = 1ms;
+    delayq::hierarchical_timing_wheel<mc> w(o);
+    outcome a, b;
+    sleeper(w, 30ms, a);
+    sleeper(w, 2s, b);  // two levels up
+    mc::advance(29ms);
+    w.advance_clock(0ms);
+    CHECK(a.resumed == 0);
+    mc::advance(1ms);
+    w.advance_clock(0ms);
+    CHECK(a.resumed == 1);
+    CHECK(a.ok == true);
+    mc::advance(2s);
+    w.advance_clock(0ms);
+    CHECK(b.resumed == 1);
+    CHECK(b.at >= mc::time_point{} + 2s);
+}
+
+TEST_CASE("coro: a stop request resumes the sleeper at once with false and frees its timer",
+          "[coro]") {
+    mc::reset();
+    delayq::hashed_wheel<mc> w(wheel_opts());
+    std::stop_source src;
+    outcome o;
+    sleeper(w, 1h, o, src.get_token());
+    CHECK(w.pending() == 1);
+    src.request_stop();  // resumes it here, inside request_stop()
+    CHECK(o.resumed == 1);
+    CHECK(o.ok == false);
+    CHECK(w.pending() == 0);
+    mc::advance(2h);
+    w.advance();
+    CHECK(o.resumed == 1);  // once
+}
+
+TEST_CASE("coro: a stop requested before the co_await: the sleep ends at once with false",
+          "[coro]") {
+    mc::reset();
+    delayq::hashed_wheel<mc> w(wheel_opts());
+    std::stop_source src;
+    src.request_stop();
+    outcome o;
+    sleeper(w, 1h, o, src.get_token());
+    CHECK(o.resumed == 1);  // did not stay suspended: resumed by await_suspend returning false
+    CHECK(o.ok == false);
+    CHECK(w.pending() == 0);
+}
+
+TEST_CASE("coro: stop() and the destructor resume every sleeper with false, none is leaked",
+          "[coro]") {
+    mc::reset();
+    std::vector<outcome> outs(100);
+    {
+        delayq::hashed_wheel<mc> w(wheel_opts());
+        for (std::size_t i = 0; i < 50; ++i) sleeper(w, std::chrono::seconds(i + 1), outs[i]);
+        auto left = w.stop();
+        CHECK(left.size() == 50);
+        for (std::size_t i = 0; i < 50; ++i) {
+            CHECK(outs[i].resumed == 1);
+            CHECK(outs[i].ok == false);
+        }
+    }
+    {
+        delayq::hashed_wheel<mc> w(wheel_opts());
+        for (std::size_t i = 50; i < 100; ++i) sleeper(w, std::chrono::seconds(i), outs[i]);
+    }  // the destructor cancels them
+    for (std::size_t i = 50; i < 100; ++i) {
+        CHECK(outs[i].resumed == 1);
+        CHECK(outs[i].ok == false);
+    }
+}
+
+TEST_CASE("coro: a sleep on a stopped timer throws rejected_error into the coroutine", "[coro]") {
+    mc::reset();
+    delayq::hashed_wheel<mc> w(wheel_opts());
+    (void)w.stop();
+    bool threw = false, after = false;
+    auto c = [&]() -> detached {
+        try {
+            co_await delayq::sleep_for(w, 1ms);
+            after = true;
+        } catch (const delayq::rejected_error&) {
+            threw = true;
+        }
+    };
+    c();
+    CHECK(threw);
+    CHECK_FALSE(after);
+}
+
+TEST_CASE("coro: at max_pending the sleep is refused with rejected_error, nothing leaks",
+          "[coro]") {
+    mc::reset();
+    auto o = wheel_opts();
+    o.max_pending = 1;
+    delayq::hashed_wheel<mc> w(o);
+    outcome first;
+    sleeper(w, 10ms, first);
+    bool threw = false;
+    auto c = [&]() -> detached {
+        try {
+            co_await delayq::sleep_for(w, 1ms);
+        } catch (const delayq::rejected_error&) {
+            threw = true;
+        }
+    };
+    c();
+    CHECK(threw);
+    CHECK(w.pending() == 1);
+    mc::advance(10ms);
+    w.advance();
+    CHECK(first.resumed == 1);
+}
+
+TEST_CASE("coro: a frame destroyed while it sleeps cancels its task and is not resumed", "[coro]") {
+    mc::reset();
+    delayq::hashed_wheel<mc> w(wheel_opts());
+    int after = 0;
+    {
+        auto c = [&]() -> owned {
+            co_await delayq::sleep_for(w, 10ms);
+            ++after;
+        };
+        owned o = c();
+        CHECK(w.pending() == 1);
+        CHECK_FALSE(o.done());
+    }  // destroys the suspended frame
+    CHECK(w.pending() == 0);
+    mc::advance(1s);
+    CHECK(w.advance() == 0);
+    CHECK(after == 0);
+}
+
+TEST_CASE("coro: with an executor the coroutine resumes where the executor runs it", "[coro]") {
+    mc::reset();
+    delayq::hashed_wheel<mc> w(wheel_opts());
+    run_queue rq;
+    int resumed = 0;
+    std::vector<bool> oks;
+    std::stop_source src;
+    auto c = [&](mc::duration d, std::stop_token st) -> detached {
+        oks.push_back(co_await delayq::sleep_for(w, d, post_to{&rq}, std::move(st)));
+        ++resumed;
+    };
+    c(5ms, {});
+    c(1h, src.get_token());
+    mc::advance(5ms);
+    CHECK(w.advance() == 1);
+    CHECK(resumed == 0);  // handed to the executor, not resumed inside advance()
+    CHECK(rq.size() == 1);
+    CHECK(rq.run_all() == 1);
+    CHECK(resumed == 1);
+    src.request_stop();  // a cut-short sleep goes through the executor too
+    CHECK(resumed == 1);
+    CHECK(rq.run_all() == 1);
+    CHECK(resumed == 2);
+    REQUIRE(oks.size() == 2);
+    CHECK(oks[0] == true);
+    CHECK(oks[1] == false);
+}
+
+TEST_CASE("coro: sleep_until with an executor, and an executor that throws resumes inline",
+          "[coro]") {
+    mc::reset();
+    delayq::hashed_wheel<mc> w(wheel_opts());
+    run_queue rq;
+    int resumed = 0;
+    auto c = [&]() -> detached {
+        const bool ok = co_await delayq::sleep_until(w, mc::now() + 3ms, post_to{&rq});
+        CHECK(ok);
+        ++resumed;
+    };
+    c();
+    mc::advance(3ms);
+    w.advance();
+    CHECK(rq.run_all() == 1);
+    CHECK(resumed == 1);
+
+    auto throwing = [](delayq::resumption) { throw std::runtime_error("pool closed"); };
+    auto d = [&]() -> detached {
+        const bool ok = co_await delayq::sleep_for(w, 1ms, throwing);
+        CHECK(ok);
+        ++resumed;
+    };
+    d();
+    mc::advance(1ms);
+    w.advance();  // the executor throws: the coroutine goes on here rather than being lost
+    CHECK(resumed == 2);
+}
+
+TEST_CASE("coro: on a hashed_wheel_timer the coroutine resumes on the worker thread", "[coro]") {
+    mc::reset();
+    delayq::hashed_wheel_timer<mc> t(wheel_opts());
+    std::atomic<int> resumed{0};
+    std::thread::id where;
+    bool ok = false;
+    auto c = [&]() -> detached {
+        ok = co_await delayq::sleep_for(t, 5ms);
+        where = std::this_thread::get_id();
+        resumed.fetch_add(1, std::memory_order_release);
+    };
+    c();
+    REQUIRE(delayq::test::eventually([] { return mc::sleepers() == 1; }));
+    mc::advance(5ms);
+    REQUIRE(delayq::test::eventually([&] { return resumed.load(std::memory_order_acquire) == 1; }));
+    CHECK(ok);
+    CHECK(where != std::this_thread::get_id());
+}
+
+TEST_CASE("coro: a stop request racing the sleep's end resumes each coroutine exactly once",
+          "[coro][race]") {
+    // Threaded timer, real clock, deadlines of 0 to 200 us: the worker ends sleeps while another
+    // thread requests stops. Each coroutine counts its resumptions; TSan watches the rest.
+    delayq::hashed_wheel_options<std::chrono::steady_clock> o;
+    o.tick = std::chrono::microseconds(50);
+    o.ticks_per_wheel = 64;
+    delayq::hashed_wheel_timer<std::chrono::steady_clock> t(o);
+    constexpr int n = 2000;
+    std::vector<std::stop_source> stops(n);
+    std::vector<std::atomic<int>> resumed(n);
+    std::atomic<int> oks{0}, cut{0};
+    std::latch all(n);
+    auto c = [&](int i) -> detached {
+        const bool ok = co_await delayq::sleep_for(t, std::chrono::microseconds(i % 200),
+                                                   stops[static_cast<std::size_t>(i)].get_token());
+        (ok ? oks : cut).fetch_add(1);
+        resumed[static_cast<std::size_t>(i)].fetch_add(1);
+        all.count_down();
+    };
+    std::jthread stopper([&] {
+        for (int i = n - 1; i >= 0; i -= 2) stops[static_cast<std::size_t>(i)].request_stop();
+    });
+    for (int i = 0; i < n; ++i) c(i);
+    all.wait();
+    stopper.join();
+    for (auto& r : resumed) CHECK(r.load() == 1);
+    CHECK(oks.load() + cut.load() == n);
+    CHECK(t.pending() == 0);
+}
+
+TEST_CASE("coro: stop() racing sleeps that end on the worker resumes each exactly once",
+          "[coro][race]") {
+    delayq::hashed_wheel_options<std::chrono::steady_clock> o;
+    o.tick = std::chrono::microseconds(50);
+    delayq::hashed_wheel_timer<std::chrono::steady_clock> t(o);
+    constexpr int n = 1000;
+    std::vector<std::atomic<int>> resumed(n);
+    std::atomic<int> oks{0}, cut{0};
+    std::latch all(n);
+    auto c = [&](int i) -> detached {
+        const bool ok = co_await delayq::sleep_for(t, std::chrono::microseconds(i));
+        (ok ? oks : cut).fetch_add(1);
+        resumed[static_cast<std::size_t>(i)].fetch_add(1);
+        all.count_down();
+    };
+    for (int i = 0; i < n; ++i) c(i);
+    (void)t.stop();  // the ones not yet run resume here, with false
+    all.wait();
+    for (auto& r : resumed) CHECK(r.load() == 1);
+    CHECK(oks.load() + cut.load() == n);
+}
+
+TEST_CASE("coro: stop() resumes a parent that destroys its sleeping children: no hang, no leak",
+          "[coro]") {
+    // stop() ends the sleeps one by one, each resuming its coroutine (false) inline. When it
+    // comes to the parent, the children whose turn has not come yet are still asleep, their tasks
+    // waiting further down this thread's stack to be ended; the parent's end drops them, which
+    // destroys their frames. Waiting for those tasks would never end: they are detached instead.
+    mc::reset();
+    delayq::hashed_wheel<mc> w(wheel_opts());
+    int woke = 0, cut = 0, frames_gone = 0;
+    std::optional<bool> parent_ok;
+    struct count_on_exit {
+        int& n;
+        ~count_on_exit() { ++n; }
+    };
+    auto child = [&](mc::duration d) -> owned {
+        count_on_exit g{frames_gone};
+        const bool ok = co_await delayq::sleep_for(w, d);
+        ++(ok ? woke : cut);
+    };
+    auto parent = [&]() -> detached {
+        std::vector<owned> children;
+        for (int i = 0; i < 10; ++i) children.push_back(child(std::chrono::seconds(10 + i)));
+        parent_ok = co_await delayq::sleep_for(w, 1s);
+    };  // the children's frames go with the parent's
+    parent();
+    CHECK(w.pending() == 11);
+    const auto left = w.stop();
+    CHECK(left.size() == 11);
+    CHECK(parent_ok == false);
+    CHECK(woke == 0);
+    CHECK(frames_gone == 10);  // every child's frame is gone, resumed first (cut) or not
+    CHECK(cut < 10);           // the test means something only if some were still asleep
+    CHECK(w.pending() == 0);
+}
+
+TEST_CASE("coro: a stop request resumes a parent that destroys its sleeping children", "[coro]") {
+    mc::reset();
+    delayq::hashed_wheel<mc> w(wheel_opts());
+    std::stop_source src;
+    int children_resumed = 0;
+    auto child = [&](mc::duration d) -> owned {
+        co_await delayq::sleep_for(w, d);
+        ++children_resumed;
+    };
+    bool parent_done = false;
+    auto parent = [&]() -> detached {
+        std::vector<owned> children;
+        for (int i = 0; i < 10; ++i) children.push_back(child(std::chrono::seconds(10 + i)));
+        const bool ok = co_await delayq::sleep_for(w, 1s, src.get_token());
+        CHECK_FALSE(ok);
+        parent_done = true;
+    };
+    parent();
+    src.request_stop();
+    CHECK(parent_done);
+    CHECK(w.pending() == 0);
+    mc::advance(1h);
+    w.advance();
+    CHECK(children_resumed == 0);
+}
