@@ -6,9 +6,11 @@ usage: bench/compare.py [--quick | --all] [--build DIR] [--out DIR] [--repetitio
 
 The default run covers N = 1k .. 1M, and 10M for random inserts; --all runs every workload at 10M
 too. (The committed bench/results run, which also took cancel and expire to 10M for the wheels,
-took 13.5 minutes on 2 vCPUs.)
+took 13.5 minutes on 2 vCPUs.) While it runs it shows which benchmark runs, how many of how many
+are done and the time so far (on a terminal, one line that updates; else a line per benchmark),
+and the total time at the end.
 """
-import argparse, json, os, subprocess, sys, collections, shutil
+import argparse, json, os, re, subprocess, sys, collections, shutil, threading, time
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--quick", action="store_true", help="about one minute: N <= 100k, short runs")
@@ -19,6 +21,99 @@ ap.add_argument("--repetitions", type=int, default=None)
 ap.add_argument("--filter", default=None, help="a Google Benchmark filter regex")
 ap.add_argument("--from-json", default=None, help="only render the table and plot of an earlier run")
 args = ap.parse_args()
+script_start = time.monotonic()
+
+
+def clock(seconds):
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}" if seconds >= 3600 \
+        else f"{seconds // 60}:{seconds % 60:02d}"
+
+
+def run_benchmarks(cmd, flt, reps):
+    """Runs cmd (bench_compare) and shows its progress: which benchmark runs, how many of how
+    many are done, the time so far, and the total at the end. The benchmarks run in the order
+    --benchmark_list_tests gives; the console reporter prints a benchmark's lines (its aggregates)
+    when it is done, so the next one in the list is the one running."""
+    listed = subprocess.run([cmd[0], f"--benchmark_filter={flt}", "--benchmark_list_tests"],
+                            capture_output=True, text=True)
+    names = [n for n in listed.stdout.split() if n] if listed.returncode == 0 else []
+    total = len(names)
+    tty = sys.stdout.isatty()
+    start = time.monotonic()
+    done = set()
+
+    status = ""  # "{elapsed}" in it is filled in each time it is shown
+    lock = threading.Lock()
+
+    def render():
+        text = status.replace("{elapsed}", clock(time.monotonic() - start))
+        if tty:
+            print("\r\033[K" + text[:shutil.get_terminal_size().columns - 1], end="", flush=True)
+        else:
+            print(text, flush=True)
+
+    def show(text):
+        nonlocal status
+        with lock:
+            status = text
+            render()
+
+    def say(line):  # a line of the benchmark's own (its context: machine, load, warnings)
+        with lock:
+            print(("\r\033[K" if tty else "") + line, flush=True)
+            if tty and status:
+                render()
+
+    finished = threading.Event()
+
+    def tick():  # on a terminal, the elapsed time moves while one long benchmark runs
+        while not finished.wait(1.0):
+            with lock:
+                if status:
+                    render()
+
+    if tty:
+        threading.Thread(target=tick, daemon=True).start()
+    if total:
+        print(f"{total} benchmarks, {reps} repetition{'s' if reps != 1 else ''} each", flush=True)
+    # Its console output, stderr (the context) included, one line at a time; the JSON goes to
+    # --benchmark_out as before.
+    proc = subprocess.Popen(cmd + ["--benchmark_color=false"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, bufsize=1)
+    if total:
+        show(f"[  0/{total} {{elapsed}}] running {names[0]}")
+    aggregate = re.compile(r"_(mean|median|stddev|cv)$")
+    for line in proc.stdout:
+        fields = line.split()
+        if not fields or fields[0] == "Benchmark" or fields[0].startswith("---"):
+            continue
+        name = aggregate.sub("", fields[0])
+        if name in done:
+            continue
+        if name not in names and (names or "/" not in name):
+            say(line.rstrip())
+            continue
+        done.add(name)
+        took = ""
+        ips = re.search(r"items_per_second=([0-9.]+)([kMGT]?)/s", line)
+        if "ERROR" in line:
+            took = " (error)"
+        elif ips:
+            scale = {"": 1, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}[ips.group(2)]
+            took = f" ({1e9 / (float(ips.group(1)) * scale):.1f} ns/op)"
+        nxt = next((n for n in names if n not in done), None)
+        count = f"{len(done):3d}/{total}" if total else f"{len(done):3d}"
+        show(f"[{count} {{elapsed}}] done {name}{took}" +
+             (f"; running {nxt}" if nxt else ""))
+    rc = proc.wait()
+    finished.set()
+    if tty:
+        print()
+    print(f"benchmarks finished in {clock(time.monotonic() - start)}", flush=True)
+    if rc != 0:
+        raise subprocess.CalledProcessError(rc, cmd)
+
 
 root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.chdir(root)
@@ -44,7 +139,7 @@ if args.from_json:
     reps = json.load(open(raw))["benchmarks"][0].get("repetitions", reps)
 else:
     print("running:", " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    run_benchmarks(cmd, flt, reps)
 
 data = json.load(open(raw))
 # name: workload/structure/N[/iterations:..][/threads:..][/real_time]_median
@@ -134,3 +229,4 @@ if shutil.which("gnuplot"):
     print(f"\ntable: {md}\nplot:  {png}\nraw:   {raw}")
 else:
     print(f"\ntable: {md}\n(no gnuplot: no plot)\nraw:   {raw}")
+print(f"compare.py: done in {clock(time.monotonic() - script_start)}")
