@@ -120,7 +120,7 @@ class queue_base {
     queue_base(const queue_base&) = delete;
     queue_base& operator=(const queue_base&) = delete;
 
-    // Gives back the jobs that ack or nack leased for a take() that never came: without this
+    // Gives back the jobs that acks leased for a take() that never came: without this
     // they would wait for their lease to end. Best effort: if it fails, the lease ends anyway.
     ~queue_base() {
         std::vector<held> left;
@@ -307,7 +307,7 @@ class queue_base {
         bool backlog = false;  // the last answer said more is due now: every thread may look
     };
 
-    struct held {  // a job that ack or nack leased for the next take()
+    struct held {  // a job that an ack leased for the next take()
         job j;
         shard* from;
         clock::time_point at;
@@ -538,7 +538,7 @@ class queue_base {
         return c.ok.front();
     }
 
-    // Gives kept jobs back to their shards, as they were before ack or nack leased them.
+    // Gives kept jobs back to their shards, as they were before an ack leased them.
     void release(std::vector<held>& hs) {
         for (auto& s : shards_) {
             std::vector<std::string> ms, tokens;
