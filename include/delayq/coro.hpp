@@ -53,6 +53,7 @@ namespace delayq {
 /// on the thread where the coroutine should go on. Cheap to copy (one pointer).
 class resumption {
   public:
+    /// Wraps the suspended coroutine `h` (done by the awaiter, not by users).
     explicit resumption(std::coroutine_handle<> h) noexcept : h_(h) {}
 
     /// Resumes the coroutine. Precondition: not called before (a coroutine is resumed once).
@@ -75,6 +76,7 @@ concept executor = std::move_constructible<E> && std::invocable<E&, resumption>;
 /// The default: resume on the thread that ends the sleep (the wheel's worker, or advance()'s
 /// caller).
 struct resume_inline {
+    /// Resumes `r` at once, on the calling thread.
     void operator()(resumption r) const { r(); }
 };
 
@@ -106,8 +108,8 @@ concept sleep_timer = requires(T& t, typename T::time_point tp) {
 template <sleep_timer Timer, executor Executor = resume_inline>
 class [[nodiscard]] sleep_awaiter {
   public:
-    using clock = typename Timer::clock;
-    using time_point = typename Timer::time_point;
+    using clock = typename Timer::clock;            ///< the timer's clock
+    using time_point = typename Timer::time_point;  ///< a point on it
 
     /// Prefer sleep_for() and sleep_until().
     sleep_awaiter(Timer& timer, time_point deadline, Executor ex, std::stop_token stop)

@@ -75,24 +75,44 @@ T construct(A&&... args) {
 
 }  // namespace detail
 
+/// An unbounded blocking queue whose elements can be taken only once their deadline has passed:
+/// the JDK's DelayQueue, done for C++ (see the top of this header for how it works).
+///
+/// `T` is any `Delayed<T, Clock>` type (a `deadline()` member, an ADL `deadline(x)`, a pointer
+/// to one, or `delayed<V, Clock>`); move-only types work. Elements leave in deadline order, first
+/// in, first out among equal deadlines; an element's deadline is read once, when it is put.
+///
+/// Thread safety: every member may be called from any number of threads at once (one mutex).
+/// Complexity: N is the number of elements held. Elements whose move may throw are kept boxed
+/// (one allocation each), so that the heap never throws while it sifts.
 template <class T, class Clock = std::chrono::steady_clock>
 requires Delayed<T, Clock>
 class delay_queue {
   public:
-    using value_type = T;
-    using clock = Clock;
-    using time_point = typename Clock::time_point;
-    using duration = typename Clock::duration;
+    using value_type = T;                           ///< the element type
+    using clock = Clock;                            ///< the clock deadlines and waits are read on
+    using time_point = typename Clock::time_point;  ///< a point on `clock`
+    using duration = typename Clock::duration;      ///< a duration on `clock`
 
+    /// An empty, open queue. Allocates nothing.
     delay_queue() = default;
     delay_queue(const delay_queue&) = delete;
     delay_queue& operator=(const delay_queue&) = delete;
 
-    /// Inserts v. Returns false, leaving v untouched, once the queue is closed.
+    /// Inserts `v`, due at `deadline_of(v)`. Returns false once the queue is closed, and then `v`
+    /// is left untouched (not moved from): nothing is lost.
+    ///
+    /// Wakes one blocked taker when `v` becomes the new head. Complexity: O(log N); the storage
+    /// doubles when full (amortized O(1) allocations; reserve() avoids them). Throws: what
+    /// reading the deadline, moving `v` or allocating throws; then the queue is unchanged (strong
+    /// guarantee).
     bool put(T&& v) { return emplace(std::move(v)); }
+    /// As put(T&&), copying `v`. Throws what the copy throws (the queue is then unchanged).
     bool put(const T& v) { return emplace(v); }
 
-    /// Constructs an element in place from args. Returns false once the queue is closed.
+    /// Constructs an element in place from `args` (with parentheses, or braces for an aggregate
+    /// such as delayed<V>) and inserts it. Returns false once the queue is closed (nothing is
+    /// constructed). As put(): O(log N), strong guarantee.
     template <class... A>
     requires detail::constructible<T, A...>
     bool emplace(A&&... args) {
@@ -109,21 +129,29 @@ class delay_queue {
         return true;
     }
 
-    /// Blocks until the head is due and returns it; nullopt only when closed or stop is requested.
+    /// Blocks until the head is due and returns it, moved out. Returns nullopt only when the
+    /// queue is closed (also while waiting: close() wakes every taker) or `stop` is requested.
+    ///
+    /// Only one blocked taker (the leader) sleeps with a timer, on the head's deadline; the others
+    /// sleep without one. With manual_clock, moving the clock wakes it. Complexity: O(log N) to
+    /// remove the head. Throws: what moving the element out throws (the element then stays), or
+    /// what the Clock's wait hook throws (nothing is taken).
     std::optional<T> take(std::stop_token stop = {}) { return take_impl(std::move(stop), nullptr); }
 
-    /// take(), giving up (nullopt) once Clock reaches `limit`.
+    /// As take(), but gives up (nullopt) once Clock reaches `limit`; a `limit` in the past polls.
     std::optional<T> take_until(time_point limit, std::stop_token stop = {}) {
         return take_impl(std::move(stop), &limit);
     }
 
-    /// take(), giving up (nullopt) after `d` (measured on Clock; saturating).
+    /// As take(), but gives up (nullopt) after `d`, measured on Clock from this call
+    /// (saturating: `duration::max()` waits without limit; `d <= 0` polls).
     template <class Rep, class Period>
     std::optional<T> take_for(std::chrono::duration<Rep, Period> d, std::stop_token stop = {}) {
         return take_until(detail::deadline_after<Clock>(d), std::move(stop));
     }
 
-    /// The head if it is due, else nullopt. Never blocks.
+    /// The head, moved out, if it is due (deadline <= Clock::now()); else nullopt. Never
+    /// blocks. O(log N). Throws what moving the element out throws (it then stays).
     std::optional<T> poll() { return poll(Clock::now()); }
 
     /// The head if its deadline is at or before `now` (a reading of Clock the caller took once,
@@ -134,22 +162,28 @@ class delay_queue {
         return pop_front();
     }
 
-    /// The head's deadline, due or not.
+    /// The head's deadline, due or not; nullopt when empty. O(1). Never blocks, except on the
+    /// lock.
     std::optional<time_point> next_deadline() const {
         std::unique_lock lk(m_);
         if (heap_.empty()) return std::nullopt;
         return heap_.front().at;
     }
 
-    /// A copy of the head, due or not.
+    /// A copy of the head, due or not; nullopt when empty. Only for copyable T. O(1). Throws
+    /// what the copy throws.
     std::optional<T> peek() const requires std::is_copy_constructible_v<T> {
         std::unique_lock lk(m_);
         if (heap_.empty()) return std::nullopt;
         return std::optional<T>(std::in_place, value(heap_.front()));
     }
 
-    /// Moves every due element (at most max) to out, earliest first; returns how many. `out` is
-    /// written under the queue's lock: it must not call back into this queue.
+    /// Moves every element due now (at most `max`) to `out`, earliest first, and returns how
+    /// many. Never blocks. Complexity: O(k log N) for k elements.
+    ///
+    /// Precondition: `out` must not call back into this queue (it is written under the lock).
+    /// Throws: what writing to `out` or moving an element throws; the elements written before
+    /// stay written and out of the queue, the rest stay in it.
     template <class OutIt>
     std::size_t drain_to(OutIt out, std::size_t max = SIZE_MAX) {
         std::unique_lock lk(m_);
@@ -165,8 +199,12 @@ class delay_queue {
         return n;
     }
 
-    /// Removes every element, due or not, for which pred(element) is true; returns how many.
-    /// If pred throws, nothing is removed.
+    /// Removes every element, due or not, for which `pred(element)` is true; returns how many.
+    /// The removed elements are destroyed after the lock is released. Complexity: O(N) calls of
+    /// `pred`, and O(N) to rebuild the heap when anything is removed.
+    ///
+    /// Precondition: `pred` must not call back into this queue. Throws: what `pred` or an
+    /// allocation throws; then nothing is removed.
     template <class Pred>
     std::size_t remove_if(Pred pred) {
         std::vector<entry> removed;  // destroyed after the lock is released
@@ -199,11 +237,13 @@ class delay_queue {
         return count;
     }
 
+    /// How many elements are held, due or not. O(1).
     std::size_t size() const {
         std::unique_lock lk(m_);
         return heap_.size();
     }
 
+    /// size() == 0. O(1).
     bool empty() const { return size() == 0; }
 
     /// Makes room for `n` elements in all, so that puts up to that size do not allocate (an
@@ -214,13 +254,15 @@ class delay_queue {
         heap_.reserve(n);
     }
 
-    /// How many threads are blocked in take(), take_for() or take_until() right now.
+    /// How many threads are blocked in take(), take_for() or take_until() right now (for tests
+    /// and metrics). O(1).
     std::size_t waiting_takers() const {
         std::unique_lock lk(m_);
         return sleepers_ + stoppable_sleepers_;
     }
 
-    /// Destroys every element.
+    /// Destroys every element (after releasing the lock), due or not; the queue stays open. A
+    /// leader sleeping on the old head is woken to sleep without a timer. O(N). Never throws.
     void clear() {
         std::vector<entry> gone;  // destroyed after the lock is released
         std::unique_lock lk(m_);
@@ -235,6 +277,8 @@ class delay_queue {
     /// Closing and the wake-up come first and cannot fail. Handing back can (the allocation of the
     /// vector, an element's copy or move): then the exception propagates, the queue is closed and
     /// still holds every element, in order, and a later close() hands them back.
+    ///
+    /// Complexity: O(N log N) (the elements are sorted).
     std::vector<T> close() {
         std::vector<entry> gone;  // destroyed after the lock is released
         std::vector<T> out;
@@ -251,6 +295,7 @@ class delay_queue {
         return out;
     }
 
+    /// Whether close() has been called. O(1).
     bool closed() const {
         std::unique_lock lk(m_);
         return closed_;

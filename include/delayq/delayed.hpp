@@ -66,26 +66,34 @@ struct fn {
 }  // namespace detail::deadline_of_impl
 
 inline namespace cpo {
-/// The deadline of anything delayq can hold; see the top of this header.
+/// The deadline of anything delayq can hold: `x.deadline()`, else an ADL `deadline(x)`, else, for
+/// a raw pointer, unique_ptr, shared_ptr or reference_wrapper, the deadline of what it points to.
+/// O(1) (what the user's `deadline` costs). Precondition: a pointer is not null. noexcept when
+/// the deadline function is.
 inline constexpr detail::deadline_of_impl::fn deadline_of{};
 }  // namespace cpo
 
-/// T has a deadline on Clock's time line.
+/// `T` has a deadline on `Clock`'s time line: `deadline_of(t)` converts to
+/// `Clock::time_point`. What delay_queue holds, and what the wheels' timeout handles model.
 template <class T, class Clock = std::chrono::steady_clock>
 concept Delayed = requires(const T& t) {
     { delayq::deadline_of(t) } -> std::convertible_to<typename Clock::time_point>;
 };
 
-/// A value that has no deadline of its own, with one.
+/// A value that has no deadline of its own, with one: an aggregate, built as
+/// `delayed<V, Clock>{v, at}` or with delay_for(). Copyable, movable and comparable as `V` is.
 template <class V, class Clock = std::chrono::steady_clock>
 struct delayed {
-    V value;
-    typename Clock::time_point at;
+    V value;                        ///< the payload
+    typename Clock::time_point at;  ///< when it is due
 
+    /// `at`; makes delayed a `Delayed<delayed, Clock>`.
     typename Clock::time_point deadline() const noexcept { return at; }
 };
 
-/// `v`, due `d` from now (`Clock::now() + d`, saturating: `duration::max()` means never).
+/// `v`, due `d` from now: `Clock::now() + d`, rounded up to Clock's resolution and saturating
+/// (`duration::max()` is `time_point::max()`, never; a negative `d` is in the past, due at once).
+/// Throws what copying or moving `v` throws.
 template <class Clock = std::chrono::steady_clock, class V, class Rep, class Period>
 delayed<std::decay_t<V>, Clock> delay_for(V&& v, std::chrono::duration<Rep, Period> d) {
     return {std::forward<V>(v), detail::deadline_after<Clock>(d)};

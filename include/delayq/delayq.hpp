@@ -2,6 +2,11 @@
 // the Redis backend is <delayq/redis/delay_queue.hpp>.
 #pragma once
 
+/// \file
+/// The umbrella header: delayed.hpp, manual_clock.hpp, delay_queue.hpp, timeout.hpp,
+/// hashed_wheel_timer.hpp, hierarchical_timing_wheel.hpp and coro.hpp (not the Redis backend,
+/// which needs hiredis: <delayq/redis/delay_queue.hpp>).
+
 #include "delayed.hpp"
 #include "manual_clock.hpp"
 #include "delay_queue.hpp"

@@ -23,19 +23,29 @@
 
 namespace delayq {
 
+/// A chrono Clock whose time moves only when told (advance(), set(), reset()), for tests of
+/// anything that waits: every delayq structure waits through its Clock, and moving this one wakes
+/// every thread sleeping on one of its deadlines, so timing tests need no sleep and cannot be
+/// flaky. Its time is global (static, as chrono requires): call reset() at the start of each test.
+///
+/// Thread safety: every member may be called from any thread. now() is one atomic load; moving
+/// the clock costs O(number of sleeping waiters).
 class manual_clock {
 public:
-    using duration = std::chrono::nanoseconds;
-    using rep = duration::rep;
-    using period = duration::period;
-    using time_point = std::chrono::time_point<manual_clock>;
-    static constexpr bool is_steady = true;
+    using duration = std::chrono::nanoseconds;                 ///< nanoseconds
+    using rep = duration::rep;                                 ///< a 64-bit count
+    using period = duration::period;                           ///< std::nano
+    using time_point = std::chrono::time_point<manual_clock>;  ///< a point on this clock
+    static constexpr bool is_steady = true;  ///< advance() never goes back (set() may: tests only)
 
+    /// The current time: time_point{} after reset(), then wherever it was moved. Never throws.
     static time_point now() noexcept {
         return time_point{duration{state().now.load(std::memory_order_acquire)}};
     }
 
-    /// Moves time forward by d (saturating; a negative d is ignored: the clock is steady).
+    /// Moves time forward by d (saturating; a negative d is ignored: the clock is steady) and
+    /// wakes every thread sleeping on a manual_clock deadline, to look at the new time. Throws
+    /// std::bad_alloc (the list of sleepers is copied); the time has moved by then.
     static void advance(duration d) {
         if (d <= duration::zero()) return;
         auto& s = state();
@@ -47,13 +57,14 @@ public:
         wake_all();
     }
 
-    /// Sets the time (tests may move it anywhere, backwards included).
+    /// Sets the time (tests may move it anywhere, backwards included) and wakes the sleepers, as
+    /// advance().
     static void set(time_point tp) {
         state().now.store(tp.time_since_epoch().count(), std::memory_order_release);
         wake_all();
     }
 
-    /// Back to time_point{}.
+    /// Back to time_point{}, as set(time_point{}).
     static void reset() { set(time_point{}); }
 
     /// Number of threads now sleeping on a manual_clock deadline (lets a test wait until a
@@ -73,7 +84,10 @@ public:
         return s.begun;
     }
 
-    /// The wait hook of detail/wait.hpp: sleep on `cv` until notified, stopped or now() >= tp.
+    /// The wait hook of detail/wait.hpp, called by the structures, not by users: sleeps on `cv`
+    /// (with `lk` held on entry and on return, as condition variables do) until notified, stop
+    /// requested, or now() >= tp. May return spuriously. Throws std::bad_alloc (the registration
+    /// allocates), with `lk` held.
     template <class CV>
     static void wait_until(CV& cv, std::unique_lock<std::mutex>& lk, time_point tp,
                            std::stop_token st) {
