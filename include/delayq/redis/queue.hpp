@@ -64,25 +64,33 @@
 
 namespace delayq::redis {
 
+/// The options of delay_queue and sharded_delay_queue. Bad values (an empty `name`, a name with
+/// `{` or `}`, `lease` or `io_timeout` <= 0, `max_block` < 2 ms, `reclaim_batch` 0) make the
+/// queue's constructor throw std::invalid_argument.
 struct options {
-    std::string host = "127.0.0.1";  // a server, or any node of a Redis Cluster
-    int port = 6379;
-    std::string name;  // the queue; non-empty, no '{' or '}'
+    std::string host = "127.0.0.1";  ///< a server, or any node of a Redis Cluster
+    int port = 6379;                 ///< its port
+    std::string name;                ///< the queue; non-empty, no '{' or '}'
+    /// How long a taken job is invisible to other consumers before it is delivered again (> 0).
     std::chrono::milliseconds lease = std::chrono::seconds(30);
+    /// The limit of one round trip to the server (> 0); beyond it, delayq::redis::error.
     std::chrono::milliseconds io_timeout = std::chrono::seconds(5);
-    unsigned max_attempts = 0;  // 0: redeliver forever; else dead-letter after this many
-    // The longest a waiting take goes without asking the server, >= 2 ms.
+    unsigned max_attempts = 0;  ///< 0: redeliver forever; else dead-letter after this many
+    /// The longest a waiting take goes without asking the server, >= 2 ms.
     std::chrono::milliseconds max_block = std::chrono::seconds(5);
-    std::size_t reclaim_batch = 100;  // ended leases reclaimed per script call, > 0
-    bool prefetch = true;             // ack also leases the next due job for the next take()
+    std::size_t reclaim_batch = 100;  ///< ended leases reclaimed per script call, > 0
+    bool prefetch = true;             ///< ack also leases the next due job for the next take()
 };
 
+/// One delivery of a job, as take() hands it out: what ack() and nack() need to prove that the
+/// caller still holds the lease.
 struct job {
-    std::string id, payload;
-    std::chrono::system_clock::time_point deadline;  // when this delivery was due (server clock)
-    unsigned attempts = 0;                           // 1 at the first delivery
-    std::uint64_t token = 0;                         // fencing token of this lease
-    std::chrono::system_clock::time_point lease_deadline;  // the lease ends then (server clock)
+    std::string id;       ///< the id it was put with
+    std::string payload;  ///< its payload, binary-safe
+    std::chrono::system_clock::time_point deadline;  ///< when this delivery was due (server clock)
+    unsigned attempts = 0;                           ///< 1 at the first delivery
+    std::uint64_t token = 0;                         ///< fencing token of this lease
+    std::chrono::system_clock::time_point lease_deadline;  ///< the lease ends then (server clock)
 };
 
 namespace detail {
@@ -719,6 +727,8 @@ class queue_base {
 /// docs/redis.md. Every member may be called from many threads at once.
 class delay_queue : public detail::queue_base {
   public:
+    /// A handle on the queue `o.name` of the server (or cluster) at `o.host:o.port`. Throws
+    /// std::invalid_argument for bad options (see `options`; also a port outside 1..65535).
     explicit delay_queue(options o) : queue_base(std::move(o), 1, false) {}
 };
 
@@ -730,7 +740,9 @@ class delay_queue : public detail::queue_base {
 /// same time (see docs/redis.md, "Sharded queue").
 class sharded_delay_queue : public detail::queue_base {
   public:
+    /// As delay_queue(o), over `shards` hash tags, in 1..16384 (else std::invalid_argument).
     sharded_delay_queue(options o, std::size_t shards) : queue_base(std::move(o), shards, true) {}
+    /// How many shards (hash tags) the queue spans.
     std::size_t shards() const noexcept { return shard_count(); }
 };
 
