@@ -1,5 +1,8 @@
 // <delayq/coro.hpp>: co_await sleep_for / sleep_until on the wheels.
 //
+// Each test declares its wheel after what the coroutines write to: a wheel destroyed at the end
+// of a failed test resumes its sleepers (false), which must find their state still alive.
+//
 // Assertions never contain a co_await: Catch's macros wrap their expression in a try block and
 // temporaries, which g++ 12's coroutines do not always carry across a suspension.
 //
@@ -128,8 +131,8 @@ struct post_to {
 TEST_CASE("coro: sleep_for resumes inside the advance() that reaches the deadline, never before",
           "[coro]") {
     mc::reset();
-    delayq::hashed_wheel<mc> w(wheel_opts());
     outcome o;
+    delayq::hashed_wheel<mc> w(wheel_opts());
     sleeper(w, 5ms, o);
     CHECK(o.resumed == 0);
     CHECK(w.pending() == 1);
@@ -148,9 +151,9 @@ TEST_CASE("coro: sleep_for resumes inside the advance() that reaches the deadlin
 TEST_CASE("coro: sleep_until, a past deadline and a coroutine that sleeps in a loop", "[coro]") {
     mc::reset();
     mc::advance(1s);
-    delayq::hashed_wheel<mc> w(wheel_opts());
     int rounds = 0;
     bool finished = false;
+    delayq::hashed_wheel<mc> w(wheel_opts());
     auto loop = [&]() -> detached {
         bool ok = co_await delayq::sleep_until(w, mc::time_point{});  // in the past: next pass
         CHECK(ok);
@@ -177,7 +180,6 @@ TEST_CASE("coro: sleep_until, a past deadline and a coroutine that sleeps in a l
 TEST_CASE("coro: thousands of sleepers resume once each, in deadline order, never early",
           "[coro]") {
     mc::reset();
-    delayq::hashed_wheel<mc> w(wheel_opts());
     constexpr int n = 5000;
     std::vector<outcome> outs(n);
     std::vector<mc::duration> delays(n);
@@ -185,6 +187,7 @@ TEST_CASE("coro: thousands of sleepers resume once each, in deadline order, neve
     std::uniform_int_distribution<int> ms(0, 500);
     std::vector<int> order;
     order.reserve(n);
+    delayq::hashed_wheel<mc> w(wheel_opts());
     auto one = [&](int i) -> detached {
         co_await delayq::sleep_for(w, delays[static_cast<std::size_t>(i)]);
         outs[static_cast<std::size_t>(i)].at = mc::now();
@@ -218,8 +221,8 @@ TEST_CASE("coro: the hierarchical wheel without a thread, driven by advance_cloc
     delayq::hierarchical_timing_wheel<mc>::options o;
     o.own_thread = false;
     o.tick = 1ms;
-    delayq::hierarchical_timing_wheel<mc> w(o);
     outcome a, b;
+    delayq::hierarchical_timing_wheel<mc> w(o);
     sleeper(w, 30ms, a);
     sleeper(w, 2s, b);  // two levels up
     mc::advance(29ms);
@@ -238,9 +241,9 @@ TEST_CASE("coro: the hierarchical wheel without a thread, driven by advance_cloc
 TEST_CASE("coro: a stop request resumes the sleeper at once with false and frees its timer",
           "[coro]") {
     mc::reset();
-    delayq::hashed_wheel<mc> w(wheel_opts());
     std::stop_source src;
     outcome o;
+    delayq::hashed_wheel<mc> w(wheel_opts());
     sleeper(w, 1h, o, src.get_token());
     CHECK(w.pending() == 1);
     src.request_stop();  // resumes it here, inside request_stop()
@@ -255,10 +258,10 @@ TEST_CASE("coro: a stop request resumes the sleeper at once with false and frees
 TEST_CASE("coro: a stop requested before the co_await: the sleep ends at once with false",
           "[coro]") {
     mc::reset();
-    delayq::hashed_wheel<mc> w(wheel_opts());
     std::stop_source src;
-    src.request_stop();
     outcome o;
+    delayq::hashed_wheel<mc> w(wheel_opts());
+    src.request_stop();
     sleeper(w, 1h, o, src.get_token());
     CHECK(o.resumed == 1);  // did not stay suspended: resumed by await_suspend returning false
     CHECK(o.ok == false);
@@ -312,8 +315,8 @@ TEST_CASE("coro: at max_pending the sleep is refused with rejected_error, nothin
     mc::reset();
     auto o = wheel_opts();
     o.max_pending = 1;
-    delayq::hashed_wheel<mc> w(o);
     outcome first;
+    delayq::hashed_wheel<mc> w(o);
     sleeper(w, 10ms, first);
     bool threw = false;
     auto c = [&]() -> detached {
@@ -333,8 +336,8 @@ TEST_CASE("coro: at max_pending the sleep is refused with rejected_error, nothin
 
 TEST_CASE("coro: a frame destroyed while it sleeps cancels its task and is not resumed", "[coro]") {
     mc::reset();
-    delayq::hashed_wheel<mc> w(wheel_opts());
     int after = 0;
+    delayq::hashed_wheel<mc> w(wheel_opts());
     {
         auto c = [&]() -> owned {
             co_await delayq::sleep_for(w, 10ms);
@@ -352,11 +355,11 @@ TEST_CASE("coro: a frame destroyed while it sleeps cancels its task and is not r
 
 TEST_CASE("coro: with an executor the coroutine resumes where the executor runs it", "[coro]") {
     mc::reset();
-    delayq::hashed_wheel<mc> w(wheel_opts());
     run_queue rq;
     int resumed = 0;
     std::vector<bool> oks;
     std::stop_source src;
+    delayq::hashed_wheel<mc> w(wheel_opts());
     auto c = [&](mc::duration d, std::stop_token st) -> detached {
         oks.push_back(co_await delayq::sleep_for(w, d, post_to{&rq}, std::move(st)));
         ++resumed;
@@ -381,9 +384,9 @@ TEST_CASE("coro: with an executor the coroutine resumes where the executor runs 
 TEST_CASE("coro: sleep_until with an executor, and an executor that throws resumes inline",
           "[coro]") {
     mc::reset();
-    delayq::hashed_wheel<mc> w(wheel_opts());
     run_queue rq;
     int resumed = 0;
+    delayq::hashed_wheel<mc> w(wheel_opts());
     auto c = [&]() -> detached {
         const bool ok = co_await delayq::sleep_until(w, mc::now() + 3ms, post_to{&rq});
         CHECK(ok);
@@ -409,10 +412,10 @@ TEST_CASE("coro: sleep_until with an executor, and an executor that throws resum
 
 TEST_CASE("coro: on a hashed_wheel_timer the coroutine resumes on the worker thread", "[coro]") {
     mc::reset();
-    delayq::hashed_wheel_timer<mc> t(wheel_opts());
     std::atomic<int> resumed{0};
     std::thread::id where;
     bool ok = false;
+    delayq::hashed_wheel_timer<mc> t(wheel_opts());
     auto c = [&]() -> detached {
         ok = co_await delayq::sleep_for(t, 5ms);
         where = std::this_thread::get_id();
@@ -433,12 +436,12 @@ TEST_CASE("coro: a stop request racing the sleep's end resumes each coroutine ex
     delayq::hashed_wheel_options<std::chrono::steady_clock> o;
     o.tick = std::chrono::microseconds(50);
     o.ticks_per_wheel = 64;
-    delayq::hashed_wheel_timer<std::chrono::steady_clock> t(o);
     constexpr int n = 2000;
     std::vector<std::stop_source> stops(n);
     std::vector<std::atomic<int>> resumed(n);
     std::atomic<int> oks{0}, cut{0};
     std::latch all(n);
+    delayq::hashed_wheel_timer<std::chrono::steady_clock> t(o);
     auto c = [&](int i) -> detached {
         const bool ok = co_await delayq::sleep_for(t, std::chrono::microseconds(i % 200),
                                                    stops[static_cast<std::size_t>(i)].get_token());
@@ -461,11 +464,11 @@ TEST_CASE("coro: stop() racing sleeps that end on the worker resumes each exactl
           "[coro][race]") {
     delayq::hashed_wheel_options<std::chrono::steady_clock> o;
     o.tick = std::chrono::microseconds(50);
-    delayq::hashed_wheel_timer<std::chrono::steady_clock> t(o);
     constexpr int n = 1000;
     std::vector<std::atomic<int>> resumed(n);
     std::atomic<int> oks{0}, cut{0};
     std::latch all(n);
+    delayq::hashed_wheel_timer<std::chrono::steady_clock> t(o);
     auto c = [&](int i) -> detached {
         const bool ok = co_await delayq::sleep_for(t, std::chrono::microseconds(i));
         (ok ? oks : cut).fetch_add(1);
@@ -486,13 +489,13 @@ TEST_CASE("coro: stop() resumes a parent that destroys its sleeping children: no
     // waiting further down this thread's stack to be ended; the parent's end drops them, which
     // destroys their frames. Waiting for those tasks would never end: they are detached instead.
     mc::reset();
-    delayq::hashed_wheel<mc> w(wheel_opts());
     int woke = 0, cut = 0, frames_gone = 0;
     std::optional<bool> parent_ok;
     struct count_on_exit {
         int& n;
         ~count_on_exit() { ++n; }
     };
+    delayq::hashed_wheel<mc> w(wheel_opts());
     auto child = [&](mc::duration d) -> owned {
         count_on_exit g{frames_gone};
         const bool ok = co_await delayq::sleep_for(w, d);
@@ -516,9 +519,9 @@ TEST_CASE("coro: stop() resumes a parent that destroys its sleeping children: no
 
 TEST_CASE("coro: a stop request resumes a parent that destroys its sleeping children", "[coro]") {
     mc::reset();
-    delayq::hashed_wheel<mc> w(wheel_opts());
     std::stop_source src;
     int children_resumed = 0;
+    delayq::hashed_wheel<mc> w(wheel_opts());
     auto child = [&](mc::duration d) -> owned {
         co_await delayq::sleep_for(w, d);
         ++children_resumed;
