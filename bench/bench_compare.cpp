@@ -14,7 +14,8 @@
 //   locked heap marks tombstones in a hash set, as its users do.
 // - Expire: N tasks with deadlines in [10 s, 70 s] are scheduled (untimed); the clock is moved past
 //   them all and the structure is driven until all have fired (timed); per fired timer.
-// - bytes_per_timer: glibc's in-use heap bytes (mallinfo2) after filling N, minus before, over N,
+// - bytes_per_timer: glibc's in-use bytes (mallinfo2: heap and mapped blocks) after filling N, minus
+//   before, over N,
 //   with handles dropped where the structure allows it (the user's handle is not counted).
 // - Wall-clock time (UseRealTime): the hashed wheel's expiry runs on its worker thread.
 // - Configurations: hashed_wheel_timer at Netty's default 100 ms tick with 1024 buckets (one
@@ -57,7 +58,12 @@ struct tick_task {  // the callable every timer runs: a small capture, as the go
     void operator()() const noexcept { counter->fetch_add(1, std::memory_order_relaxed); }
 };
 
-std::size_t heap_in_use() { return mallinfo2().uordblks; }
+// Bytes glibc has handed out: small blocks (uordblks) and blocks it mapped on their own (hblkhd),
+// such as the wheels' 2 MiB slab regions.
+std::size_t heap_in_use() {
+    const auto m = mallinfo2();
+    return m.uordblks + m.hblkhd;
+}
 
 // ---- the structures, behind one small interface ----------------------------------------------
 // insert(slot, at): schedule something due at `at`; slot names it for cancel(slot).

@@ -32,11 +32,12 @@ using handle = delayq::timeout<mc>;
 namespace {
 
 delayq::hashed_wheel_options<mc> opts(mc::duration tick, std::size_t ticks_per_wheel = 8,
-                                      std::size_t max_pending = 0) {
+                                      std::size_t max_pending = 0, bool precise = true) {
     delayq::hashed_wheel_options<mc> o;
     o.tick = tick;
     o.ticks_per_wheel = ticks_per_wheel;
     o.max_pending = max_pending;
+    o.precise = precise;
     return o;
 }
 
@@ -83,41 +84,44 @@ struct move_only_task {
 
 }  // namespace
 
-TEST_CASE("a task runs at its tick boundary: never early and at most one tick late at every rotation edge") {
+TEST_CASE("a task runs at its deadline (precise) or its tick boundary, never early, at every rotation edge") {
     const mc::duration tick = 10ms;
     const mc::duration rot = 8 * tick;  // 8 buckets
     const std::vector<mc::duration> delays = {
         0ns, 1ns, tick - 1ns, tick, tick + 1ns, 2 * tick + 5ms,
         rot - tick, rot - 1ns, rot, rot + 1ns, rot + tick, rot + tick + 1ns,
         5 * rot + 3 * tick + 1ns, 1000 * rot, 1000 * rot + 7 * tick + 1ns};
+    for (const bool precise : {true, false}) {
     for (const mc::duration start : {mc::duration(0ns), mc::duration(3ns), mc::duration(7ms)}) {  // the wheel's origin, on or off a round number
         for (const mc::duration d : delays) {
             for (const bool jump : {false, true}) {
-                CAPTURE(start.count(), d.count(), jump);
+                CAPTURE(precise, start.count(), d.count(), jump);
                 mc::reset();
                 mc::advance(start);
-                wheel w(opts(tick));
+                wheel w(opts(tick, 8, 0, precise));
                 const tp origin = mc::now();
                 const tp deadline = origin + d;
                 // The first tick boundary at or after the deadline.
                 const tp boundary = origin + ((d + tick - 1ns) / tick) * tick;
+                const tp expected = precise ? deadline : boundary;
                 tp ran_at = tp::max();
                 auto h = w.schedule_at([&] { ran_at = mc::now(); }, deadline);
-                REQUIRE(w.next_expiry() == boundary);
+                REQUIRE(w.next_expiry() == expected);
                 if (jump) {
-                    if (boundary > origin) {
-                        mc::set(boundary - 1ns);
+                    if (expected > origin) {
+                        mc::set(expected - 1ns);
                         REQUIRE(w.advance() == 0);
                     }
-                    mc::set(boundary);
+                    mc::set(expected);
                     REQUIRE(w.advance() == 1);
+                    CHECK(ran_at == expected);
                 } else {
                     while (w.advance() == 0) {
                         REQUIRE(mc::now() < boundary);
                         mc::advance(tick);
                     }
+                    CHECK(ran_at == boundary);  // stepping by whole ticks from the origin
                 }
-                CHECK(ran_at == boundary);
                 CHECK(ran_at >= deadline);
                 CHECK(ran_at - deadline < tick);
                 CHECK(h.expired());
@@ -125,6 +129,7 @@ TEST_CASE("a task runs at its tick boundary: never early and at most one tick la
                 CHECK_FALSE(w.next_expiry().has_value());
             }
         }
+    }
     }
 }
 
@@ -203,10 +208,20 @@ TEST_CASE("past deadlines are due at once and duration::max() never comes") {
         w.schedule([&] { ++ran; }, 0ns);           // due now, not on a tick boundary
         w.schedule_at([&] { ++ran; }, tp::min());
         CHECK(w.next_expiry() <= mc::now());
-        CHECK(w.advance() == 2);  // the one due now, mid-tick, waits for its boundary
+        CHECK(w.advance() == 3);  // the one due now, mid-tick, too: precise
+        CHECK(ran == 3);
+    }
+    SECTION("tick-rounded, a task due now waits for its boundary") {
+        wheel r(opts(10ms, 8, 0, false));
+        mc::set(tp{} + 1h + 3ms);
+        r.advance();
+        r.schedule_at([&] { ++ran; }, tp{} + 1h);  // an hour-old deadline
+        r.schedule([&] { ++ran; }, 0ns);           // due now, not on a tick boundary
+        r.schedule_at([&] { ++ran; }, tp::min());
+        CHECK(r.advance() == 2);
         CHECK(ran == 2);
         mc::set(tp{} + 1h + 10ms);
-        CHECK(w.advance() == 1);
+        CHECK(r.advance() == 1);
         CHECK(ran == 3);
     }
     SECTION("saturation") {
@@ -245,11 +260,11 @@ TEST_CASE("cancel unlinks and destroys the task at once") {
     CHECK(w.pending() == 2);
 
     // The bucket's lower bound may still remember a; the next expiry is never later than b's.
-    REQUIRE(w.next_expiry() <= tp{} + 100ms);
+    REQUIRE(w.next_expiry() <= tp{} + 95ms);
     mc::set(tp{} + 20ms);
     CHECK(w.advance() == 0);
-    CHECK(w.next_expiry() == tp{} + 100ms);
-    mc::set(tp{} + 100ms);
+    CHECK(w.next_expiry() == tp{} + 95ms);  // b's own deadline (precise)
+    mc::set(tp{} + 95ms);
     CHECK(w.advance() == 1);
     CHECK(ran == 1);
     CHECK(*alive == 0);  // run, then destroyed
@@ -375,9 +390,24 @@ TEST_CASE("max_pending rejects without touching the task and a cancel frees a pl
     CHECK(t.pending() == 2);
 }
 
-TEST_CASE("timer: the worker runs a task at its tick boundary and not before") {
+TEST_CASE("timer: the worker runs a task at its deadline, precise, and not before") {
     mc::reset();
     timer t(opts(10ms, 8));
+    std::atomic<std::int64_t> ran_at{-1};
+    t.schedule(sentinel(), 100h);
+    first_sleep();
+    auto h = t.schedule([&] { ran_at = mc::now().time_since_epoch().count(); }, 25ms);
+    step(t, 24ms);
+    CHECK(ran_at == -1);
+    step(t, 1ms);  // the deadline, mid-tick
+    CHECK(std::chrono::nanoseconds(ran_at.load()) == 25ms);
+    CHECK(h.expired());
+    CHECK(t.pending() == 1);
+}
+
+TEST_CASE("timer: tick-rounded, the worker runs a task at its tick boundary and not before") {
+    mc::reset();
+    timer t(opts(10ms, 8, 0, false));
     std::atomic<std::int64_t> ran_at{-1};
     t.schedule(sentinel(), 100h);
     first_sleep();

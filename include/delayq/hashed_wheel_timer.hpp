@@ -20,8 +20,12 @@
 //   and max_pending see it at once (Netty queues cancellations until the next tick); a task stays
 //   cancellable until it starts, so cancel() == true always means it never runs;
 // - idle: the worker sleeps until the earliest non-empty tick boundary, or indefinitely;
-// - never early: a deadline is rounded up to a tick boundary, and a node comes out only when its
-//   deadline <= now; at most one tick late (plus the scheduler's wake-up latency);
+// - as precise as a heap (option `precise`, the default): a task runs at its own deadline, plus the
+//   wake-up latency, not at its tick's boundary. The tick sets only the cost: when the clock enters
+//   a tick, that tick's tasks are sorted once (detail/near_window.hpp) and the worker sleeps until
+//   each distinct deadline. With precise = false tasks run at the tick boundary at or after their
+//   deadline (fewer wake-ups: at most one per non-empty tick);
+// - never early: a node comes out only when its deadline <= now;
 // - tasks due together run in deadline order, first in, first out among equal deadlines (Netty
 //   runs a bucket in insertion order, so a late tick runs them out of order);
 // - deadlines saturate: schedule(f, duration::max()) is "never", past time points are due now and
@@ -33,8 +37,8 @@
 //   move-only callables welcome; the task is moved into its node under the lock, so a task's move
 //   constructor must not call back into the timer.
 //
-// The worker sets PR_SET_TIMERSLACK to 1 ns on Linux, so it wakes within microseconds of a tick
-// boundary instead of up to 50 µs late.
+// The worker sets PR_SET_TIMERSLACK to 1 ns on Linux, so it wakes within microseconds of a
+// deadline instead of up to 50 µs late.
 #pragma once
 
 #include <chrono>
@@ -62,6 +66,7 @@ struct hashed_wheel_options {
     std::size_t ticks_per_wheel = 512;                 // in [1, 2^30]; rounded up to a power of two
     std::size_t max_pending = 0;                       // 0 = unbounded
     std::function<void(std::exception_ptr)> on_error;  // a task that throws; the timer carries on
+    bool precise = true;  // a task runs at its own deadline; false: at its tick's boundary
 };
 
 namespace detail {
@@ -71,8 +76,8 @@ using hashed_core = wheel_core<Clock, hashed_wheel_ring<Clock>>;
 
 template <class Clock>
 hashed_core<Clock>* make_hashed_core(hashed_wheel_options<Clock>&& o) {
-    return new hashed_core<Clock>(o.max_pending, std::move(o.on_error), o.tick, o.ticks_per_wheel,
-                                  Clock::now());
+    return new hashed_core<Clock>(o.max_pending, std::move(o.on_error), o.precise, o.tick,
+                                  o.ticks_per_wheel, Clock::now());
 }
 
 }  // namespace detail
@@ -116,13 +121,15 @@ class hashed_wheel {
         return core_->schedule_at(std::forward<F>(task), deadline);
     }
 
-    /// Runs, on this thread, every task due at `now` (deadline <= now, its tick boundary reached),
-    /// in deadline order; returns how many ran. A task that throws goes to on_error. From inside a
-    /// task it returns 0; while another thread advances, it waits for that pass to end.
+    /// Runs, on this thread, every task due at `now` (deadline <= now; with precise = false, also
+    /// its tick boundary reached), in deadline order; returns how many ran. A task that throws goes
+    /// to on_error. From inside a task it returns 0; while another thread advances, it waits for
+    /// that pass to end.
     std::size_t advance(time_point now = Clock::now()) { return core_->advance(now).ran; }
 
     /// When advance() will next have something to run; nullopt when nothing is pending. A time
-    /// in the past means now. Never later than one tick after the earliest deadline.
+    /// in the past means now. Precise: the earliest deadline (earlier after a cancel, never later);
+    /// else its tick boundary.
     std::optional<time_point> next_expiry() const { return core_->next_expiry(); }
 
     /// Tasks neither run nor cancelled.

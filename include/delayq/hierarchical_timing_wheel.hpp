@@ -16,7 +16,9 @@
 //
 // What is better than Kafka, and how:
 // - never early: a task runs only once its own deadline has passed on Clock (Kafka runs a bucket
-//   when its start is reached: up to one tick early); at most one tick late plus the wake-up;
+//   when its start is reached: up to one tick early); and, with `precise` (the default), at that
+//   deadline plus the wake-up, not at its tick's boundary: the tick under way is kept in deadline
+//   order (detail/near_window.hpp). precise = false runs a task at the grid point at or after it;
 // - a late driver (or a clock that jumped) runs every due task in one pass, in deadline order,
 //   paying one flush per task rather than one per level; a clock that steps back makes nothing
 //   early and loses nothing;
@@ -55,6 +57,7 @@ struct hierarchical_timing_wheel_options {
     std::size_t max_pending = 0;                       // 0 = unbounded
     std::function<void(std::exception_ptr)> on_error;  // a task that throws; the wheel carries on
     bool own_thread = true;                            // false: the caller drives advance_clock()
+    bool precise = true;  // a task runs at its own deadline; false: at its tick's boundary
 };
 
 /// Kafka's hierarchical timing wheel (see the top of this header). Thread-safe.
@@ -71,7 +74,7 @@ class hierarchical_timing_wheel {
     /// Throws std::invalid_argument for a tick <= 0 or a wheel_size outside [2, 2^24]. With
     /// own_thread, the worker starts with the first schedule.
     explicit hierarchical_timing_wheel(options o = {})
-        : core_(new core_type(o.max_pending, std::move(o.on_error), o.tick, o.wheel_size,
+        : core_(new core_type(o.max_pending, std::move(o.on_error), o.precise, o.tick, o.wheel_size,
                               Clock::now())),
           own_thread_(o.own_thread) {}
 

@@ -7,8 +7,9 @@
 // - every held handle's pending()/expired()/cancelled() equals the model's state;
 // - the clock also steps back (op 16), and a backward step makes nothing early or lost;
 // - after an advance: every task that ran had deadline <= the time advanced to (never early);
-//   every task scheduled before that advance whose deadline is at least one tick behind it has run
-//   (at most one tick late; deadlines within a tick of time_point::max() are "never");
+//   every task scheduled before that advance has run if its deadline is at or before it (precise
+//   wheels: not late at all), or at least one tick behind it (tick-rounded wheels; deadlines within
+//   a tick of time_point::max() are "never");
 //   the tasks of one advance ran in (deadline, schedule order), in both wheels;
 // - cancel() returns true exactly for a pending task (one not started, also from a task of the same
 //   pass), and that task never runs;
@@ -98,8 +99,10 @@ inline void fuzz_task::operator()() {
     }
 }
 
-// Late: deadline + tick <= now, with deadline + tick not overflowing (else "never").
-inline bool must_have_run(time_point deadline, rep tick, time_point now) {
+// Late. Precise: the first advance at or after the deadline runs it (deadline <= now). Tick-rounded:
+// deadline + tick <= now, with deadline + tick not overflowing (else "never").
+inline bool must_have_run(time_point deadline, rep tick, time_point now, bool precise) {
+    if (precise) return deadline <= now;
     rep sum;
     if (__builtin_add_overflow(deadline.time_since_epoch().count(), tick, &sum)) return false;
     return sum <= now.time_since_epoch().count();
@@ -108,7 +111,8 @@ inline bool must_have_run(time_point deadline, rep tick, time_point now) {
 
 // The driver. A adapts one wheel:
 //   using wheel;
-//   static std::unique_ptr<wheel> make(FuzzedDataProvider&, rep tick, std::size_t max_pending, on_error);
+//   static std::unique_ptr<wheel> make(FuzzedDataProvider&, rep tick, std::size_t max_pending, on_error,
+//                                      bool precise);
 //   static void advance(wheel&, world&) (runs what is due at mclock::now());
 //   static std::size_t pending(const wheel&);
 //   static void check_idle(const wheel&, const world&, rep tick) (e.g. next_expiry());
@@ -128,7 +132,8 @@ void run_wheel(FuzzedDataProvider& in) {
             ++w.errors_seen;
         }
     };
-    std::unique_ptr<wheel> wh = A::make(in, tick, max_pending, on_error);
+    const bool precise = in.ConsumeBool();
+    std::unique_ptr<wheel> wh = A::make(in, tick, max_pending, on_error, precise);
     w.latest_now = mclock::now();
     bool stopped = false;
 
@@ -193,7 +198,7 @@ void run_wheel(FuzzedDataProvider& in) {
         }
         for (std::size_t i = 0; i < w.tasks.size(); ++i) {
             task_rec& t = w.tasks[i];
-            if (t.state == st::pending && t.born < w.advances) FZ_CHECK(!must_have_run(t.deadline, tick, w.adv_now));
+            if (t.state == st::pending && t.born < w.advances) FZ_CHECK(!must_have_run(t.deadline, tick, w.adv_now, precise));
         }
         FZ_CHECK(w.errors_seen == w.errors_expected);
         w.log.clear();
@@ -289,7 +294,7 @@ void run_wheel(FuzzedDataProvider& in) {
                     check_handle(i);
                     FZ_CHECK(!w.handles[i].cancel());
                 }
-                wh = A::make(in, tick, max_pending, on_error);
+                wh = A::make(in, tick, max_pending, on_error, precise);
                 w.latest_now = std::max(w.latest_now, mclock::now());
                 stopped = false;
                 break;

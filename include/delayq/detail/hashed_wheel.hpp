@@ -12,19 +12,24 @@
 //
 // `cursor` is the first tick not yet processed. expire(now) processes the ticks cursor..tick(now)
 // (at most one rotation: after W ticks every bucket has been seen once) and takes out every node
-// of the buckets it visits whose slot has come: deadline <= boundary(tick(now)) <= now. A node
-// whose slot is already behind the cursor (a deadline in the past), or before the origin (a clock
-// that went back that far), goes to a separate `due` list that every expire() checks by deadline.
+// of the buckets it visits whose slot has come: deadline <= boundary(tick(now)) <= now. Then, to
+// run each task at its own deadline rather than its tick's boundary, it opens the tick under way
+// (now strictly inside it): that tick's nodes that are due go out, the others move to the
+// near_window (near_window.hpp), which keeps them in deadline order; each later pass takes the
+// window's due prefix. A node linked into a tick already opened or passed (a short delay, a
+// deadline in the past, a clock that went back, or one before the origin) goes to the window too.
+// A tick-rounded driver passes a `now` on the grid, where no tick is ever opened early.
 //
 // Lists are circular with a sentinel, so unlink() needs only the node. A bucket's bit in the bitmap
 // and its bounds (min, max) may outlive its last node when that node is unlinked: the next pass
 // over the bucket finds it empty and clears them. So cancel touches nothing but the node and its
 // neighbours; an emptied bucket costs at most one early wake-up.
 //
-// next_expiry() is when the next expire() will have work: the boundary of the earliest non-empty
-// slot (or a past time when the due list holds something). A bitmap of non-empty buckets lets it
-// and expire() skip empty buckets, so an idle ring costs nothing and a sparse one little. A bucket
-// whose nodes are all due (its max <= the pass's limit, the usual case) is emptied whole.
+// next_expiry() is when the next expire() will have work: the window's first deadline, or the
+// earliest deadline of the earliest non-empty tick (its bucket's lower bound: exact unless a node
+// was unlinked). A bitmap of non-empty buckets lets it and expire() skip empty buckets, so an idle
+// ring costs nothing and a sparse one little. A bucket whose nodes are all due (its max <= the
+// pass's limit, the usual case) is emptied whole.
 //
 // Arithmetic is done in Clock::rep with 128-bit intermediates where it could overflow, so deadlines
 // anywhere on the time line (time_point::max() included) are placed correctly.
@@ -42,6 +47,7 @@
 #include <vector>
 
 #include "bucket.hpp"
+#include "near_window.hpp"
 #include "timer_node.hpp"
 
 namespace delayq::detail {
@@ -78,19 +84,22 @@ class hashed_wheel_ring {
     std::size_t buckets() const noexcept { return mask_ + 1; }
     duration tick() const noexcept { return duration{tick_}; }
 
-    /// Where a node due at `deadline` goes: its slot. Never allocates.
-    std::uint64_t prepare(time_point deadline) const noexcept {
-        return slot(deadline.time_since_epoch().count());
+    /// Where a node due at `deadline` goes: its slot. Throws std::bad_alloc (then nothing
+    /// changed) when it goes to the window, which may need room.
+    std::uint64_t prepare(time_point deadline) {
+        const rep d = deadline.time_since_epoch().count();
+        const std::uint64_t s = slot(d);
+        if (in_window(d, s)) window_.reserve_one();
+        return s;
     }
 
     /// Links n (not in the ring) at its slot `s` (prepare(n->deadline)). Returns whether it comes
-    /// out before `wake_by` (time_point::min(): nobody waits; then false, and nothing computed).
+    /// out before `wake_by` (time_point::min(): nobody waits; then false).
     bool link(node* n, std::uint64_t s, time_point wake_by) noexcept {
         const rep d = n->deadline.time_since_epoch().count();
         ++size_;
-        if (in_due(d, s)) {
-            due_.push_back(n);
-            if (d < due_min_) due_min_ = d;
+        if (in_window(d, s)) {
+            window_.insert(n);
             return n->deadline < wake_by;
         }
         const std::size_t b = static_cast<std::size_t>(s) & mask_;
@@ -99,19 +108,25 @@ class hashed_wheel_ring {
         k.nodes.push_back(n);
         if (d < k.min) k.min = d;
         if (d > k.max) k.max = d;
-        return wake_by != time_point::min() && boundary(s) < wake_by;
+        // it comes out when its tick is opened: at its deadline, or at its slot's boundary
+        return wake_by != time_point::min() && n->deadline < wake_by;
     }
 
-    /// Unlinks n, which this ring holds. O(1): the bucket is not touched (its bit, and its bounds,
-    /// may stay behind: a pass clears them).
+    /// Unlinks n, which this ring holds. O(1) in a bucket, which is not even touched (its bit and
+    /// bounds may stay behind: a pass clears them); O(log h) in the window's heap.
     void unlink(node* n) noexcept {
-        node_list::unlink(n);
+        if (near_window<Clock>::holds(n)) {
+            window_.unlink(n);
+        } else {
+            node_list::unlink(n);
+        }
         --size_;
     }
 
     /// Unlinks every node due at `now` and hands each to sink(node*), in no particular order;
     /// returns how many. `worked`: whether anything came out.
     template <class Sink>
+    // NOLINTNEXTLINE(bugprone-exception-escape): sinks append only where room was made
     std::size_t expire(time_point now_tp, Sink&& sink, bool& worked) noexcept {
         const rep now = now_tp.time_since_epoch().count();
         std::size_t count = 0;
@@ -119,21 +134,7 @@ class hashed_wheel_ring {
             sink(node::of(n));
             ++count;
         };
-        if (due_min_ <= now) {
-            rep lo = never;
-            for (node_links* l = due_.head.next; l != &due_.head;) {
-                node_links* next = l->next;
-                const rep d = node::of(l)->deadline.time_since_epoch().count();
-                if (d <= now) {
-                    node_list::unlink(l);
-                    out(l);
-                } else if (d < lo) {
-                    lo = d;
-                }
-                l = next;
-            }
-            due_min_ = lo;
-        }
+        count += window_.take_due(now_tp, sink);
         if (now >= origin_) {
             const std::uint64_t t = floor_tick(now);
             if (t >= cursor_) {
@@ -172,7 +173,11 @@ class hashed_wheel_ring {
                 }
                 cursor_ = t + 1;
             }
+            // Inside the tick under way (not on its boundary: a tick-rounded pass never is):
+            // open it, so that its tasks run at their own deadlines.
+            if (cursor_ == t + 1 && now > boundary_rep(t) && size_ != count) open(t + 1, now, out);
         }
+        window_.end_stage();
         size_ -= count;
         worked = worked || count != 0;
         return count;
@@ -182,24 +187,36 @@ class hashed_wheel_ring {
     /// something is due already. Never later than the earliest deadline's slot boundary.
     std::optional<time_point> next_expiry() const noexcept {
         if (size_ == 0) return std::nullopt;
-        rep best = due_min_;
-        const std::size_t w = mask_ + 1;
+        const std::optional<time_point> w = window_.next();
+        rep best = w ? w->time_since_epoch().count() : never;
+        const std::size_t n = mask_ + 1;
         const std::size_t start = static_cast<std::size_t>(cursor_) & mask_;
-        for (std::size_t i = next_nonempty(start, w); i < w; i = next_nonempty(start, w, i + 1)) {
+        for (std::size_t i = next_nonempty(start, n); i < n; i = next_nonempty(start, n, i + 1)) {
             const std::uint64_t k = cursor_ + i;  // the first tick this bucket stands for
-            const rep bk = boundary_rep(k);
-            if (bk >= best) break;  // later buckets stand for later ticks still
+            const rep opens = tick_start(k);      // no node in it is due before
+            if (opens >= best) break;             // later buckets stand for later ticks still
             const bucket& b = buckets_[(start + i) & mask_];
-            const rep cand = boundary_rep(std::max(slot(b.min), k));
+            const rep cand = std::max(b.min, opens);  // b.min: exact unless a node was unlinked
             if (cand < best) best = cand;
         }
         return time_point{duration{best}};
     }
 
+    /// The tick grid: the boundary at or before t (t itself before the origin), and the boundary
+    /// at or after t. A driver that wants tick-rounded firing advances at floor_to_grid(now) and
+    /// sleeps until ceil_to_grid(next_expiry()).
+    time_point floor_to_grid(time_point t) const noexcept {
+        const rep c = t.time_since_epoch().count();
+        return c < origin_ ? t : time_point{duration{boundary_rep(floor_tick(c))}};
+    }
+    time_point ceil_to_grid(time_point t) const noexcept {
+        const rep c = t.time_since_epoch().count();
+        return c < origin_ ? t : boundary(slot(c));
+    }
+
     /// Unlinks every node and returns them chained through `next` (prev null), in no order.
     node_links* take_all() noexcept {
-        node_links* chain = due_.detach_onto(nullptr);
-        due_min_ = never;
+        node_links* chain = window_.take_all(nullptr);
         for (std::size_t b = 0; b < buckets_.size(); ++b) {
             if (!(bits_[b >> 6] >> (b & 63) & 1)) continue;
             chain = buckets_[b].nodes.detach_onto(chain);
@@ -213,9 +230,55 @@ class hashed_wheel_ring {
   private:
     static constexpr rep never = std::numeric_limits<rep>::max();
 
-    // Whether a node due at d (slot s) belongs in the due list: its slot is behind the cursor, or
-    // it is before the origin (the clock went back that far), where no tick boundary is <= d.
-    bool in_due(rep d, std::uint64_t s) const noexcept { return s < cursor_ || d < origin_; }
+    // Whether a node due at d (slot s) belongs in the window: its tick has been opened already
+    // (its slot is behind the cursor), or it is before the origin (the clock went back that far).
+    bool in_window(rep d, std::uint64_t s) const noexcept { return s < cursor_ || d < origin_; }
+
+    // When tick k begins (just after boundary(k - 1)): no node of slot k is due before.
+    rep tick_start(std::uint64_t k) const noexcept {
+        if (k == 0) return std::numeric_limits<rep>::min();
+        const rep b = boundary_rep(k - 1);
+        return b == never ? never : b + 1;
+    }
+
+    // Opens tick s (the one under way, now inside it): the nodes of slot s in its bucket that are
+    // due go out, the others move to the window. If the window has no room for one, the rest stay
+    // in the bucket and the tick stays closed (they come out at its boundary, tick-rounded).
+    template <class Out>
+    // NOLINTNEXTLINE(bugprone-exception-escape): sinks append only where room was made
+    void open(std::uint64_t s, rep now, Out& out) noexcept {
+        const std::size_t b = static_cast<std::size_t>(s) & mask_;
+        if (!(bits_[b >> 6] >> (b & 63) & 1)) {
+            cursor_ = s + 1;
+            return;
+        }
+        bucket& k = buckets_[b];
+        const rep last = boundary_rep(s);  // nodes of slot s are due by then; others are later
+        bool opened = true;
+        rep lo = never, hi = std::numeric_limits<rep>::min();
+        if (k.min <= last) {
+            k.nodes.for_each([&](node_links* l) {
+                node* n = node::of(l);
+                const rep d = n->deadline.time_since_epoch().count();
+                if (opened && d <= last) {
+                    node_list::unlink(l);
+                    if (d <= now) {
+                        out(l);
+                        return;
+                    }
+                    if (window_.stage(n)) return;
+                    opened = false;  // no room: this one goes back, and the tick stays closed
+                    k.nodes.push_back(l);
+                }
+                lo = std::min(lo, d);
+                hi = std::max(hi, d);
+            });
+            k.min = lo;
+            k.max = hi;
+            if (k.nodes.empty()) clear(k, b);
+        }
+        if (opened) cursor_ = s + 1;
+    }
     __extension__ typedef __int128 wide;
 
     struct bucket {
@@ -299,8 +362,7 @@ class hashed_wheel_ring {
     std::size_t mask_ = 0;
     std::uint64_t cursor_ = 0;  // the first tick not yet processed
     std::size_t size_ = 0;
-    node_list due_;  // nodes whose slot was already behind the cursor
-    rep due_min_ = never;
+    near_window<Clock> window_;  // the opened tick's nodes, and any linked behind the cursor
     std::vector<bucket> buckets_;
     std::vector<std::uint64_t> bits_;  // bit b: buckets_[b] is non-empty
 };

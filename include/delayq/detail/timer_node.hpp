@@ -89,8 +89,9 @@ struct timer_node : node_links {
     }
 
     const task_ops<Clock>* ops() const noexcept {
-        return reinterpret_cast<const task_ops<Clock>*>(ops_state.load(std::memory_order_relaxed) &
-                                                        ~state_mask);
+        const std::uintptr_t bits = ops_state.load(std::memory_order_relaxed) & ~state_mask;
+        // NOLINTNEXTLINE(performance-no-int-to-ptr): the pointer stored by init(), state bits off
+        return reinterpret_cast<const task_ops<Clock>*>(bits);
     }
 
     timer_state load_state() const noexcept {
@@ -133,10 +134,12 @@ struct node_with final : timer_node<Clock> {
         F fn;  // alive from schedule until the task is ended
     };
 
+    // clang-format off
     template <class G>
-    requires(!std::is_same_v<std::remove_cvref_t<G>, node_with>) explicit node_with(
-        G&& g)  // NOLINT(bugprone-forwarding-reference-overload): constrained
+        requires(!std::is_same_v<std::remove_cvref_t<G>, node_with>)
+    explicit node_with(G&& g)  // NOLINT(bugprone-forwarding-reference-overload): constrained
         : fn(std::forward<G>(g)) {}
+    // clang-format on
     node_with(const node_with&) = delete;
     node_with& operator=(const node_with&) = delete;
     ~node_with() {}

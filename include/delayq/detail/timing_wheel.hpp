@@ -12,9 +12,13 @@
 // that serves users as a heap of elements serves the wheel as its clock.
 //
 // expire(now) first moves every level's current time up to now (never back), then takes every
-// bucket the queue holds due at now, and empties each: a node whose tick has come goes out; the
-// others fall to a finer level (the currents being at now, they land in buckets not yet due). Empty
-// ticks cost nothing: no bucket, no work.
+// bucket the queue holds due at now, and empties each: a node whose deadline has come goes out; one
+// whose tick is the one under way goes to the near_window (near_window.hpp), which keeps it in
+// deadline order so that it runs at its own deadline; the others fall to a finer level (the
+// currents being at now, they land in buckets not yet due). A bucket is queued to come out when its
+// span's earliest deadline can have come: just after the tick before its span, one tick before
+// Kafka's. Empty ticks cost nothing: no bucket, no work. A tick-rounded driver passes a `now` on
+// the grid.
 //
 //              level 2: tick 25, span 125     [ 0  | 25 | 50 | 75 | 100 ]
 //                                                     |  expires at 25: its nodes re-placed
@@ -24,14 +28,13 @@
 //                                                    |  expires at 31: nodes with d <= now go out
 //     delay_queue<bucket_ref>:  (31, L0)  (35, L1)  (50, L2)  ...  only non-empty buckets
 //
-// Never early: a node goes out only when its tick u has been reached, and its own deadline is
-// <= now (u is clamped at the end of the time line, so the second test is not redundant there).
+// Never early: a node goes out only when its own deadline is <= now, whatever bucket it was in.
 // Kafka keys a task by its deadline rounded down and runs a bucket when its start is reached, so a
 // task can run up to one tick early; here the bucket only says when to look.
 //
 // Details:
-// - A node whose tick the wheel has already passed (u <= level 0's current: its deadline is due, or
-//   the clock went back) goes to an `overdue` list that every expire() checks by deadline.
+// - A node whose tick the wheel has already passed or opened (u <= level 0's current: its deadline
+//   is due, or short, or the clock went back) goes to the window too.
 // - A bucket whose nodes were all unlinked stays in the queue until due (as in Kafka) and is then
 //   emptied for nothing; when the wheel holds nothing at all the queue is cleared (an epoch makes
 //   the references left behind stale), so an idle wheel has no next expiry.
@@ -57,6 +60,7 @@
 
 #include "../delay_queue.hpp"
 #include "bucket.hpp"
+#include "near_window.hpp"
 #include "time.hpp"
 #include "timer_node.hpp"
 
@@ -133,83 +137,72 @@ class timing_wheel {
 
     std::size_t size() const noexcept { return size_; }
 
-    /// Where a node due at `deadline` goes (its tick), creating the levels it needs. Throws
-    /// std::bad_alloc; then nothing visible has changed.
+    /// Where a node due at `deadline` goes (its tick), creating the levels it needs and room in
+    /// the window. Throws std::bad_alloc; then nothing visible has changed.
     std::uint64_t prepare(time_point deadline) {
         const std::uint64_t u = to_ticks(deadline);
         while (u >= sat_add_u64(levels_.back().current, levels_.back().interval)) add_level();
+        if (u <= levels_[0].current) window_.reserve_one();
         return u;
     }
 
-    /// Links n (not in the wheel) at its tick `u` (prepare(n->deadline)). Returns whether its
-    /// list comes out before `wake_by` (time_point::min(): nobody waits; then false).
+    /// Links n (not in the wheel) at its tick `u` (prepare(n->deadline)). Returns whether it comes
+    /// out before `wake_by` (time_point::min(): nobody waits; then false).
     bool link(node* n, std::uint64_t u, time_point wake_by) noexcept {
         ++size_;
-        const time_point when = place(n, u);
-        return when < wake_by;
+        place(n, u, false);
+        return n->deadline < wake_by;
     }
 
-    /// Unlinks n, which this wheel holds. O(1).
+    /// Unlinks n, which this wheel holds. O(1) in a bucket, O(log h) in the window's heap.
     void unlink(node* n) noexcept {
-        node_list::unlink(n);
+        if (near_window<Clock>::holds(n)) {
+            window_.unlink(n);
+        } else {
+            node_list::unlink(n);
+        }
         if (--size_ == 0) forget_buckets();
     }
 
     /// Unlinks every node due at `now` and hands each to sink(node*), in no particular order;
-    /// returns how many. `worked`: whether a bucket was emptied or an overdue node went out.
+    /// returns how many. `worked`: whether a bucket was emptied or a node of the window went out.
     template <class Sink>
+    // NOLINTNEXTLINE(bugprone-exception-escape): sinks append only where room was made
     std::size_t expire(time_point now, Sink&& sink, bool& worked) noexcept {
         std::size_t count = 0;
         auto out = [&](node_links* l) {
             sink(node::of(l));
             ++count;
         };
-        if (overdue_min_ <= now) {
-            time_point lo = time_point::max();
-            bool any = false;
-            for (node_links* l = overdue_.head.next; l != &overdue_.head;) {
-                node_links* next = l->next;
-                const time_point d = node::of(l)->deadline;
-                if (d <= now) {
-                    node_list::unlink(l);
-                    out(l);
-                } else {
-                    any = true;
-                    lo = std::min(lo, d);
-                }
-                l = next;
-            }
-            overdue_min_ = any ? lo : never;
-            worked = worked || count != 0;
-        }
+        window_.take_due(now, out);
+        worked = worked || count != 0;
         // The wheel's time follows the clock: a node re-placed below lands in a bucket not yet
         // due, so one pass suffices however late the driver is.
         const std::uint64_t nowt = floor_ticks(now);
-        if (now > origin_tp()) {
-            for (level& lv : levels_) {
-                const std::uint64_t c = nowt - nowt % lv.tick;
-                if (c > lv.current) lv.current = c;
-            }
-        }
+        if (now > origin_tp()) advance_to(nowt);
         while (std::optional<bucket_ref> r = queue_.poll(now)) {
             bucket& b = *r->b;
             if (!b.queued || b.gen != r->gen || r->epoch != epoch_) continue;
             b.queued = false;
             worked = true;
+            // A bucket opens up to one tick before its span starts (its earliest deadline may be
+            // just after the tick before): the wheel's time goes to the span's start, so that the
+            // finer levels cover the whole span and its nodes land there, not back in it.
+            advance_to(b.expiry);
             b.nodes.drain([&](node_links* l) {
                 node* n = node::of(l);
+                if (n->deadline <= now) return out(l);
                 const std::uint64_t u = to_ticks(n->deadline);
-                // its tick has come (the last tick, clamped at time_point::max(), only at the end
-                // of time), and its deadline
-                if (n->deadline <= now && (u <= nowt || to_time(u) <= now)) {
-                    out(l);
-                } else {
-                    place(n, u);
-                }
+                // The tick under way (or one already passed: the clock went back): to the
+                // window, to run at its own deadline; without room there, to its bucket, rounded.
+                if (u <= nowt + 1 && window_.stage(n)) return;
+                place(n, u, u <= nowt + 1);
             });
         }
+        window_.end_stage();
         size_ -= count;
         if (size_ == 0 && count != 0) forget_buckets();
+        assert(invariants());
         return count;
     }
 
@@ -218,13 +211,24 @@ class timing_wheel {
     std::optional<time_point> next_expiry() const {
         if (size_ == 0) return std::nullopt;
         const std::optional<time_point> q = queue_.next_deadline();
-        return q ? std::min(*q, overdue_min_) : overdue_min_;
+        const std::optional<time_point> w = window_.next();
+        if (q && w) return std::min(*q, *w);
+        return q ? q : w;
+    }
+
+    /// The tick grid: the grid point at or before t, and at or after t (t itself before the
+    /// origin). A driver that wants tick-rounded firing advances at floor_to_grid(now) and sleeps
+    /// until ceil_to_grid(next_expiry()).
+    time_point floor_to_grid(time_point t) const noexcept {
+        return t <= origin_tp() ? t : to_time(floor_ticks(t));
+    }
+    time_point ceil_to_grid(time_point t) const noexcept {
+        return t <= origin_tp() ? t : to_time(to_ticks(t));
     }
 
     /// Unlinks every node and returns them chained through `next` (prev null), in no order.
     node_links* take_all() noexcept {
-        node_links* chain = overdue_.detach_onto(nullptr);
-        overdue_min_ = never;
+        node_links* chain = window_.take_all(nullptr);
         for (level& lv : levels_)
             for (std::size_t i = 0; i < wheel_size_; ++i)
                 chain = lv.buckets[i].nodes.detach_onto(chain);
@@ -233,12 +237,23 @@ class timing_wheel {
         return chain;
     }
 
+    /// Debug builds check after every pass: every non-empty bucket is queued, and every
+    /// level's current time is a multiple of its tick.
+    bool invariants() const noexcept {
+        for (const level& lv : levels_) {
+            if (lv.current % lv.tick != 0) return false;
+            for (std::size_t i = 0; i < wheel_size_; ++i)
+                if (!lv.buckets[i].nodes.empty() && !is_queued(lv.buckets[i])) return false;
+        }
+        return true;
+    }
+
     // ---- for tests: the level arithmetic ----
 
     std::size_t level_count() const noexcept { return levels_.size(); }
     /// Level 0's current time, on Clock.
     time_point current_time() const noexcept { return to_time(levels_[0].current); }
-    /// The level a node due at `deadline` would sit at now; -1 when it is overdue.
+    /// The level a node due at `deadline` would sit at now; -1 when it would be in the window.
     int level_of(time_point deadline) const noexcept {
         const std::uint64_t u = to_ticks(deadline);
         if (u <= levels_[0].current) return -1;
@@ -291,32 +306,49 @@ class timing_wheel {
         levels_.push_back(std::move(lv));  // room reserved: no throw
     }
 
-    // Puts n where tick u belongs; returns when its list comes out at the earliest.
-    time_point place(node* n, std::uint64_t u) noexcept {
-        if (u <= levels_[0].current) {
-            overdue_.push_back(n);
-            overdue_min_ = std::min(overdue_min_, n->deadline);
-            return n->deadline;
+    // Puts n where tick u belongs: the window when the wheel has passed that tick, else the
+    // finest level whose span covers it. A bucket is queued to come out when the earliest
+    // deadline it may hold can have come (the start of its span), or, `rounded`, at the end of
+    // its first tick (a node that the window had no room for, whose tick is under way).
+    void place(node* n, std::uint64_t u, bool rounded) noexcept {
+        if (u <= levels_[0].current && !rounded) {
+            window_.insert(n);  // room: prepare() for a schedule; a pass stages instead
+            return;
         }
         for (level& lv : levels_) {
             if (u >= sat_add_u64(lv.current, lv.interval)) continue;
             const std::uint64_t vid = lv.by_tick.div(u);
             bucket& b = lv.buckets[vid - ws_div_.div(vid) * wheel_size_];
             const std::uint64_t expiry = vid * lv.tick;
-            if (!is_queued(b)) enqueue(b, expiry);
+            if (!is_queued(b))
+                enqueue(b, expiry, rounded ? std::max(to_time(u), n->deadline) : opens(expiry));
             assert(b.expiry <= expiry);  // see "Details" at the top
             b.nodes.push_back(n);
-            return to_time(b.expiry);
+            return;
         }
         assert(false && "prepare() creates the levels a deadline needs");
-        return n->deadline;
+    }
+
+    // When the span that starts at tick e begins: no deadline in it is earlier.
+    time_point opens(std::uint64_t e) const noexcept {
+        if (e == 0) return time_point::min();
+        const time_point t = to_time(e - 1);
+        return t == time_point::max() ? t : t + duration{1};
+    }
+
+    // Moves every level's current time up to tick t (never back).
+    void advance_to(std::uint64_t t) noexcept {
+        for (level& lv : levels_) {
+            const std::uint64_t c = t - t % lv.tick;
+            if (c > lv.current) lv.current = c;
+        }
     }
 
     bool is_queued(const bucket& b) const noexcept { return b.queued && b.epoch == epoch_; }
 
-    void enqueue(bucket& b, std::uint64_t expiry) noexcept {
+    void enqueue(bucket& b, std::uint64_t expiry, time_point at) noexcept {
         // room was made by add_level(): put cannot allocate, and the queue is never closed
-        (void)queue_.put(bucket_ref{&b, to_time(expiry), b.gen + 1, epoch_});
+        (void)queue_.put(bucket_ref{&b, at, b.gen + 1, epoch_});
         ++b.gen;
         b.epoch = epoch_;
         b.expiry = expiry;
@@ -364,8 +396,7 @@ class timing_wheel {
     const divider tick_div_{static_cast<std::uint64_t>(tick_.count())};
     rep origin_;
     std::vector<level> levels_;
-    node_list overdue_;  // nodes whose tick the wheel has passed; checked by deadline
-    time_point overdue_min_ = never;
+    near_window<Clock> window_;  // the tick under way, and nodes whose tick the wheel has passed
     std::size_t size_ = 0;
     std::uint64_t epoch_ = 0;
     delay_queue<bucket_ref, Clock> queue_;

@@ -71,11 +71,13 @@ class wheel_core final : public timer_core<Clock> {
         bool worked = false;
     };
 
+    /// `precise`: a task runs at its own deadline; else at its tick's boundary (the ring's grid).
     template <class... RingArgs>
-    wheel_core(std::size_t max_pending, on_error_fn on_error, RingArgs&&... ring_args)
+    wheel_core(std::size_t max_pending, on_error_fn on_error, bool precise, RingArgs&&... ring_args)
         : ring_(std::forward<RingArgs>(ring_args)...),
           max_pending_(max_pending),
-          on_error_(std::move(on_error)) {}
+          on_error_(std::move(on_error)),
+          precise_(precise) {}
 
     /// Schedules `task` at `deadline`. Throws rejected_error (task untouched) when stopped or
     /// full; std::bad_alloc, or what moving the task throws, and then nothing is scheduled.
@@ -137,7 +139,7 @@ class wheel_core final : public timer_core<Clock> {
 
     std::optional<time_point> next_expiry() const {
         std::lock_guard lk(lock_);
-        return ring_.next_expiry();
+        return next_due();
     }
 
     bool stopped() const {
@@ -159,7 +161,7 @@ class wheel_core final : public timer_core<Clock> {
                 if (!advancing_) {
                     batch_.begin();
                     const std::size_t count = ring_.expire(
-                        now,
+                        precise_ ? now : ring_.floor_to_grid(now),
                         [this](node* n) {
                             n->prev = run_marker();
                             batch_.add(n);
@@ -295,7 +297,7 @@ class wheel_core final : public timer_core<Clock> {
             {
                 std::lock_guard lk(lock_);
                 if (stopped_) return false;
-                const std::optional<time_point> next = ring_.next_expiry();
+                const std::optional<time_point> next = next_due();
                 const time_point now = Clock::now();
                 if ((next && *next <= now) || limit <= now) return true;
                 until = next ? std::min(*next, limit) : limit;
@@ -359,6 +361,13 @@ class wheel_core final : public timer_core<Clock> {
   private:
     ~wheel_core() override = default;  // by drop_owner() only
 
+    // Under the lock: when advance() will next have something to run.
+    std::optional<time_point> next_due() const {
+        const std::optional<time_point> t = ring_.next_expiry();
+        if (!t || precise_) return t;
+        return ring_.ceil_to_grid(*t);
+    }
+
     // Wakes every driver sleeping in wait_for_work(). A sleeper holds sleep_m_ from the moment it
     // looks at the ring until it waits, so taking sleep_m_ here means the wake-up either comes
     // before it looks (it sees the change) or reaches it asleep.
@@ -420,6 +429,7 @@ class wheel_core final : public timer_core<Clock> {
     std::size_t sleepers_ = 0;
     const std::size_t max_pending_;
     const on_error_fn on_error_;
+    const bool precise_;
     std::atomic<bool> started_{false};
     std::atomic<std::thread::id> worker_id_{};
     std::atomic<std::size_t> wakeups_{0};
