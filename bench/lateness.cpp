@@ -3,23 +3,31 @@
 //
 // For each structure: 100 000 timers with deadlines spread uniformly over one second (scheduled
 // up front, in random order), each recording steady_clock::now() when it runs. Reports p50, p99 and
-// max lateness, and counts early firings (must be 0). Then the idle test: a timer with nothing
-// pending for `idle_seconds`, counting the voluntary context switches of its threads.
+// max lateness, and counts early firings (must be 0). The wheels run twice: precise (the default: a
+// task runs at its deadline) and tick-rounded (precise = false: at its tick's boundary).
 //
-// usage: lateness [timers=100000] [idle_seconds=5]
-#include <delayq/delayq.hpp>
+// Then: sparse timers (at most one per tick) on the precise wheels; a dense burst (1M timers due
+// within the same 10 ms, on a microsecond grid), whose expiry cost per timer (the process's CPU
+// time while the main thread sleeps, over the timers) and worker wake-ups are compared precise vs
+// rounded, beside the number of distinct deadlines; and the idle test: a timer with nothing pending
+// for `idle_seconds`, counting the voluntary context switches of its threads.
+//
+// usage: lateness [timers=100000] [idle_seconds=5] [burst=1000000]
+#include <dirent.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <dirent.h>
+#include <delayq/delayq.hpp>
 #include <fstream>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
-#include <unistd.h>
 #include <vector>
 
 #if defined(__linux__)
@@ -45,23 +53,33 @@ struct result {
 void report(const char* name, result& r) {
     auto& v = r.late_ns;
     std::sort(v.begin(), v.end());
-    auto pct = [&](double p) { return v[static_cast<std::size_t>(p * static_cast<double>(v.size() - 1))]; };
+    auto pct = [&](double p) {
+        return v[static_cast<std::size_t>(p * static_cast<double>(v.size() - 1))];
+    };
     std::printf("%-28s timers %zu  p50 %8.1f us  p99 %8.1f us  max %8.1f us  early %zu\n", name,
-                v.size(), pct(0.50) / 1e3, pct(0.99) / 1e3, static_cast<double>(v.back()) / 1e3, r.early);
+                v.size(), pct(0.50) / 1e3, pct(0.99) / 1e3, static_cast<double>(v.back()) / 1e3,
+                r.early);
 }
 
 struct plan {
     std::vector<clk::time_point> deadline;
     std::vector<std::size_t> order;  // schedule order: random
     std::vector<std::atomic<std::int64_t>> fired_at;
-    explicit plan(std::size_t n) : deadline(n), order(n), fired_at(n) {
-        const auto start = clk::now() + 300ms;  // scheduling 100k timers takes time too
+    // n deadlines spread over `span` from `lead` on, on a grid of `grain` (1 ns: anywhere)
+    explicit plan(std::size_t n, std::chrono::nanoseconds span = 1s,
+                  std::chrono::nanoseconds lead = 300ms, std::chrono::nanoseconds grain = 1ns)
+        : deadline(n), order(n), fired_at(n) {
+        const auto start = clk::now() + lead;  // scheduling 100k timers takes time too
         std::mt19937_64 rng(11);
+        const auto slots = static_cast<std::uint64_t>(span / grain);
         for (std::size_t i = 0; i < n; ++i) {
-            deadline[i] = start + std::chrono::nanoseconds(rng() % 1'000'000'000);
+            deadline[i] = start + grain * static_cast<std::int64_t>(rng() % slots);
             order[i] = i;
         }
         std::shuffle(order.begin(), order.end(), rng);
+    }
+    std::size_t distinct() const {
+        return std::set<clk::time_point>(deadline.begin(), deadline.end()).size();
     }
     void fire(std::size_t i) {
         fired_at[i].store(clk::now().time_since_epoch().count(), std::memory_order_relaxed);
@@ -83,8 +101,7 @@ void low_slack() {
 #endif
 }
 
-result run_delay_queue(std::size_t n) {
-    plan p(n);
+result run_delay_queue(plan& p) {
     struct job {
         std::size_t i;
         clk::time_point at;
@@ -103,26 +120,59 @@ result run_delay_queue(std::size_t n) {
     return p.collect();
 }
 
+double cpu_seconds() {
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+           static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
+// What a run of a wheel costs its worker: CPU seconds from the first deadline on, and wake-ups.
+struct cost {
+    double cpu = 0;
+    std::size_t wakeups = 0;
+};
+
 template <class Timer>
-result run_wheel(std::size_t n, typename Timer::options o) {
-    plan p(n);
+result run_wheel(plan& p, typename Timer::options o, cost* c = nullptr) {
+    const std::size_t n = p.deadline.size();
     Timer t(std::move(o));
     std::atomic<std::size_t> done{0};
     for (auto i : p.order)
-        t.schedule_at([&p, &done, i] {
-            p.fire(i);
-            done.fetch_add(1, std::memory_order_relaxed);
-        }, p.deadline[i]);
-    while (done.load() < n) std::this_thread::sleep_for(10ms);
+        t.schedule_at(
+            [&p, &done, i] {
+                p.fire(i);
+                done.fetch_add(1, std::memory_order_relaxed);
+            },
+            p.deadline[i]);
+    const auto first = *std::min_element(p.deadline.begin(), p.deadline.end());
+    std::this_thread::sleep_until(first - 20ms);  // the main thread sleeps from here on
+    const double cpu0 = cpu_seconds();
+    const std::size_t w0 = t.wakeups();
+    while (done.load() < n) std::this_thread::sleep_for(5ms);
+    if (c) *c = cost{cpu_seconds() - cpu0, t.wakeups() - w0};
     t.stop();
     return p.collect();
 }
 
-#ifdef DELAYQ_LATENESS_ASIO
-result run_asio(std::size_t n) {
+template <class Timer>
+result run_wheel(std::size_t n, typename Timer::options o) {
     plan p(n);
+    return run_wheel<Timer>(p, std::move(o));
+}
+
+template <class Timer>
+typename Timer::options wheel_options(bool precise) {
+    typename Timer::options o;
+    o.tick = 1ms;
+    o.precise = precise;
+    return o;
+}
+
+#ifdef DELAYQ_LATENESS_ASIO
+result run_asio(plan& p) {
     boost::asio::io_context io;
-    std::vector<std::unique_ptr<boost::asio::steady_timer>> timers(n);
+    std::vector<std::unique_ptr<boost::asio::steady_timer>> timers(p.deadline.size());
     for (auto i : p.order) {
         timers[i] = std::make_unique<boost::asio::steady_timer>(io, p.deadline[i]);
         timers[i]->async_wait([&p, i](const boost::system::error_code&) { p.fire(i); });
@@ -148,7 +198,8 @@ long others_voluntary_switches() {
         std::ifstream f("/proc/self/task/" + tid + "/status");
         std::string line;
         while (std::getline(f, line))
-            if (line.rfind("voluntary_ctxt_switches:", 0) == 0) total += std::atol(line.c_str() + 24);
+            if (line.rfind("voluntary_ctxt_switches:", 0) == 0)
+                total += std::atol(line.c_str() + 24);
     }
     closedir(d);
     return total;
@@ -168,32 +219,79 @@ void idle_wakeups(const char* name, typename Timer::options o, int seconds) {
 
 }  // namespace
 
+using hashed = delayq::hashed_wheel_timer<>;
+using hierarchical = delayq::hierarchical_timing_wheel<>;
+
+// A dense burst: n timers due within the same 10 ms, on a 1 us grid.
+template <class Timer>
+void burst(const char* name, std::size_t n) {
+    cost c[2];
+    std::size_t distinct = 0;
+    for (const bool precise : {true, false}) {
+        plan p(n, 10ms, 1500ms, 1us);
+        distinct = p.distinct();
+        auto r = run_wheel<Timer>(p, wheel_options<Timer>(precise), &c[precise ? 0 : 1]);
+        report((std::string(name) + (precise ? " precise" : " rounded")).c_str(), r);
+    }
+    std::printf(
+        "%-28s burst of %zu (%zu distinct deadlines): expiry %.1f ns/timer precise vs %.1f rounded "
+        "(%.2fx), wake-ups %zu precise vs %zu rounded\n",
+        name, n, distinct, c[0].cpu * 1e9 / static_cast<double>(n),
+        c[1].cpu * 1e9 / static_cast<double>(n), c[0].cpu / c[1].cpu, c[0].wakeups, c[1].wakeups);
+}
+
 int main(int argc, char** argv) {
     const std::size_t n = argc > 1 ? std::strtoul(argv[1], nullptr, 10) : 100'000;
     const int idle = argc > 2 ? std::atoi(argv[2]) : 5;
+    const std::size_t burst_n = argc > 3 ? std::strtoul(argv[3], nullptr, 10) : 1'000'000;
     std::printf("lateness of %zu timers spread over 1 s (fire time - deadline)\n", n);
     {
-        auto r = run_delay_queue(n);
+        plan p(n);
+        auto r = run_delay_queue(p);
         report("delay_queue (taker thread)", r);
-    }
-    {
-        delayq::hashed_wheel_timer<>::options o;
-        o.tick = 1ms;
-        auto r = run_wheel<delayq::hashed_wheel_timer<>>(n, o);
-        report("hashed_wheel_timer 1ms", r);
-    }
-    {
-        delayq::hierarchical_timing_wheel<>::options o;
-        o.tick = 1ms;
-        auto r = run_wheel<delayq::hierarchical_timing_wheel<>>(n, o);
-        report("hierarchical_wheel 1ms", r);
     }
 #ifdef DELAYQ_LATENESS_ASIO
     {
-        auto r = run_asio(n);
+        plan p(n);
+        auto r = run_asio(p);
         report("asio steady_timer", r);
     }
 #endif
+    for (const bool precise : {true, false}) {
+        const char* mode = precise ? "precise" : "rounded";
+        auto r = run_wheel<hashed>(n, wheel_options<hashed>(precise));
+        report((std::string("hashed_wheel_timer 1ms ") + mode).c_str(), r);
+        auto q = run_wheel<hierarchical>(n, wheel_options<hierarchical>(precise));
+        report((std::string("hierarchical_wheel 1ms ") + mode).c_str(), q);
+    }
+    if (n >= 1000) {
+        const std::size_t sparse = std::max<std::size_t>(n / 500, 200);  // <= 1 per 1 ms tick
+        std::printf("sparse: %zu timers spread over %zu s\n", sparse, sparse / 100);
+        const auto span = std::chrono::seconds(sparse / 100);
+        {
+            plan p(sparse, span);
+            auto r = run_delay_queue(p);
+            report("delay_queue (taker thread)", r);
+        }
+#ifdef DELAYQ_LATENESS_ASIO
+        {
+            plan p(sparse, span);
+            auto r = run_asio(p);
+            report("asio steady_timer", r);
+        }
+#endif
+        for (int k = 0; k < 2; ++k) {
+            plan p(sparse, span);
+            auto r = k == 0 ? run_wheel<hashed>(p, wheel_options<hashed>(true))
+                            : run_wheel<hierarchical>(p, wheel_options<hierarchical>(true));
+            report(k == 0 ? "hashed_wheel_timer 1ms" : "hierarchical_wheel 1ms", r);
+        }
+    }
+    if (burst_n > 0) {
+        std::printf("dense burst: %zu timers due within the same 10 ms\n", burst_n);
+        burst<hashed>("hashed_wheel_timer 1ms", burst_n);
+        burst<hierarchical>("hierarchical_wheel 1ms", burst_n);
+    }
     if (idle > 0) {
         delayq::hashed_wheel_timer<>::options h;
         h.tick = 1ms;
