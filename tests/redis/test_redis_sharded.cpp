@@ -71,8 +71,7 @@ TEST_CASE("sharded: jobs come out of every shard, in deadline order within each,
         CHECK(q.ack(*j));
     }
     CHECK(per_shard.size() == 4);
-    for (const auto& [shard, dues] : per_shard)
-        CHECK(std::is_sorted(dues.begin(), dues.end()));
+    for (const auto& [shard, dues] : per_shard) CHECK(std::is_sorted(dues.begin(), dues.end()));
     CHECK_FALSE(q.take(0ms));
 }
 

@@ -85,8 +85,8 @@ struct options {
 /// One delivery of a job, as take() hands it out: what ack() and nack() need to prove that the
 /// caller still holds the lease.
 struct job {
-    std::string id;       ///< the id it was put with
-    std::string payload;  ///< its payload, binary-safe
+    std::string id;                                  ///< the id it was put with
+    std::string payload;                             ///< its payload, binary-safe
     std::chrono::system_clock::time_point deadline;  ///< when this delivery was due (server clock)
     unsigned attempts = 0;                           ///< 1 at the first delivery
     std::uint64_t token = 0;                         ///< fencing token of this lease

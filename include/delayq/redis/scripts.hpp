@@ -13,7 +13,7 @@
 // |---------|---------|----------------------------------------------------------------------|
 // | gone    | waiting | put (refused while the id is waiting or leased)                      |
 // | waiting | waiting | reschedule                                                           |
-// | waiting | leased  | take, or the take inside an ack or nack: attempts + 1, a new token   |
+// | waiting | leased  | take, or the take inside an ack: attempts + 1, a new token           |
 // | waiting | gone    | cancel                                                               |
 // | leased  | gone    | ack; cancel                                                          |
 // | leased  | waiting | nack; the lease ending (reclaimed by the next consume call); release |
