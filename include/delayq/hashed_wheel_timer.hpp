@@ -107,18 +107,40 @@ class hashed_wheel {
     /// Runs `task` once `delay` (saturating; <= 0: due now) has passed on Clock. O(1). Throws
     /// rejected_error after stop() or when max_pending tasks are pending (the task is then left
     /// untouched); std::bad_alloc or what moving the task throws (then nothing is scheduled).
-    template <class F, class Rep, class Period>
-    requires std::is_invocable_v < std::decay_t<F>
-    & > timeout<Clock> schedule(F&& task, std::chrono::duration<Rep, Period> delay) {
+    template <detail::task F, class Rep, class Period>
+    timeout<Clock> schedule(F&& task, std::chrono::duration<Rep, Period> delay) {
         return core_->schedule_at(std::forward<F>(task), detail::deadline_after<Clock>(delay));
     }
 
     /// Runs `task` once Clock reaches `deadline` (a past one: at the next advance()). As
     /// schedule().
-    template <class F>
-    requires std::is_invocable_v < std::decay_t<F>
-    & > timeout<Clock> schedule_at(F&& task, time_point deadline) {
+    template <detail::task F>
+    timeout<Clock> schedule_at(F&& task, time_point deadline) {
         return core_->schedule_at(std::forward<F>(task), deadline);
+    }
+
+    /// Runs `task` every `period` (> 0, else std::invalid_argument), the first time one period
+    /// from now: the k-th run is due at first + k * period, never drifting. `policy` says what a
+    /// run that comes late does to the next one (missed_tick: skip, the default, drops the missed
+    /// runs and keeps the grid; burst runs them all at once; delay moves the grid). The task never
+    /// runs concurrently with itself; one that throws goes to on_error and the period goes on;
+    /// cancel() ends the repeat, also from inside the task; reschedule() moves the next run and
+    /// the grid with it; stop() hands it back unless it is running. No allocation per run. As
+    /// schedule() otherwise.
+    template <detail::task F, class Rep, class Period>
+    timeout<Clock> schedule_every(F&& task, std::chrono::duration<Rep, Period> period,
+                                  missed_tick policy = missed_tick::skip) {
+        return schedule_every_at(std::forward<F>(task), detail::deadline_after<Clock>(period),
+                                 period, policy);
+    }
+
+    /// schedule_every(), the first run due at `first`.
+    template <detail::task F, class Rep, class Period>
+    timeout<Clock> schedule_every_at(F&& task, time_point first,
+                                     std::chrono::duration<Rep, Period> period,
+                                     missed_tick policy = missed_tick::skip) {
+        return core_->schedule_every(std::forward<F>(task), first,
+                                     detail::saturating_ceil<duration>(period), policy);
     }
 
     /// Runs, on this thread, every task due at `now` (deadline <= now; with precise = false, also
@@ -170,20 +192,43 @@ class hashed_wheel_timer {
     /// O(1). Throws rejected_error after stop() or when max_pending tasks are pending (the task is
     /// then left untouched); std::bad_alloc, what moving the task throws, or std::system_error if
     /// the worker cannot start (then nothing is scheduled).
-    template <class F, class Rep, class Period>
-    requires std::is_invocable_v < std::decay_t<F>
-    & > timeout<Clock> schedule(F&& task, std::chrono::duration<Rep, Period> delay) {
+    template <detail::task F, class Rep, class Period>
+    timeout<Clock> schedule(F&& task, std::chrono::duration<Rep, Period> delay) {
         driver_.start(*core_);
         return core_->schedule_at(std::forward<F>(task), detail::deadline_after<Clock>(delay));
     }
 
     /// Runs `task` on the worker once Clock reaches `deadline` (a past one: at once). As
     /// schedule().
-    template <class F>
-    requires std::is_invocable_v < std::decay_t<F>
-    & > timeout<Clock> schedule_at(F&& task, time_point deadline) {
+    template <detail::task F>
+    timeout<Clock> schedule_at(F&& task, time_point deadline) {
         driver_.start(*core_);
         return core_->schedule_at(std::forward<F>(task), deadline);
+    }
+
+    /// Runs `task` every `period` (> 0, else std::invalid_argument), the first time one period
+    /// from now: the k-th run is due at first + k * period, never drifting. `policy` says what a
+    /// run that comes late does to the next one (missed_tick: skip, the default, drops the missed
+    /// runs and keeps the grid; burst runs them all at once; delay moves the grid). The task never
+    /// runs concurrently with itself; one that throws goes to on_error and the period goes on;
+    /// cancel() ends the repeat, also from inside the task; reschedule() moves the next run and
+    /// the grid with it; stop() hands it back unless it is running. No allocation per run. As
+    /// schedule() otherwise.
+    template <detail::task F, class Rep, class Period>
+    timeout<Clock> schedule_every(F&& task, std::chrono::duration<Rep, Period> period,
+                                  missed_tick policy = missed_tick::skip) {
+        return schedule_every_at(std::forward<F>(task), detail::deadline_after<Clock>(period),
+                                 period, policy);
+    }
+
+    /// schedule_every(), the first run due at `first`.
+    template <detail::task F, class Rep, class Period>
+    timeout<Clock> schedule_every_at(F&& task, time_point first,
+                                     std::chrono::duration<Rep, Period> period,
+                                     missed_tick policy = missed_tick::skip) {
+        driver_.start(*core_);
+        return core_->schedule_every(std::forward<F>(task), first,
+                                     detail::saturating_ceil<duration>(period), policy);
     }
 
     /// Tasks neither run nor cancelled.

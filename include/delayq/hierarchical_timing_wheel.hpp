@@ -93,20 +93,43 @@ class hierarchical_timing_wheel {
     /// now) has passed on Clock. Throws rejected_error after stop() or at max_pending (the task
     /// is then left untouched); std::bad_alloc or what moving the task throws (then nothing is
     /// scheduled).
-    template <class F, class Rep, class Period>
-    requires std::is_invocable_v < std::decay_t<F>
-    & > timeout<Clock> schedule(F&& task, std::chrono::duration<Rep, Period> delay) {
+    template <detail::task F, class Rep, class Period>
+    timeout<Clock> schedule(F&& task, std::chrono::duration<Rep, Period> delay) {
         if (own_thread_) driver_.start(*core_);
         return core_->schedule_at(std::forward<F>(task), detail::deadline_after<Clock>(delay));
     }
 
     /// Runs `task` once Clock reaches `deadline` (a past deadline: at the next pass). As
     /// schedule().
-    template <class F>
-    requires std::is_invocable_v < std::decay_t<F>
-    & > timeout<Clock> schedule_at(F&& task, time_point deadline) {
+    template <detail::task F>
+    timeout<Clock> schedule_at(F&& task, time_point deadline) {
         if (own_thread_) driver_.start(*core_);
         return core_->schedule_at(std::forward<F>(task), deadline);
+    }
+
+    /// Runs `task` every `period` (> 0, else std::invalid_argument), the first time one period
+    /// from now: the k-th run is due at first + k * period, never drifting. `policy` says what a
+    /// run that comes late does to the next one (missed_tick: skip, the default, drops the missed
+    /// runs and keeps the grid; burst runs them all at once; delay moves the grid). The task never
+    /// runs concurrently with itself; one that throws goes to on_error and the period goes on;
+    /// cancel() ends the repeat, also from inside the task; reschedule() moves the next run and
+    /// the grid with it; stop() hands it back unless it is running. No allocation per run. As
+    /// schedule() otherwise.
+    template <detail::task F, class Rep, class Period>
+    timeout<Clock> schedule_every(F&& task, std::chrono::duration<Rep, Period> period,
+                                  missed_tick policy = missed_tick::skip) {
+        return schedule_every_at(std::forward<F>(task), detail::deadline_after<Clock>(period),
+                                 period, policy);
+    }
+
+    /// schedule_every(), the first run due at `first`.
+    template <detail::task F, class Rep, class Period>
+    timeout<Clock> schedule_every_at(F&& task, time_point first,
+                                     std::chrono::duration<Rep, Period> period,
+                                     missed_tick policy = missed_tick::skip) {
+        if (own_thread_) driver_.start(*core_);
+        return core_->schedule_every(std::forward<F>(task), first,
+                                     detail::saturating_ceil<duration>(period), policy);
     }
 
     /// Waits up to `max_wait` for a bucket to come due, then empties every due bucket and runs the

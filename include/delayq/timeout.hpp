@@ -8,11 +8,20 @@
 
 #include <chrono>
 #include <stdexcept>
+#include <type_traits>
 #include <utility>
 
+#include "detail/time.hpp"
 #include "detail/timer_node.hpp"
 
 namespace delayq {
+
+namespace detail {
+/// What the wheels run: a callable taking no arguments (move-only welcome), invoked as an lvalue.
+/// (Spelled with add_lvalue_reference_t: clang-format 14 breaks `F&>` inside a concept.)
+template <class F>
+concept task = std::is_invocable_v<std::add_lvalue_reference_t<std::decay_t<F>>>;
+}  // namespace detail
 
 /// Thrown by schedule() when the timer is stopped or max_pending would be exceeded.
 class rejected_error : public std::runtime_error {
@@ -46,19 +55,37 @@ class timeout {
         std::swap(core_, o.core_);
     }
 
-    /// True if this call stopped the task from running. The task is destroyed before it returns.
+    /// True if this call stopped the task from running (a periodic task: from running again, also
+    /// when called from inside it). The task is destroyed before it returns, unless it is running
+    /// (a periodic task cancelled during its run is destroyed when that run ends).
     bool cancel() noexcept { return node_ && core_->cancel(*node_); }
 
     bool cancelled() const noexcept { return is(detail::timer_state::cancelled); }
 
-    /// The task has been handed to the worker to run (it may still be running).
+    /// The task has been handed to the worker to run (it may still be running). Never true of a
+    /// periodic task: it is pending until cancelled.
     bool expired() const noexcept { return is(detail::timer_state::expired); }
 
     /// Neither run nor cancelled yet.
     bool pending() const noexcept { return is(detail::timer_state::pending); }
 
-    /// When the task is due. Models Delayed. time_point{} for an empty handle.
-    time_point deadline() const noexcept { return node_ ? node_->deadline : time_point{}; }
+    /// Moves the task, if it is still pending, to run once `delay` (saturating; <= 0: due now)
+    /// has passed on Clock; keeps the task and this handle. O(1) (a task in the tick under way:
+    /// O(log n) of that tick), no allocation but, rarely, room for the tick under way. Returns
+    /// false, changing nothing, when the task ran, runs, or was cancelled. A periodic task's next
+    /// run moves, and its later runs follow from there. Thread-safe, like cancel(). Throws
+    /// std::bad_alloc (then nothing changed).
+    template <class Rep, class Period>
+    bool reschedule(std::chrono::duration<Rep, Period> delay) {
+        return reschedule_at(detail::deadline_after<Clock>(delay));
+    }
+
+    /// reschedule(), to run once Clock reaches `deadline` (a past one: at the next pass).
+    bool reschedule_at(time_point deadline) { return node_ && core_->reschedule(*node_, deadline); }
+
+    /// When the task is due (a periodic task: its next run). Models Delayed. time_point{} for an
+    /// empty handle.
+    time_point deadline() const noexcept { return node_ ? node_->load_deadline() : time_point{}; }
 
     /// Whether this handle refers to a task.
     explicit operator bool() const noexcept { return node_ != nullptr; }

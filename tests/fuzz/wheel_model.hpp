@@ -13,21 +13,22 @@
 //   the tasks of one advance ran in (deadline, schedule order), in both wheels;
 // - cancel() returns true exactly for a pending task (one not started, also from a task of the same
 //   pass), and that task never runs;
+// - reschedule() moves exactly the pending tasks; periodic tasks (every missed-tick policy) run at
+//   start + k * period as the model computes it, stay pending, and stop when cancelled;
 // - stop() returns the still-pending tasks, earliest deadline first, and then every schedule
 //   throws rejected_error, leaving the task untouched; so does a schedule at max_pending;
 // - a task that throws reaches on_error, and the wheel carries on.
 // Tasks are move-only and own a heap block, so ASan reports any task that is leaked or freed twice.
 #pragma once
 
-#include <delayq/timeout.hpp>
-
 #include <algorithm>
 #include <cstdint>
+#include <delayq/timeout.hpp>
 #include <functional>
 #include <limits>
-#include <stdexcept>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <vector>
 
 #include "fuzz_common.hpp"
@@ -37,16 +38,51 @@ namespace delayq_fuzz {
 enum class st : std::uint8_t { pending, ran, cancelled };
 
 struct task_rec {
-    time_point deadline;
+    time_point deadline;  // a periodic task's: its next run
     st state = st::pending;
-    std::uint64_t born = 0;      // tasks born in advance k are checked for lateness after advance k+1
+    std::uint64_t born = 0;  // tasks born in advance k are checked for lateness after advance k+1
     bool throws = false;
+    std::uint64_t seq = 0;  // schedule order (again at a reschedule or a periodic task's re-link)
+    bool periodic = false;  // a periodic task stays pending until cancelled
+    time_point start{};     // its grid: the k-th run is due at start + k * period
+    rep period = 0;
+    std::uint64_t k = 0;
+    delayq::missed_tick policy = delayq::missed_tick::skip;
+};
+
+// The model's own arithmetic for a periodic task's next run after a run in a pass at `now`.
+inline time_point model_next_run(task_rec& t, time_point now) {
+    __extension__ typedef __int128 wide;
+    std::uint64_t k = t.k + 1;
+    if (t.policy == delayq::missed_tick::delay) {
+        t.start = sat_add(now, t.period);
+        t.k = 0;
+        return t.start;
+    }
+    if (t.policy == delayq::missed_tick::skip) {
+        const wide late =
+            static_cast<wide>(now.time_since_epoch().count()) - t.start.time_since_epoch().count();
+        if (late >= 0)
+            k = std::max<std::uint64_t>(k, static_cast<std::uint64_t>(late / t.period) + 1);
+    }
+    t.k = k;
+    const wide v =
+        static_cast<wide>(t.start.time_since_epoch().count()) + static_cast<wide>(k) * t.period;
+    const wide hi = std::numeric_limits<rep>::max();
+    return time_point{duration{static_cast<rep>(v > hi ? hi : v)}};
+}
+
+struct ran_rec {
+    std::uint64_t id;
+    time_point deadline;
+    std::uint64_t seq;
 };
 
 struct world {
     std::vector<task_rec> tasks;
     std::vector<delayq::timeout<mclock>> handles;  // by task id; an empty handle once dropped
-    std::vector<std::uint64_t> log;               // ids run in the current advance
+    std::vector<ran_rec> log;                      // what ran in the current advance
+    std::uint64_t next_seq = 0;
     std::uint64_t advances = 0;
     bool in_advance = false;
     time_point adv_now{};
@@ -55,8 +91,8 @@ struct world {
     std::size_t errors_expected = 0;
 
     std::size_t pending() const {
-        return static_cast<std::size_t>(
-            std::count_if(tasks.begin(), tasks.end(), [](const task_rec& t) { return t.state == st::pending; }));
+        return static_cast<std::size_t>(std::count_if(
+            tasks.begin(), tasks.end(), [](const task_rec& t) { return t.state == st::pending; }));
     }
 };
 
@@ -88,19 +124,26 @@ inline void fuzz_task::operator()() {
     FZ_CHECK(w->in_advance);  // tasks run only inside advance, never inside schedule
     FZ_CHECK(w->tasks[id].state == st::pending);    // runs once, never after a cancel
     FZ_CHECK(w->tasks[id].deadline <= w->adv_now);  // never early
-    w->tasks[id].state = st::ran;
-    w->log.push_back(id);
-    const bool throws = w->tasks[id].throws;
+    task_rec& me = w->tasks[id];
+    w->log.push_back(ran_rec{id, me.deadline, me.seq});
+    if (!me.periodic) me.state = st::ran;
+    const bool throws = me.throws;
     if (cancel_target >= 0) the_hooks().cancel(id, cancel_target);
     if (spawn) the_hooks().spawn(child_delay);
+    task_rec& again = w->tasks[id];                      // the hooks may have grown the table
+    if (again.periodic && again.state == st::pending) {  // re-linked at its next run
+        again.deadline = model_next_run(again, w->adv_now);
+        again.seq = w->next_seq++;
+        again.born = w->advances;
+    }
     if (throws) {
         ++w->errors_expected;
         throw std::runtime_error("fuzz task throws");
     }
 }
 
-// Late. Precise: the first advance at or after the deadline runs it (deadline <= now). Tick-rounded:
-// deadline + tick <= now, with deadline + tick not overflowing (else "never").
+// Late. Precise: the first advance at or after the deadline runs it (deadline <= now).
+// Tick-rounded: deadline + tick <= now, with deadline + tick not overflowing (else "never").
 inline bool must_have_run(time_point deadline, rep tick, time_point now, bool precise) {
     if (precise) return deadline <= now;
     rep sum;
@@ -108,10 +151,10 @@ inline bool must_have_run(time_point deadline, rep tick, time_point now, bool pr
     return sum <= now.time_since_epoch().count();
 }
 
-
 // The driver. A adapts one wheel:
 //   using wheel;
-//   static std::unique_ptr<wheel> make(FuzzedDataProvider&, rep tick, std::size_t max_pending, on_error,
+//   static std::unique_ptr<wheel> make(FuzzedDataProvider&, rep tick, std::size_t max_pending,
+//   on_error,
 //                                      bool precise);
 //   static void advance(wheel&, world&) (runs what is due at mclock::now());
 //   static std::size_t pending(const wheel&);
@@ -123,7 +166,8 @@ void run_wheel(FuzzedDataProvider& in) {
     const time_point start = pick_start(in);
     const rep tick = in.ConsumeIntegralInRange<rep>(1, 1000);
     mclock::set(A::usable_start(start, tick));
-    const std::size_t max_pending = in.ConsumeBool() ? 0 : in.ConsumeIntegralInRange<std::size_t>(1, 16);
+    const std::size_t max_pending =
+        in.ConsumeBool() ? 0 : in.ConsumeIntegralInRange<std::size_t>(1, 16);
     world w;
     auto on_error = [&w](std::exception_ptr e) {
         try {
@@ -147,11 +191,13 @@ void run_wheel(FuzzedDataProvider& in) {
         const bool full = max_pending != 0 && w.pending() >= max_pending;
         try {
             delayq::timeout<mclock> h = delay ? wh->schedule(std::move(t), duration{*delay})
-                                             : wh->schedule_at(std::move(t), deadline);
+                                              : wh->schedule_at(std::move(t), deadline);
             FZ_CHECK(!stopped && !full);
             FZ_CHECK(h.deadline() == deadline);
             FZ_CHECK(h.pending());
-            w.tasks.push_back(task_rec{deadline, st::pending, w.advances, throws});
+            task_rec rec{deadline, st::pending, w.advances, throws};
+            rec.seq = w.next_seq++;
+            w.tasks.push_back(rec);
             w.handles.push_back(std::move(h));
         } catch (const delayq::rejected_error&) {
             FZ_CHECK(stopped || full);
@@ -192,25 +238,30 @@ void run_wheel(FuzzedDataProvider& in) {
         A::advance(*wh, w);
         w.in_advance = false;
         for (std::size_t i = 1; i < w.log.size(); ++i) {  // the heap's order
-            const task_rec& a = w.tasks[w.log[i - 1]];
-            const task_rec& b = w.tasks[w.log[i]];
-            FZ_CHECK(a.deadline < b.deadline || (a.deadline == b.deadline && w.log[i - 1] < w.log[i]));
+            const ran_rec& a = w.log[i - 1];
+            const ran_rec& b = w.log[i];
+            FZ_CHECK(a.deadline < b.deadline || (a.deadline == b.deadline && a.seq < b.seq));
         }
         for (std::size_t i = 0; i < w.tasks.size(); ++i) {
             task_rec& t = w.tasks[i];
-            if (t.state == st::pending && t.born < w.advances) FZ_CHECK(!must_have_run(t.deadline, tick, w.adv_now, precise));
+            if (t.state == st::pending && t.born < w.advances)
+                FZ_CHECK(!must_have_run(t.deadline, tick, w.adv_now, precise));
         }
         FZ_CHECK(w.errors_seen == w.errors_expected);
         w.log.clear();
     };
 
     while (in.remaining_bytes() > 0) {
-        const int op = in.ConsumeIntegralInRange<int>(0, 16);
+        const int op = in.ConsumeIntegralInRange<int>(0, 18);
         auto pick_id = [&]() -> std::size_t {
             return in.ConsumeIntegralInRange<std::size_t>(0, w.tasks.size() - 1);
         };
         switch (op) {
-            case 0: case 1: case 2: case 3: case 4: {  // schedule
+            case 0:
+            case 1:
+            case 2:
+            case 3:
+            case 4: {  // schedule
                 const bool by_delay = in.ConsumeBool();
                 const time_point now = mclock::now();
                 time_point d = pick_deadline(in, now, tick);
@@ -220,15 +271,18 @@ void run_wheel(FuzzedDataProvider& in) {
                     const rep nd = now.time_since_epoch().count();
                     rep diff;
                     if (__builtin_sub_overflow(d.time_since_epoch().count(), nd, &diff))
-                        diff = d > now ? std::numeric_limits<rep>::max() : std::numeric_limits<rep>::min();
+                        diff = d > now ? std::numeric_limits<rep>::max()
+                                       : std::numeric_limits<rep>::min();
                     delay = diff;
                     d = sat_add(now, diff);
                 }
                 const int flags = in.ConsumeIntegralInRange<int>(0, 15);
                 fuzz_task t = new_task();
                 const bool throws = flags == 1;
-                if (flags == 2 && !w.tasks.empty()) t.cancel_target = static_cast<std::int64_t>(pick_id());
-                if (flags == 3) t.cancel_target = static_cast<std::int64_t>(w.tasks.size());  // itself
+                if (flags == 2 && !w.tasks.empty())
+                    t.cancel_target = static_cast<std::int64_t>(pick_id());
+                if (flags == 3)
+                    t.cancel_target = static_cast<std::int64_t>(w.tasks.size());  // itself
                 if (flags == 4) {
                     t.spawn = true;
                     t.child_delay = in.ConsumeIntegralInRange<rep>(-2 * tick, 4 * tick);
@@ -236,7 +290,9 @@ void run_wheel(FuzzedDataProvider& in) {
                 schedule(std::move(t), d, delay, throws);
                 break;
             }
-            case 5: case 6: case 7:  // move the clock and advance
+            case 5:
+            case 6:
+            case 7:  // move the clock and advance
                 mclock::advance(duration{pick_advance(in, tick)});
                 advance();
                 break;
@@ -246,12 +302,14 @@ void run_wheel(FuzzedDataProvider& in) {
             case 9:  // advance only
                 advance();
                 break;
-            case 10: case 11: {  // cancel, through the handle or a copy of it
+            case 10:
+            case 11: {  // cancel, through the handle or a copy of it
                 if (w.tasks.empty()) break;
                 const std::size_t i = pick_id();
                 if (!w.handles[i]) break;
                 const bool expect = w.tasks[i].state == st::pending;
-                const bool r = in.ConsumeBool() ? w.handles[i].cancel() : delayq::timeout<mclock>(w.handles[i]).cancel();
+                const bool r = in.ConsumeBool() ? w.handles[i].cancel()
+                                                : delayq::timeout<mclock>(w.handles[i]).cancel();
                 FZ_CHECK(r == expect);
                 if (r) w.tasks[i].state = st::cancelled;
                 FZ_CHECK(!w.handles[i].cancel());  // a second cancel finds nothing
@@ -301,8 +359,65 @@ void run_wheel(FuzzedDataProvider& in) {
             }
             case 16: {  // the clock steps back (an NTP step; manual_clock::set), maybe advance
                 const rep back = pick_advance(in, tick);
-                mclock::set(sat_add(mclock::now(), back == std::numeric_limits<rep>::min() ? 0 : -back));
+                mclock::set(
+                    sat_add(mclock::now(), back == std::numeric_limits<rep>::min() ? 0 : -back));
                 if (in.ConsumeBool()) advance();
+                break;
+            }
+            case 17: {  // reschedule a task, through its handle
+                if (w.tasks.empty()) break;
+                const std::size_t i = pick_id();
+                if (!w.handles[i]) break;
+                task_rec& t = w.tasks[i];
+                const time_point d = pick_deadline(in, mclock::now(), tick);
+                const bool r = w.handles[i].reschedule_at(d);
+                FZ_CHECK(r == (t.state == st::pending));  // outside a pass nothing is running
+                if (r) {
+                    t.deadline = d;
+                    t.seq = w.next_seq++;
+                    t.born = w.advances;
+                    if (t.periodic) {
+                        t.start = d;
+                        t.k = 0;
+                    }
+                }
+                FZ_CHECK(w.handles[i].deadline() == t.deadline);
+                break;
+            }
+            case 18: {  // a periodic task
+                const time_point first = pick_deadline(in, mclock::now(), tick);
+                const rep period = in.ConsumeBool() ? in.ConsumeIntegralInRange<rep>(1, 4 * tick)
+                                                    : in.ConsumeIntegralInRange<rep>(
+                                                          1, std::numeric_limits<rep>::max());
+                const auto policy =
+                    static_cast<delayq::missed_tick>(in.ConsumeIntegralInRange<int>(0, 2));
+                const int flags = in.ConsumeIntegralInRange<int>(0, 7);
+                fuzz_task t = new_task();
+                const std::uint64_t id = t.id;
+                if (flags == 3) t.cancel_target = static_cast<std::int64_t>(id);  // stops itself
+                if (flags == 4) {
+                    t.spawn = true;
+                    t.child_delay = in.ConsumeIntegralInRange<rep>(-2 * tick, 4 * tick);
+                }
+                const bool full = max_pending != 0 && w.pending() >= max_pending;
+                try {
+                    delayq::timeout<mclock> h =
+                        wh->schedule_every_at(std::move(t), first, duration{period}, policy);
+                    FZ_CHECK(!stopped && !full);
+                    FZ_CHECK(h.deadline() == first && h.pending());
+                    task_rec rec{first, st::pending, w.advances, flags == 1};
+                    rec.seq = w.next_seq++;
+                    rec.periodic = true;
+                    rec.start = first;
+                    rec.period = period;
+                    rec.policy = policy;
+                    w.tasks.push_back(rec);
+                    w.handles.push_back(std::move(h));
+                } catch (const delayq::rejected_error&) {
+                    FZ_CHECK(stopped || full);
+                    FZ_CHECK(t.block &&
+                             *t.block == static_cast<int>(id & 0x7fffffff));  // left untouched
+                }
                 break;
             }
             default: {  // check a few handles

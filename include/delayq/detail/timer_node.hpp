@@ -41,6 +41,19 @@
 #include <sys/prctl.h>
 #endif
 
+namespace delayq {
+
+/// What a periodic task does after a run that came late, past one or more of its due times
+/// (schedule_every). With period P, first due at S, the k-th run is due at S + k * P.
+enum class missed_tick : std::uint8_t {
+    skip,   ///< the default: the next run is due at the first S + k * P after the late run (the
+            ///< missed ones are dropped; the grid is kept)
+    burst,  ///< every missed run happens, one after the other, at once (then back on the grid)
+    delay,  ///< the next run is due P after the late run (the grid moves with it)
+};
+
+}  // namespace delayq
+
 namespace delayq::detail {
 
 enum class timer_state : std::uint8_t {
@@ -61,11 +74,15 @@ template <class Clock>
 struct timer_node;
 
 template <class Clock>
+struct periodic_part;
+
+template <class Clock>
 struct task_ops {
     void (*run)(timer_node<Clock>&);               // invokes the task (may throw)
     void (*destroy)(timer_node<Clock>&) noexcept;  // destroys the task, keeps the memory
     std::uint32_t size;                            // of the whole block (node_pool's size)
     std::uint32_t align;
+    periodic_part<Clock>* (*periodic)(timer_node<Clock>&) noexcept;  // null: runs once
 };
 
 template <class Clock>
@@ -123,6 +140,36 @@ struct timer_node : node_links {
 
     void run() { ops()->run(*this); }
     void destroy_task() noexcept { ops()->destroy(*this); }
+
+    /// The repeat of a periodic task; null for one that runs once.
+    periodic_part<Clock>* periodic() noexcept {
+        const auto* o = ops();
+        return o->periodic ? o->periodic(*this) : nullptr;
+    }
+
+    /// The deadline, from any thread (reschedule() moves it under the core's lock).
+    time_point load_deadline() const noexcept {
+        return std::atomic_ref<time_point>(const_cast<time_point&>(deadline))
+            .load(std::memory_order_relaxed);
+    }
+    /// Under the core's lock: a new deadline.
+    void store_deadline(time_point d) noexcept {
+        std::atomic_ref<time_point>(deadline).store(d, std::memory_order_relaxed);
+    }
+};
+
+/// What a periodic task keeps besides its callable. The k-th run is due at start + k * period
+/// (saturating: no drift from adding periods up); `policy` says what a late run does to the next.
+/// Touched only under the core's lock.
+template <class Clock>
+struct periodic_part {
+    typename Clock::time_point start;
+    typename Clock::duration period;
+    std::uint64_t k = 0;  // the run now scheduled is the k-th
+    missed_tick policy;
+    bool running = false;   // handed to run: between the claim and the re-link
+    bool stopping = false;  // cancelled while running: no re-link, the runner ends it
+    bool moved = false;     // rescheduled while running: the next run is at `start`
 };
 
 static_assert(sizeof(timer_node<std::chrono::steady_clock>) == 40, "a node header is 40 bytes");
@@ -149,7 +196,37 @@ struct node_with final : timer_node<Clock> {
 
     // aligned so that the state fits in the low bits of a pointer to it
     alignas(8) static constexpr task_ops<Clock> table{&run, &destroy, sizeof(node_with),
-                                                      alignof(node_with)};
+                                                      alignof(node_with), nullptr};
+};
+
+// A periodic task: node, repeat and callable in one block.
+template <class Clock, class F>
+struct periodic_node_with final : timer_node<Clock> {
+    periodic_part<Clock> every;
+    union {
+        F fn;  // alive from schedule until the task is ended
+    };
+
+    // clang-format off
+    template <class G>
+        requires(!std::is_same_v<std::remove_cvref_t<G>, periodic_node_with>)
+    explicit periodic_node_with(G&& g, periodic_part<Clock> p)  // NOLINT(bugprone-forwarding-reference-overload)
+        : every(p), fn(std::forward<G>(g)) {}
+    // clang-format on
+    periodic_node_with(const periodic_node_with&) = delete;
+    periodic_node_with& operator=(const periodic_node_with&) = delete;
+    ~periodic_node_with() {}
+
+    static void run(timer_node<Clock>& n) { static_cast<periodic_node_with&>(n).fn(); }
+    static void destroy(timer_node<Clock>& n) noexcept {
+        static_cast<periodic_node_with&>(n).fn.~F();
+    }
+    static periodic_part<Clock>* part(timer_node<Clock>& n) noexcept {
+        return &static_cast<periodic_node_with&>(n).every;
+    }
+
+    alignas(8) static constexpr task_ops<Clock> table{&run, &destroy, sizeof(periodic_node_with),
+                                                      alignof(periodic_node_with), &part};
 };
 
 /// The part of a timer that handles reach: its node pool, and cancel(). Owned by the timer and its
@@ -165,6 +242,10 @@ class timer_core {
     /// Cancels n if it is still pending: unlinks it under the core's lock, destroys its task and
     /// drops the timer's reference. Returns whether this call cancelled it.
     virtual bool cancel(node& n) noexcept = 0;
+
+    /// Moves n, if still pending, to `deadline`, keeping its task; false (nothing changed) if it
+    /// ran, runs (a one-shot task), or was cancelled. Throws std::bad_alloc (nothing changed).
+    virtual bool reschedule(node& n, typename Clock::time_point deadline) = 0;
 
     /// Drops one reference to n, from any thread; the last one frees the block.
     static void release(node& n) noexcept {
@@ -196,20 +277,24 @@ class timer_core {
     std::atomic<std::uint32_t> owners_{1};
 };
 
-/// Runs n's task. What it throws goes to on_error; an on_error that throws (or none) is ignored:
-/// the timer carries on.
+/// Hands an error to on_error; an on_error that throws (or none) is ignored: the timer carries on.
+inline void report_error(const std::function<void(std::exception_ptr)>& on_error,
+                         std::exception_ptr e) noexcept {
+    if (!on_error) return;
+    try {
+        on_error(std::move(e));
+    } catch (...) {
+    }
+}
+
+/// Runs n's task. What it throws goes to on_error (report_error).
 template <class Clock>
 void run_reporting(timer_node<Clock>& n,
                    const std::function<void(std::exception_ptr)>& on_error) noexcept {
     try {
         n.run();
     } catch (...) {
-        if (on_error) {
-            try {
-                on_error(std::current_exception());
-            } catch (...) {
-            }
-        }
+        report_error(on_error, std::current_exception());
     }
 }
 

@@ -37,6 +37,7 @@
 #include <functional>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <thread>
 #include <type_traits>
 #include <utility>
@@ -83,41 +84,24 @@ class wheel_core final : public timer_core<Clock> {
     /// full; std::bad_alloc, or what moving the task throws, and then nothing is scheduled.
     template <class F>
     timeout<Clock> schedule_at(F&& task, time_point deadline) {
-        using fn = std::decay_t<F>;
-        static_assert(std::is_invocable_v<fn&>, "a task is a callable taking no arguments");
-        static_assert(std::is_nothrow_destructible_v<fn>, "a task's destructor must not throw");
-        using block = node_with<Clock, fn>;
-        node* n;
-        bool wake;
-        {
-            std::lock_guard lk(lock_);
-            if (stopped_) throw rejected_error("delayq: timer is stopped");
-            if (max_pending_ != 0 && pending_ >= max_pending_)
-                throw rejected_error("delayq: max_pending reached");
-            const auto where = ring_.prepare(deadline);
-            void* mem = this->pool_.allocate(sizeof(block), alignof(block));
-            block* b;
-            try {
-                b = ::new (mem) block(std::forward<F>(task));
-            } catch (...) {
-                this->pool_.free_local(mem, sizeof(block), alignof(block));
-                throw;
-            }
-            b->init(&block::table, deadline, seq_++, 2);  // the timer's reference and the handle's
-            n = b;
-            ++pending_;
-            wake = ring_.link(n, where, wake_at_);
-            if (wake) wake_at_ = deadline;  // the sleepers will look again: no need to notify twice
-        }
-        if (wake) wake_drivers();
-        return timeout<Clock>(n, this);
+        return insert<node_with<Clock, checked_task<F>>>(deadline, std::forward<F>(task));
+    }
+
+    /// Schedules `task` to run at `first`, then every `period` after it, `policy` saying what a
+    /// late run does to the next (missed_tick). As schedule_at(); std::invalid_argument for a
+    /// period <= 0.
+    template <class F>
+    timeout<Clock> schedule_every(F&& task, time_point first, duration period, missed_tick policy) {
+        if (period <= duration::zero()) throw std::invalid_argument("delayq: period must be > 0");
+        return insert<periodic_node_with<Clock, checked_task<F>>>(
+            first, std::forward<F>(task), periodic_part<Clock>{first, period, 0, policy});
     }
 
     bool cancel(node& n) noexcept override {
         bool in_batch;
         {
             std::lock_guard lk(lock_);
-            if (!n.linked()) return false;
+            if (!n.linked()) return stop_running_periodic(n);
             in_batch = n.prev == run_marker();
             if (in_batch) {
                 n.prev = nullptr;  // the runner skips it and drops the batch's reference
@@ -129,6 +113,35 @@ class wheel_core final : public timer_core<Clock> {
         }
         n.destroy_task();  // outside the lock: a task's destructor may call back into the timer
         if (!in_batch && n.drop()) this->free_block(n);  // the timer's reference
+        return true;
+    }
+
+    bool reschedule(node& n, time_point deadline) override {
+        bool wake;
+        {
+            std::lock_guard lk(lock_);
+            periodic_part<Clock>* every = n.periodic();
+            if (!n.linked()) {
+                // a periodic task now running: its next run moves (the runner re-links it)
+                if (!running_periodic(n)) return false;
+                restart(n, *every, deadline);
+                every->moved = true;
+                return true;
+            }
+            const auto where = ring_.prepare(deadline);  // may throw: nothing has changed yet
+            if (n.prev == run_marker()) {
+                n.prev = nullptr;  // out of the batch: the runner drops the batch's reference,
+                n.acquire();       // and the ring holds one of its own
+            } else {
+                ring_.unlink(&n);
+            }
+            n.store_deadline(deadline);
+            n.seq = seq_++;  // first in, first out among equal deadlines: in again now
+            if (every) restart(n, *every, deadline);
+            wake = ring_.link(&n, where, wake_at_);
+            if (wake) wake_at_ = deadline;
+        }
+        if (wake) wake_drivers();
         return true;
     }
 
@@ -210,6 +223,7 @@ class wheel_core final : public timer_core<Clock> {
         for (std::size_t i = 0; i < batch_.size(); ++i) {
             node* n;
             bool claimed;
+            periodic_part<Clock>* every;
             {
                 std::lock_guard lk(lock_);
                 if (done) this->pool_.free_local(done, done->ops()->size, done->ops()->align);
@@ -217,7 +231,11 @@ class wheel_core final : public timer_core<Clock> {
                 n = batch_.at(i);
                 next_in_batch_ = i + 1;
                 claimed = n->prev == run_marker();
-                if (claimed) {
+                every = claimed ? n->periodic() : nullptr;
+                if (every) {
+                    n->prev = nullptr;
+                    every->running = true;  // still pending: it runs again
+                } else if (claimed) {
                     n->prev = nullptr;
                     --pending_;
                     n->set_state(timer_state::expired);
@@ -228,9 +246,17 @@ class wheel_core final : public timer_core<Clock> {
                 continue;
             }
             run_reporting(*n, on_error_);
+            ++p.ran;
+            if (every) {
+                bool wake = false;
+                std::exception_ptr error;
+                const bool ended = repeat(*n, *every, now, wake, error);
+                if (wake) wake_drivers();
+                if (error) report_error(on_error_, error);
+                if (!ended) continue;  // the batch's reference is the ring's now
+            }
             n->destroy_task();
             if (n->drop()) done = n;
-            ++p.ran;
         }
         if (done) this->free_block(*done);
         return p;
@@ -360,6 +386,123 @@ class wheel_core final : public timer_core<Clock> {
 
   private:
     ~wheel_core() override = default;  // by drop_owner() only
+
+    template <class F>
+    using checked_task = std::decay_t<F>;
+
+    // Schedules a Block (a node and its callable) built from args, due at `deadline`.
+    template <class Block, class... A>
+    timeout<Clock> insert(time_point deadline, A&&... args) {
+        using fn = decltype(std::declval<Block&>().fn);
+        static_assert(std::is_invocable_v<fn&>, "a task is a callable taking no arguments");
+        static_assert(std::is_nothrow_destructible_v<fn>, "a task's destructor must not throw");
+        node* n;
+        bool wake;
+        {
+            std::lock_guard lk(lock_);
+            if (stopped_) throw rejected_error("delayq: timer is stopped");
+            if (max_pending_ != 0 && pending_ >= max_pending_)
+                throw rejected_error("delayq: max_pending reached");
+            const auto where = ring_.prepare(deadline);
+            void* mem = this->pool_.allocate(sizeof(Block), alignof(Block));
+            Block* b;
+            try {
+                b = ::new (mem) Block(std::forward<A>(args)...);
+            } catch (...) {
+                this->pool_.free_local(mem, sizeof(Block), alignof(Block));
+                throw;
+            }
+            b->init(&Block::table, deadline, seq_++, 2);  // the timer's reference and the handle's
+            n = b;
+            ++pending_;
+            wake = ring_.link(n, where, wake_at_);
+            if (wake) wake_at_ = deadline;  // the sleepers will look again: no need to notify twice
+        }
+        if (wake) wake_drivers();
+        return timeout<Clock>(n, this);
+    }
+
+    // Under the lock: the repeat of n if n is a periodic task that is running and will run again
+    // (not cancelled during this run, nor counted out by a stop()); else null.
+    periodic_part<Clock>* running_periodic(node& n) noexcept {
+        periodic_part<Clock>* every = n.periodic();
+        if (!every || !every->running || every->stopping || stopped_) return nullptr;
+        return every;
+    }
+
+    // Under the lock, for cancel() of a node out of the timer: a periodic task that is running
+    // stops repeating (the runner ends it after this run). False for anything else.
+    bool stop_running_periodic(node& n) noexcept {
+        periodic_part<Clock>* every = running_periodic(n);
+        if (!every) return false;
+        every->stopping = true;
+        --pending_;
+        n.set_state(timer_state::cancelled);
+        return true;
+    }
+
+    // A periodic task's grid starts again at `first` (reschedule).
+    static void restart(node& n, periodic_part<Clock>& every, time_point first) noexcept {
+        every.start = first;
+        every.k = 0;
+        n.store_deadline(first);
+    }
+
+    // When a periodic task's next run is due, after a run that a pass started at `now`. Moves
+    // the task's grid (k, or start for missed_tick::delay).
+    static time_point next_run(periodic_part<Clock>& every, time_point now) noexcept {
+        if (every.moved) {  // rescheduled during the run
+            every.moved = false;
+            return every.start;
+        }
+        const wide_rep p = every.period.count();
+        const wide_rep s = every.start.time_since_epoch().count();
+        std::uint64_t k = every.k + 1;
+        switch (every.policy) {
+            case missed_tick::burst:
+                break;
+            case missed_tick::skip: {
+                const wide_rep late = static_cast<wide_rep>(now.time_since_epoch().count()) - s;
+                if (late >= 0)
+                    k = std::max<std::uint64_t>(k, static_cast<std::uint64_t>(late / p) + 1);
+                break;
+            }
+            case missed_tick::delay:
+                every.start = saturating_add(now, every.period);
+                every.k = 0;
+                return every.start;
+        }
+        every.k = k;
+        return time_point{
+            duration{clamp_count<typename duration::rep>(s + static_cast<wide_rep>(k) * p)}};
+    }
+
+    // After a periodic task's run: re-links it at its next run, or ends it (cancelled during the
+    // run, the timer stopped, or no room to re-link it). Returns whether the runner must drop the
+    // batch's reference (the task ended).
+    bool repeat(node& n, periodic_part<Clock>& every, time_point now, bool& wake,
+                std::exception_ptr& error) noexcept {
+        std::lock_guard lk(lock_);
+        every.running = false;
+        if (every.stopping || stopped_) {
+            n.set_state(timer_state::cancelled);  // stop() counted it out already; cancel() too
+            return true;
+        }
+        const time_point next = next_run(every, now);
+        try {
+            const auto where = ring_.prepare(next);
+            n.store_deadline(next);
+            n.seq = seq_++;
+            wake = ring_.link(&n, where, wake_at_);
+            if (wake) wake_at_ = next;
+            return false;
+        } catch (...) {
+            error = std::current_exception();  // out of memory: the task ends, on_error hears why
+            --pending_;
+            n.set_state(timer_state::cancelled);
+            return true;
+        }
+    }
 
     // Under the lock: when advance() will next have something to run.
     std::optional<time_point> next_due() const {

@@ -1,0 +1,379 @@
+// reschedule() and periodic tasks (schedule_every) on both wheels (issue 15), driven by
+// manual_clock through the thread-free cores; then reschedule racing expiry on the threaded timers.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <delayq/hashed_wheel_timer.hpp>
+#include <delayq/hierarchical_timing_wheel.hpp>
+#include <delayq/manual_clock.hpp>
+#include <memory>
+#include <random>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "catch.hpp"
+#include "support.hpp"
+
+using namespace std::chrono_literals;
+using mc = delayq::manual_clock;
+using tp = mc::time_point;
+using dur = mc::duration;
+using handle = delayq::timeout<mc>;
+using delayq::missed_tick;
+
+namespace {
+
+struct hashed {
+    using wheel = delayq::hashed_wheel<mc>;
+    static wheel::options options() {
+        wheel::options o;
+        o.tick = 1ms;
+        o.ticks_per_wheel = 16;
+        return o;
+    }
+};
+
+struct hierarchical {
+    using wheel = delayq::hierarchical_timing_wheel<mc>;
+    static wheel::options options() {
+        wheel::options o;
+        o.tick = 1ms;
+        o.wheel_size = 8;
+        o.own_thread = false;
+        return o;
+    }
+};
+
+// Sets the clock and runs what is due, as an event loop would.
+template <class W>
+std::size_t at(W& w, tp t) {
+    mc::set(t);
+    return w.advance(t);
+}
+
+const tp t0{1h};
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("reschedule moves a pending task, keeps its callable and handle, never early",
+                   "", hashed, hierarchical) {
+    mc::set(t0);
+    typename TestType::wheel w(TestType::options());
+    std::vector<tp> ran;
+    auto keep = std::make_shared<int>(7);
+    handle h = w.schedule_at([&, keep] { ran.push_back(mc::now()); }, t0 + 10ms);
+    CHECK(h.reschedule_at(t0 + 25ms));  // later
+    CHECK(h.deadline() == t0 + 25ms);
+    CHECK(h.pending());
+    CHECK(w.pending() == 1);
+    CHECK(keep.use_count() == 2);       // the callable was kept, not copied or destroyed
+    CHECK(at(w, t0 + 24ms) == 0);       // its old deadline is gone, its new one not yet come
+    CHECK(h.reschedule_at(t0 + 12ms));  // earlier, behind the clock: due at the next pass
+    CHECK(at(w, t0 + 24ms + 500us) == 1);
+    REQUIRE(ran.size() == 1);
+    CHECK(h.expired());
+    CHECK_FALSE(h.reschedule(1ms));  // it ran: nothing changes
+    CHECK(h.deadline() == t0 + 12ms);
+    handle c = w.schedule_at([&] { ran.push_back(mc::now()); }, t0 + 40ms);
+    CHECK(c.cancel());
+    CHECK_FALSE(c.reschedule(1ms));  // cancelled: nothing changes
+    CHECK(w.pending() == 0);
+    handle d = w.schedule([&] { ran.push_back(mc::now()); }, 5ms);
+    CHECK(d.reschedule(30ms));
+    CHECK(at(w, mc::now() + 29ms) == 0);
+    CHECK(at(w, mc::now() + 1ms) == 1);
+    CHECK(ran.back() == d.deadline());  // precise: at its new deadline
+    mc::reset();
+}
+
+TEMPLATE_TEST_CASE("reschedule from a task of the same pass moves a task that was due in it", "",
+                   hashed, hierarchical) {
+    mc::set(t0);
+    typename TestType::wheel w(TestType::options());
+    std::vector<int> ran;
+    handle b;
+    bool moved = false;
+    w.schedule_at(
+        [&] {
+            ran.push_back(1);
+            moved = b.reschedule_at(t0 + 50ms);
+        },
+        t0 + 5ms);
+    b = w.schedule_at([&] { ran.push_back(2); }, t0 + 6ms);
+    CHECK(at(w, t0 + 10ms) == 1);  // b was due in this pass, and moved before it started
+    CHECK(moved);
+    CHECK(ran == std::vector<int>{1});
+    CHECK(b.pending());
+    CHECK(w.pending() == 1);
+    CHECK(at(w, t0 + 49ms) == 0);
+    CHECK(at(w, t0 + 50ms) == 1);
+    CHECK(ran == std::vector<int>{1, 2});
+    mc::reset();
+}
+
+// Period 10 ms, first due at t0 + 10 ms; the driver is on time for the first run, then comes back
+// at t0 + 45 ms, late by two and a half periods.
+TEMPLATE_TEST_CASE("periodic: each missed-tick policy with a driver back late by several periods",
+                   "", hashed, hierarchical) {
+    for (const missed_tick policy : {missed_tick::skip, missed_tick::burst, missed_tick::delay}) {
+        CAPTURE(static_cast<int>(policy));
+        mc::set(t0);
+        typename TestType::wheel w(TestType::options());
+        std::vector<tp> runs;
+        handle h = w.schedule_every([&] { runs.push_back(mc::now()); }, 10ms, policy);
+        CHECK(h.deadline() == t0 + 10ms);
+        CHECK(at(w, t0 + 10ms) == 1);
+        CHECK(h.pending());  // a periodic task stays pending
+        CHECK_FALSE(h.expired());
+        CHECK(h.deadline() == t0 + 20ms);
+        CHECK(w.pending() == 1);
+        // late: the run due at 20 ms happens at 45 ms
+        CHECK(at(w, t0 + 45ms) == 1);
+        switch (policy) {
+            case missed_tick::skip:  // the runs due at 30 and 40 are dropped; the grid stays
+                CHECK(h.deadline() == t0 + 50ms);
+                CHECK(at(w, t0 + 45ms) == 0);
+                CHECK(at(w, t0 + 50ms) == 1);
+                CHECK(h.deadline() == t0 + 60ms);
+                break;
+            case missed_tick::burst:  // the runs due at 30 and 40 happen at once, one per pass
+                CHECK(h.deadline() == t0 + 30ms);
+                CHECK(at(w, t0 + 45ms) == 1);
+                CHECK(h.deadline() == t0 + 40ms);
+                CHECK(at(w, t0 + 45ms) == 1);
+                CHECK(h.deadline() == t0 + 50ms);
+                CHECK(at(w, t0 + 45ms) == 0);
+                CHECK(at(w, t0 + 50ms) == 1);
+                break;
+            case missed_tick::delay:  // the grid moves: next one period after the late run
+                CHECK(h.deadline() == t0 + 55ms);
+                CHECK(at(w, t0 + 54ms) == 0);
+                CHECK(at(w, t0 + 55ms) == 1);
+                CHECK(h.deadline() == t0 + 65ms);
+                break;
+        }
+        for (std::size_t i = 1; i < runs.size(); ++i) CHECK(runs[i] >= runs[i - 1]);
+        CHECK(h.cancel());
+        CHECK(h.cancelled());
+        CHECK(w.pending() == 0);
+        const std::size_t n = runs.size();
+        CHECK(at(w, t0 + 1s) == 0);
+        CHECK(runs.size() == n);
+    }
+    mc::reset();
+}
+
+TEMPLATE_TEST_CASE("periodic: fixed-rate deadlines do not drift, and saturate at the end of time",
+                   "", hashed, hierarchical) {
+    mc::set(t0);
+    typename TestType::wheel w(TestType::options());
+    std::vector<tp> runs;
+    const dur period = 3ms + 7ns;  // off the tick grid
+    handle h = w.schedule_every_at([&] { runs.push_back(mc::now()); }, t0 + 1ms, period);
+    for (int k = 0; k < 1000; ++k) CHECK(at(w, t0 + 1ms + k * period) == 1);
+    REQUIRE(runs.size() == 1000);
+    for (int k = 0; k < 1000; ++k)
+        CHECK(runs[static_cast<std::size_t>(k)] == t0 + 1ms + k * period);
+    CHECK(h.deadline() == t0 + 1ms + 1000 * period);
+    CHECK(h.cancel());
+
+    // near time_point::max(): the next run saturates to "never"
+    std::size_t late = 0;
+    handle e = w.schedule_every_at([&] { ++late; }, tp::max() - 1ms, std::chrono::hours(1));
+    CHECK(at(w, tp::max() - 1ms) == 1);
+    CHECK(e.deadline() == tp::max());
+    CHECK(at(w, tp::max() - 1ns) == 0);
+    CHECK(late == 1);
+    CHECK(e.cancel());
+    mc::reset();
+}
+
+TEMPLATE_TEST_CASE("periodic: cancel from inside the task, a throwing run, stop() hands it back",
+                   "", hashed, hierarchical) {
+    mc::set(t0);
+    auto o = TestType::options();
+    int errors = 0;
+    o.on_error = [&](std::exception_ptr) { ++errors; };
+    typename TestType::wheel w(std::move(o));
+    auto alive = std::make_shared<int>(0);
+    int runs = 0;
+    handle self;
+    bool cancelled_inside = false;
+    self = w.schedule_every(
+        [&, alive] {
+            if (++runs == 3) cancelled_inside = self.cancel();
+        },
+        10ms);
+    int thrown = 0;
+    w.schedule_every(
+        [&] {
+            ++thrown;
+            throw std::runtime_error("periodic task throws");
+        },
+        10ms);
+    for (int k = 1; k <= 5; ++k) at(w, t0 + k * 10ms);
+    CHECK(runs == 3);  // not after it cancelled itself
+    CHECK(cancelled_inside);
+    CHECK(self.cancelled());
+    CHECK(alive.use_count() == 1);  // its capture was destroyed when that run ended
+    CHECK(thrown == 5);             // the period goes on after each throw
+    CHECK(errors == 5);
+    CHECK(w.pending() == 1);
+    auto rest = w.stop();
+    REQUIRE(rest.size() == 1);
+    CHECK(rest[0].cancelled());
+    CHECK(rest[0].deadline() == t0 + 60ms);
+    CHECK(at(w, t0 + 1s) == 0);
+    CHECK(thrown == 5);
+    mc::reset();
+}
+
+TEMPLATE_TEST_CASE(
+    "periodic: reschedule moves the next run and the grid - and a period <= 0 is invalid", "",
+    hashed, hierarchical) {
+    mc::set(t0);
+    typename TestType::wheel w(TestType::options());
+    std::vector<tp> runs;
+    handle h = w.schedule_every([&] { runs.push_back(mc::now()); }, 10ms);
+    CHECK(at(w, t0 + 10ms) == 1);
+    CHECK(h.reschedule_at(t0 + 33ms));
+    CHECK(at(w, t0 + 20ms) == 0);
+    CHECK(at(w, t0 + 33ms) == 1);
+    CHECK(h.deadline() == t0 + 43ms);
+    CHECK(at(w, t0 + 43ms) == 1);
+    CHECK(runs == std::vector<tp>{t0 + 10ms, t0 + 33ms, t0 + 43ms});
+    CHECK_THROWS_AS(w.schedule_every([] {}, 0ms), std::invalid_argument);
+    CHECK_THROWS_AS(w.schedule_every([] {}, -1ms), std::invalid_argument);
+    CHECK(w.pending() == 1);
+    mc::reset();
+}
+
+// stop() from inside a periodic task's run counts it out (it runs no more); a cancel() or
+// reschedule() of it later in that run finds nothing to do, and the count stays exact.
+TEMPLATE_TEST_CASE("periodic: stop() during its run - then cancel and reschedule find nothing", "",
+                   hashed, hierarchical) {
+    mc::set(t0);
+    typename TestType::wheel w(TestType::options());
+    handle self;
+    int runs = 0;
+    bool cancelled = true, moved = true;
+    std::size_t handed_back = 99;
+    self = w.schedule_every(
+        [&] {
+            ++runs;
+            handed_back = w.stop().size();  // this task is running: not handed back
+            cancelled = self.cancel();
+            moved = self.reschedule(1ms);
+        },
+        10ms);
+    CHECK(at(w, t0 + 10ms) == 1);
+    CHECK(runs == 1);
+    CHECK(handed_back == 0);
+    CHECK_FALSE(cancelled);
+    CHECK_FALSE(moved);
+    CHECK(w.pending() == 0);
+    CHECK(self.cancelled());
+    CHECK(at(w, t0 + 1s) == 0);
+    CHECK(runs == 1);
+    mc::reset();
+}
+
+// Threads reschedule tasks while the worker expires them: each one-shot task runs exactly once,
+// never before the deadline it last got (a task reads its own deadline when it runs: reschedule()
+// cannot move a task that started).
+template <class Timer>
+void reschedule_racing_expiry() {
+    using clk = std::chrono::steady_clock;
+    constexpr int n = 3000;
+    typename Timer::options o;
+    o.tick = 1ms;
+    Timer t(std::move(o));
+    std::vector<delayq::timeout<clk>> hs(n);
+    std::vector<std::atomic<int>> runs(n);
+    std::atomic<int> early{0}, started{0};
+    for (int i = 0; i < n; ++i)
+        hs[static_cast<std::size_t>(i)] = t.schedule(
+            [&, i] {
+                while (started.load() == 0) std::this_thread::yield();  // hs is complete
+                if (clk::now() < hs[static_cast<std::size_t>(i)].deadline()) ++early;
+                ++runs[static_cast<std::size_t>(i)];
+            },
+            std::chrono::microseconds(5000 + (i * 7919) % 20000));
+    started = 1;
+    std::atomic<int> moved{0};
+    std::vector<std::thread> movers;
+    for (int m = 0; m < 2; ++m)
+        movers.emplace_back([&, m] {
+            std::mt19937 rng(static_cast<unsigned>(m));
+            const auto end = clk::now() + 40ms;
+            while (clk::now() < end) {
+                auto& h = hs[rng() % n];
+                if (h.reschedule(std::chrono::microseconds(rng() % 3000))) ++moved;
+            }
+        });
+    for (auto& m : movers) m.join();
+    CHECK(delayq::test::eventually([&] { return t.pending() == 0; }));
+    t.stop();
+    for (int i = 0; i < n; ++i) CHECK(runs[static_cast<std::size_t>(i)].load() == 1);
+    CHECK(early.load() == 0);
+    CHECK(moved.load() > 0);
+}
+
+TEST_CASE("reschedule racing expiry on the threaded timers: every task runs once, never early") {
+    reschedule_racing_expiry<delayq::hashed_wheel_timer<>>();
+    reschedule_racing_expiry<delayq::hierarchical_timing_wheel<>>();
+}
+
+// Periodic tasks on the worker while two threads reschedule and cancel them: a task never runs
+// concurrently with itself, ends when cancelled, and every capture is destroyed.
+template <class Timer>
+void periodic_racing_handles() {
+    using clk = std::chrono::steady_clock;
+    constexpr int n = 200;
+    typename Timer::options o;
+    o.tick = 1ms;
+    Timer t(std::move(o));
+    struct state {
+        std::atomic<int> inside{0}, overlap{0};
+    };
+    std::vector<state> st(n);
+    auto alive = std::make_shared<int>(0);
+    std::vector<delayq::timeout<clk>> hs;
+    for (int i = 0; i < n; ++i) {
+        state& s = st[static_cast<std::size_t>(i)];
+        hs.push_back(t.schedule_every(
+            [&s, alive] {
+                if (s.inside.fetch_add(1) != 0) ++s.overlap;
+                s.inside.fetch_sub(1);
+            },
+            std::chrono::microseconds(200 + (i * 37) % 800), static_cast<missed_tick>(i % 3)));
+    }
+    std::vector<std::thread> movers;
+    for (int m = 0; m < 2; ++m)
+        movers.emplace_back([&, m] {
+            std::mt19937 rng(static_cast<unsigned>(m));
+            const auto end = clk::now() + 60ms;
+            while (clk::now() < end) {
+                const std::size_t i = rng() % n;
+                if (rng() % 16 == 0) {
+                    hs[i].cancel();
+                } else {
+                    hs[i].reschedule(std::chrono::microseconds(rng() % 2000));
+                }
+            }
+        });
+    for (auto& m : movers) m.join();
+    for (auto& h : hs) h.cancel();
+    t.stop();
+    CHECK(t.pending() == 0);
+    int overlap = 0;
+    for (auto& s : st) overlap += s.overlap.load();
+    CHECK(overlap == 0);
+    CHECK(alive.use_count() == 1);  // every task's capture is gone
+}
+
+TEST_CASE("periodic tasks racing reschedule and cancel on the threaded timers") {
+    periodic_racing_handles<delayq::hashed_wheel_timer<>>();
+    periodic_racing_handles<delayq::hierarchical_timing_wheel<>>();
+}
