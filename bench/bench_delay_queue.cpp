@@ -7,10 +7,9 @@
 // load for both (steady_clock::now() would add ~40 ns to every take, the same for both).
 #include <benchmark/benchmark.h>
 
+#include <chrono>
 #include <delayq/delay_queue.hpp>
 #include <delayq/manual_clock.hpp>
-
-#include <chrono>
 #include <mutex>
 #include <optional>
 #include <queue>
@@ -39,7 +38,7 @@ class locked_heap {
         }
     };
 
-public:
+  public:
     bool put(const item& v) {
         std::lock_guard lk(m_);
         q_.push(entry{v.at, seq_++, v});
@@ -52,7 +51,8 @@ public:
         q_.pop();
         return v;
     }
-private:
+
+  private:
     std::mutex m_;
     std::priority_queue<entry> q_;
     std::uint64_t seq_ = 0;
@@ -100,9 +100,9 @@ void put_at_n(benchmark::State& state) {
         }
     }
     state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * batch));
-    state.counters["ns_per_put"] = benchmark::Counter(
-        static_cast<double>(state.iterations() * batch),
-        benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+    state.counters["ns_per_put"] =
+        benchmark::Counter(static_cast<double>(state.iterations() * batch),
+                           benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
 
 template <class Q>

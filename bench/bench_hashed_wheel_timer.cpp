@@ -9,10 +9,10 @@
 //   idle_wakeups    worker wake-ups in 1 s, 1 ms tick, nothing pending / one task an hour away
 //
 // Deadlines are random within a window an hour ahead, so the timer's worker sleeps throughout.
-// To hold N steady, inserts are undone in batches (up to 4096, N .. 1.5 N pending) outside the timed region (cancel for
-// the wheels, pop of the head for the heaps, which is as good: the window stays the same).
-// expire drives the thread-free core (hashed_wheel<manual_clock>) so that it measures the
-// structure, not the scheduler.
+// To hold N steady, inserts are undone in batches (up to 4096, N .. 1.5 N pending) outside the
+// timed region (cancel for the wheels, pop of the head for the heaps, which is as good: the window
+// stays the same). expire drives the thread-free core (hashed_wheel<manual_clock>) so that it
+// measures the structure, not the scheduler.
 #include <benchmark/benchmark.h>
 #include <malloc.h>
 
@@ -21,6 +21,9 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <delayq/delay_queue.hpp>
+#include <delayq/hashed_wheel_timer.hpp>
+#include <delayq/manual_clock.hpp>
 #include <functional>
 #include <mutex>
 #include <new>
@@ -28,10 +31,6 @@
 #include <random>
 #include <thread>
 #include <vector>
-
-#include <delayq/delay_queue.hpp>
-#include <delayq/hashed_wheel_timer.hpp>
-#include <delayq/manual_clock.hpp>
 
 using namespace std::chrono_literals;
 using steady = std::chrono::steady_clock;
@@ -47,38 +46,49 @@ void* operator new(std::size_t n) {
     if (!p) throw std::bad_alloc();
     if (g_counting.load(std::memory_order_relaxed)) {
         g_requested.fetch_add(static_cast<std::int64_t>(n), std::memory_order_relaxed);
-        g_usable.fetch_add(static_cast<std::int64_t>(malloc_usable_size(p)) + 8, std::memory_order_relaxed);
+        g_usable.fetch_add(static_cast<std::int64_t>(malloc_usable_size(p)) + 8,
+                           std::memory_order_relaxed);
     }
     return p;
 }
 void operator delete(void* p) noexcept {
     if (p && g_counting.load(std::memory_order_relaxed))
-        g_usable.fetch_sub(static_cast<std::int64_t>(malloc_usable_size(p)) + 8, std::memory_order_relaxed);
+        g_usable.fetch_sub(static_cast<std::int64_t>(malloc_usable_size(p)) + 8,
+                           std::memory_order_relaxed);
     std::free(p);
 }
 void* operator new(std::size_t n, std::align_val_t a) {
-    void* p = std::aligned_alloc(static_cast<std::size_t>(a), (n + static_cast<std::size_t>(a) - 1) & ~(static_cast<std::size_t>(a) - 1));
+    void* p =
+        std::aligned_alloc(static_cast<std::size_t>(a), (n + static_cast<std::size_t>(a) - 1) &
+                                                            ~(static_cast<std::size_t>(a) - 1));
     if (!p) throw std::bad_alloc();
     if (g_counting.load(std::memory_order_relaxed)) {
         g_requested.fetch_add(static_cast<std::int64_t>(n), std::memory_order_relaxed);
-        g_usable.fetch_add(static_cast<std::int64_t>(malloc_usable_size(p)) + 8, std::memory_order_relaxed);
+        g_usable.fetch_add(static_cast<std::int64_t>(malloc_usable_size(p)) + 8,
+                           std::memory_order_relaxed);
     }
     return p;
 }
-void operator delete(void* p, std::align_val_t) noexcept { operator delete(p); }
+void operator delete(void* p, std::align_val_t) noexcept {
+    operator delete(p);
+}
 void operator delete(void* p, std::size_t n, std::align_val_t) noexcept {
-    if (p && g_counting.load(std::memory_order_relaxed)) g_requested.fetch_sub(static_cast<std::int64_t>(n), std::memory_order_relaxed);
+    if (p && g_counting.load(std::memory_order_relaxed))
+        g_requested.fetch_sub(static_cast<std::int64_t>(n), std::memory_order_relaxed);
     operator delete(p);
 }
 void operator delete(void* p, std::size_t n) noexcept {
-    if (p && g_counting.load(std::memory_order_relaxed)) g_requested.fetch_sub(static_cast<std::int64_t>(n), std::memory_order_relaxed);
+    if (p && g_counting.load(std::memory_order_relaxed))
+        g_requested.fetch_sub(static_cast<std::int64_t>(n), std::memory_order_relaxed);
     operator delete(p);
 }
 
 namespace {
 
 // Inserts are undone in batches of this many (N .. 1.5 N pending).
-std::size_t batch_for(std::size_t n) { return std::min<std::size_t>(4096, std::max<std::size_t>(n / 2, 1)); }
+std::size_t batch_for(std::size_t n) {
+    return std::min<std::size_t>(4096, std::max<std::size_t>(n / 2, 1));
+}
 
 // A task with a small capture (one pointer), as a timer's user typically has.
 struct small_task {
@@ -88,7 +98,8 @@ struct small_task {
 
 std::vector<steady::duration> random_offsets(std::size_t n, std::uint32_t seed) {
     std::mt19937_64 rng(seed);
-    std::uniform_int_distribution<std::int64_t> d(0, std::chrono::duration_cast<steady::duration>(10s).count());
+    std::uniform_int_distribution<std::int64_t> d(
+        0, std::chrono::duration_cast<steady::duration>(10s).count());
     std::vector<steady::duration> v(n);
     for (auto& x : v) x = steady::duration{d(rng)};
     return v;
@@ -102,7 +113,7 @@ delayq::hashed_wheel_options<> timer_options() {
 // ---- the locked std::priority_queue peer ----
 template <class Clock>
 class locked_heap {
-public:
+  public:
     using time_point = typename Clock::time_point;
     struct entry {
         time_point at;
@@ -136,7 +147,7 @@ public:
         return q_.size();
     }
 
-private:
+  private:
     mutable std::mutex m_;
     std::priority_queue<entry> q_;
     std::uint64_t seq_ = 0;
@@ -250,8 +261,10 @@ void BM_wheel_cancel(benchmark::State& state) {
     std::mt19937 rng(3);
     auto fill = [&] {
         hs.clear();
-        for (std::size_t i = 0; i < n; ++i) hs.push_back(t.schedule_at(small_task{&c}, base + offs[i]));
-        if (state.range(1)) std::shuffle(hs.begin(), hs.end(), rng);  // random order: cache misses included
+        for (std::size_t i = 0; i < n; ++i)
+            hs.push_back(t.schedule_at(small_task{&c}, base + offs[i]));
+        if (state.range(1))
+            std::shuffle(hs.begin(), hs.end(), rng);  // random order: cache misses included
     };
     fill();
     std::size_t k = 0;
@@ -278,11 +291,13 @@ void expire_loop(benchmark::State& state, Fill fill, Expire expire) {
         fill(n);
         state.ResumeTiming();
         for (int ms = 0; ms <= 1000; ++ms) {
-            delayq::manual_clock::set(delayq::manual_clock::time_point{} + std::chrono::milliseconds(ms));
+            delayq::manual_clock::set(delayq::manual_clock::time_point{} +
+                                      std::chrono::milliseconds(ms));
             fired += expire(delayq::manual_clock::now());
         }
     }
-    if (fired != n * static_cast<std::uint64_t>(state.iterations())) state.SkipWithError("lost tasks");
+    if (fired != n * static_cast<std::uint64_t>(state.iterations()))
+        state.SkipWithError("lost tasks");
     state.SetItemsProcessed(static_cast<std::int64_t>(fired));
 }
 
@@ -312,7 +327,8 @@ void BM_heap_expire(benchmark::State& state) {
         state,
         [&](std::size_t n) {
             q = std::make_unique<locked_heap<delayq::manual_clock>>();
-            for (std::size_t i = 0; i < n; ++i) q->push(small_task{&c}, delayq::manual_clock::time_point{} + offs[i] / 10);
+            for (std::size_t i = 0; i < n; ++i)
+                q->push(small_task{&c}, delayq::manual_clock::time_point{} + offs[i] / 10);
         },
         [&](auto now) { return q->expire(now); });
 }
@@ -358,7 +374,8 @@ void BM_wheel_memory(benchmark::State& state) {
         delayq::hashed_wheel_timer<> t(timer_options());
         const auto base = steady::now() + 1h;
         for (std::size_t i = 0; i < n; ++i) t.schedule_at(small_task{&c}, base + offs[i]);
-        st.counters["B_requested"] = static_cast<double>(g_requested.load()) / static_cast<double>(n);
+        st.counters["B_requested"] =
+            static_cast<double>(g_requested.load()) / static_cast<double>(n);
         st.counters["B_malloc"] = static_cast<double>(g_usable.load()) / static_cast<double>(n);
         t.stop();
     });
@@ -371,7 +388,8 @@ void BM_heap_memory(benchmark::State& state) {
         locked_heap<steady> q;
         const auto base = steady::now() + 1h;
         for (std::size_t i = 0; i < n; ++i) q.push(small_task{&c}, base + offs[i]);
-        st.counters["B_requested"] = static_cast<double>(g_requested.load()) / static_cast<double>(n);
+        st.counters["B_requested"] =
+            static_cast<double>(g_requested.load()) / static_cast<double>(n);
         st.counters["B_malloc"] = static_cast<double>(g_usable.load()) / static_cast<double>(n);
     });
 }
@@ -381,8 +399,10 @@ void BM_delay_queue_memory(benchmark::State& state) {
     auto offs = random_offsets(static_cast<std::size_t>(state.range(0)), 5);
     memory_of(state, [&](std::size_t n, benchmark::State& st) {
         delayq::delay_queue<dq_item, delayq::manual_clock> q;
-        for (std::size_t i = 0; i < n; ++i) q.put(dq_item{small_task{&c}, delayq::manual_clock::time_point{} + 1h + offs[i]});
-        st.counters["B_requested"] = static_cast<double>(g_requested.load()) / static_cast<double>(n);
+        for (std::size_t i = 0; i < n; ++i)
+            q.put(dq_item{small_task{&c}, delayq::manual_clock::time_point{} + 1h + offs[i]});
+        st.counters["B_requested"] =
+            static_cast<double>(g_requested.load()) / static_cast<double>(n);
         st.counters["B_malloc"] = static_cast<double>(g_usable.load()) / static_cast<double>(n);
     });
 }

@@ -7,13 +7,12 @@
 // What it does: a heartbeat that re-arms itself every 50 ms, an I/O event (a byte written into a
 // pipe by a timer, standing for a socket becoming readable), a cancelled timer that never fires,
 // and a last timer that ends the loop.
-#include <delayq/hashed_wheel_timer.hpp>
-
 #include <poll.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
+#include <delayq/hashed_wheel_timer.hpp>
 #include <functional>
 
 using namespace std::chrono_literals;
@@ -28,7 +27,10 @@ int main() {
     int fds[2];
     if (::pipe(fds) != 0) return 1;
     const auto start = clock_type::now();
-    auto ms = [&] { return std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - start).count(); };
+    auto ms = [&] {
+        return std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - start)
+            .count();
+    };
 
     int beats = 0;
     std::function<void()> heartbeat = [&] {
@@ -51,12 +53,16 @@ int main() {
         if (const auto next = wheel.next_expiry()) {
             const auto wait = *next - clock_type::now();
             // Round up: waking early would only cost an empty turn, never an early task.
-            timeout_ms = wait <= 0ns ? 0 : static_cast<int>(std::chrono::ceil<std::chrono::milliseconds>(wait).count());
+            timeout_ms =
+                wait <= 0ns
+                    ? 0
+                    : static_cast<int>(std::chrono::ceil<std::chrono::milliseconds>(wait).count());
         }
         pollfd p{fds[0], POLLIN, 0};
         if (::poll(&p, 1, timeout_ms) > 0) {
             char c;
-            if (::read(fds[0], &c, 1) == 1) std::printf("%4lld ms  I/O event\n", static_cast<long long>(ms()));
+            if (::read(fds[0], &c, 1) == 1)
+                std::printf("%4lld ms  I/O event\n", static_cast<long long>(ms()));
         }
         wheel.advance();  // runs what is due, on this thread
         ++turns;

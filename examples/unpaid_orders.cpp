@@ -1,11 +1,10 @@
 // Cancel unpaid orders after a timeout, with delay_queue: a checkout thread puts each order with
 // its payment deadline; a reaper thread takes orders as their deadlines pass and cancels those
 // still unpaid. (Real shops use 30 minutes; this demo uses milliseconds.)
-#include <delayq/delayq.hpp>
-
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <delayq/delayq.hpp>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -36,7 +35,8 @@ int main() {
     });
 
     for (int id = 1; id <= 10; ++id) {
-        expiring.put(order{id, std::chrono::steady_clock::now() + std::chrono::milliseconds(20 * id)});
+        expiring.put(
+            order{id, std::chrono::steady_clock::now() + std::chrono::milliseconds(20 * id)});
         if (id % 3 == 0) {
             std::lock_guard lk(m);
             paid.insert(id);  // every third customer pays in time

@@ -1,8 +1,7 @@
-#include <delayq/delay_queue.hpp>
-#include <delayq/manual_clock.hpp>
-
 #include <algorithm>
 #include <atomic>
+#include <delayq/delay_queue.hpp>
+#include <delayq/manual_clock.hpp>
 #include <iterator>
 #include <memory>
 #include <random>
@@ -31,7 +30,9 @@ struct item {
 
 using queue = delayq::delay_queue<item, manual_clock>;
 
-mtp at(std::chrono::milliseconds d) { return mtp{d}; }
+mtp at(std::chrono::milliseconds d) {
+    return mtp{d};
+}
 
 std::vector<int> ids(const std::vector<item>& v) {
     std::vector<int> out;
@@ -163,7 +164,7 @@ TEST_CASE("remove_if removes matching elements, due or not, and keeps the order"
     manual_clock::reset();
     queue q;
     for (int i = 0; i < 10; ++i) q.put(item{i, at(std::chrono::milliseconds(10 * i))});
-    manual_clock::set(at(25ms));  // 0, 1, 2 due
+    manual_clock::set(at(25ms));                                           // 0, 1, 2 due
     CHECK(q.remove_if([](const item& v) { return v.id % 2 == 1; }) == 5);  // 1 due; 3,5,7,9 not
     CHECK(q.size() == 5);
     CHECK(q.remove_if([](const item&) { return false; }) == 0);
@@ -452,9 +453,15 @@ TEST_CASE("stress: producers and consumers lose nothing and duplicate nothing") 
             for (;;) {
                 std::optional<job> j;
                 switch (rng() % 3) {
-                    case 0: j = q.take(); break;
-                    case 1: j = q.take_for(std::chrono::microseconds(rng() % 500)); break;
-                    default: j = q.poll(); break;
+                    case 0:
+                        j = q.take();
+                        break;
+                    case 1:
+                        j = q.take_for(std::chrono::microseconds(rng() % 500));
+                        break;
+                    default:
+                        j = q.poll();
+                        break;
                 }
                 if (j) {
                     seen[j->id].fetch_add(1);

@@ -1,7 +1,6 @@
+#include <chrono>
 #include <delayq/delayed.hpp>
 #include <delayq/manual_clock.hpp>
-
-#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
@@ -20,7 +19,9 @@ struct member {
 struct free_fn {
     tp at;
 };
-tp deadline(const free_fn& f) { return f.at; }
+tp deadline(const free_fn& f) {
+    return f.at;
+}
 struct none {};
 struct wrong_type {
     int deadline() const { return 0; }

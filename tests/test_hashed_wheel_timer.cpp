@@ -4,14 +4,13 @@
 // tests keep a far "sentinel" task pending, so that the worker always sleeps on a manual_clock
 // deadline: then `step()` can move the clock and wait until the worker has woken, run what is due
 // and gone back to sleep (its wake-up count went up and it sleeps on the clock again).
-#include <delayq/hashed_wheel_timer.hpp>
-#include <delayq/manual_clock.hpp>
-
 #include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <delayq/hashed_wheel_timer.hpp>
+#include <delayq/manual_clock.hpp>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -84,52 +83,67 @@ struct move_only_task {
 
 }  // namespace
 
-TEST_CASE("a task runs at its deadline (precise) or its tick boundary, never early, at every rotation edge") {
+TEST_CASE(
+    "a task runs at its deadline (precise) or its tick boundary, never early, at every rotation "
+    "edge") {
     const mc::duration tick = 10ms;
     const mc::duration rot = 8 * tick;  // 8 buckets
-    const std::vector<mc::duration> delays = {
-        0ns, 1ns, tick - 1ns, tick, tick + 1ns, 2 * tick + 5ms,
-        rot - tick, rot - 1ns, rot, rot + 1ns, rot + tick, rot + tick + 1ns,
-        5 * rot + 3 * tick + 1ns, 1000 * rot, 1000 * rot + 7 * tick + 1ns};
+    const std::vector<mc::duration> delays = {0ns,
+                                              1ns,
+                                              tick - 1ns,
+                                              tick,
+                                              tick + 1ns,
+                                              2 * tick + 5ms,
+                                              rot - tick,
+                                              rot - 1ns,
+                                              rot,
+                                              rot + 1ns,
+                                              rot + tick,
+                                              rot + tick + 1ns,
+                                              5 * rot + 3 * tick + 1ns,
+                                              1000 * rot,
+                                              1000 * rot + 7 * tick + 1ns};
     for (const bool precise : {true, false}) {
-    for (const mc::duration start : {mc::duration(0ns), mc::duration(3ns), mc::duration(7ms)}) {  // the wheel's origin, on or off a round number
-        for (const mc::duration d : delays) {
-            for (const bool jump : {false, true}) {
-                CAPTURE(precise, start.count(), d.count(), jump);
-                mc::reset();
-                mc::advance(start);
-                wheel w(opts(tick, 8, 0, precise));
-                const tp origin = mc::now();
-                const tp deadline = origin + d;
-                // The first tick boundary at or after the deadline.
-                const tp boundary = origin + ((d + tick - 1ns) / tick) * tick;
-                const tp expected = precise ? deadline : boundary;
-                tp ran_at = tp::max();
-                auto h = w.schedule_at([&] { ran_at = mc::now(); }, deadline);
-                REQUIRE(w.next_expiry() == expected);
-                if (jump) {
-                    if (expected > origin) {
-                        mc::set(expected - 1ns);
-                        REQUIRE(w.advance() == 0);
+        for (const mc::duration start :
+             {mc::duration(0ns), mc::duration(3ns),
+              mc::duration(7ms)}) {  // the wheel's origin, on or off a round number
+            for (const mc::duration d : delays) {
+                for (const bool jump : {false, true}) {
+                    CAPTURE(precise, start.count(), d.count(), jump);
+                    mc::reset();
+                    mc::advance(start);
+                    wheel w(opts(tick, 8, 0, precise));
+                    const tp origin = mc::now();
+                    const tp deadline = origin + d;
+                    // The first tick boundary at or after the deadline.
+                    const tp boundary = origin + ((d + tick - 1ns) / tick) * tick;
+                    const tp expected = precise ? deadline : boundary;
+                    tp ran_at = tp::max();
+                    auto h = w.schedule_at([&] { ran_at = mc::now(); }, deadline);
+                    REQUIRE(w.next_expiry() == expected);
+                    if (jump) {
+                        if (expected > origin) {
+                            mc::set(expected - 1ns);
+                            REQUIRE(w.advance() == 0);
+                        }
+                        mc::set(expected);
+                        REQUIRE(w.advance() == 1);
+                        CHECK(ran_at == expected);
+                    } else {
+                        while (w.advance() == 0) {
+                            REQUIRE(mc::now() < boundary);
+                            mc::advance(tick);
+                        }
+                        CHECK(ran_at == boundary);  // stepping by whole ticks from the origin
                     }
-                    mc::set(expected);
-                    REQUIRE(w.advance() == 1);
-                    CHECK(ran_at == expected);
-                } else {
-                    while (w.advance() == 0) {
-                        REQUIRE(mc::now() < boundary);
-                        mc::advance(tick);
-                    }
-                    CHECK(ran_at == boundary);  // stepping by whole ticks from the origin
+                    CHECK(ran_at >= deadline);
+                    CHECK(ran_at - deadline < tick);
+                    CHECK(h.expired());
+                    CHECK(w.pending() == 0);
+                    CHECK_FALSE(w.next_expiry().has_value());
                 }
-                CHECK(ran_at >= deadline);
-                CHECK(ran_at - deadline < tick);
-                CHECK(h.expired());
-                CHECK(w.pending() == 0);
-                CHECK_FALSE(w.next_expiry().has_value());
             }
         }
-    }
     }
 }
 
@@ -141,7 +155,8 @@ TEST_CASE("a task comes out only when its deadline has passed even when the whee
     std::vector<mc::duration> ds = {95ms, 5ms, 45ms, 41ms, 200ms, 1ms, 81ms, 40ms, 400ms, 41ms};
     std::vector<handle> hs;
     for (std::size_t i = 0; i < ds.size(); ++i) {
-        hs.push_back(w.schedule_at([&order, i] { order.push_back(static_cast<int>(i)); }, tp{} + ds[i]));
+        hs.push_back(
+            w.schedule_at([&order, i] { order.push_back(static_cast<int>(i)); }, tp{} + ds[i]));
     }
     SECTION("one late pass over many rotations runs what is due, in deadline order") {
         mc::set(tp{} + 100ms);
@@ -255,7 +270,7 @@ TEST_CASE("cancel unlinks and destroys the task at once") {
     CHECK(w.pending() == 1);
     CHECK(a.cancelled());
     CHECK_FALSE(a.expired());
-    CHECK_FALSE(a.cancel());  // only once
+    CHECK_FALSE(a.cancel());               // only once
     CHECK_NOTHROW(w.schedule([] {}, 1h));  // the place is free at once
     CHECK(w.pending() == 2);
 
@@ -279,11 +294,13 @@ TEST_CASE("cancel of entries in the bucket being expired from a task of that buc
     std::vector<int> ran;
     handle same_batch, next_round;
     bool cancel_same = false, cancel_next = false;
-    w.schedule_at([&] {
-        ran.push_back(0);
-        cancel_same = same_batch.cancel();  // due in this pass, not started: still cancellable
-        cancel_next = next_round.cancel();  // same bucket, a later rotation: still pending
-    }, tp{} + 5ms);
+    w.schedule_at(
+        [&] {
+            ran.push_back(0);
+            cancel_same = same_batch.cancel();  // due in this pass, not started: still cancellable
+            cancel_next = next_round.cancel();  // same bucket, a later rotation: still pending
+        },
+        tp{} + 5ms);
     same_batch = w.schedule_at([&] { ran.push_back(1); }, tp{} + 6ms);
     next_round = w.schedule_at([&] { ran.push_back(2); }, tp{} + 85ms);
     mc::set(tp{} + 10ms);
@@ -304,11 +321,13 @@ TEST_CASE("schedule and cancel from inside a task") {
     std::vector<int> ran;
     handle victim = w.schedule_at([&] { ran.push_back(99); }, tp{} + 50ms);
     handle child;
-    w.schedule_at([&] {
-        ran.push_back(1);
-        child = w.schedule([&] { ran.push_back(2); }, 10ms);
-        CHECK(victim.cancel());
-    }, tp{} + 10ms);
+    w.schedule_at(
+        [&] {
+            ran.push_back(1);
+            child = w.schedule([&] { ran.push_back(2); }, 10ms);
+            CHECK(victim.cancel());
+        },
+        tp{} + 10ms);
     mc::set(tp{} + 10ms);
     CHECK(w.advance() == 1);
     CHECK(child.deadline() == tp{} + 20ms);
@@ -510,15 +529,17 @@ TEST_CASE("timer: stop() from inside a task does not deadlock") {
     std::atomic<int> after{0};
     auto late = t.schedule([] {}, 1h);
     first_sleep();
-    t.schedule([&] {
-        from_task = t.stop();
-        stopped = true;
-        try {
-            t.schedule([] {}, 1ms);
-        } catch (const delayq::rejected_error&) {
-            ++after;
-        }
-    }, 10ms);
+    t.schedule(
+        [&] {
+            from_task = t.stop();
+            stopped = true;
+            try {
+                t.schedule([] {}, 1ms);
+            } catch (const delayq::rejected_error&) {
+                ++after;
+            }
+        },
+        10ms);
     mc::advance(10ms);
     wait_for([&] { return stopped.load(); });
     CHECK(t.stop().empty());  // idempotent; joins the worker
@@ -533,10 +554,12 @@ TEST_CASE("timer: destroyed from inside its own task") {
     auto t = std::make_unique<timer>(opts(10ms, 8));
     std::atomic<bool> done{false};
     auto pending = t->schedule([] {}, 1h);
-    t->schedule([&] {
-        t.reset();
-        done = true;
-    }, 0ms);
+    t->schedule(
+        [&] {
+            t.reset();
+            done = true;
+        },
+        0ms);
     wait_for([&] { return done.load(); });
     CHECK(t == nullptr);
     CHECK(pending.cancelled());
@@ -549,7 +572,8 @@ TEST_CASE("timer: destruction with pending tasks destroys them and handles outli
     std::vector<handle> hs;
     {
         timer t(opts(10ms, 8));
-        for (int i = 0; i < 100; ++i) hs.push_back(t.schedule([k = tracker(alive)] {}, i * 1ms + 1h));
+        for (int i = 0; i < 100; ++i)
+            hs.push_back(t.schedule([k = tracker(alive)] {}, i * 1ms + 1h));
         CHECK(*alive == 100);
         CHECK(t.pending() == 100);
     }
@@ -581,7 +605,8 @@ TEST_CASE("timer: cancel racing expiry from another thread: runs or is cancelled
         std::vector<handle> hs;
         t.schedule(sentinel(), 100h);
         first_sleep();
-        for (int i = 0; i < k; ++i) hs.push_back(t.schedule([&runs, i] { ++runs[i]; }, 10ms + (i % 3) * 1ms));
+        for (int i = 0; i < k; ++i)
+            hs.push_back(t.schedule([&runs, i] { ++runs[i]; }, 10ms + (i % 3) * 1ms));
         std::vector<char> won(k);
         std::thread clock([] { mc::advance(12ms); });
         for (int i = k - 1; i >= 0; --i) won[i] = hs[i].cancel();
@@ -638,8 +663,10 @@ TEST_CASE("timer: threads schedule and cancel 1M tasks and every one is accounte
             for (std::size_t i = lo; i < hi; ++i) {
                 const auto r = rng() % 100;
                 // Most are due within a few ticks; some an hour away, left for stop().
-                const auto delay = r < 10 ? std::chrono::microseconds(1h) : std::chrono::microseconds(rng() % 3000);
-                mine.push_back(t.schedule([&runs, i] { runs[i].fetch_add(1, std::memory_order_relaxed); }, delay));
+                const auto delay = r < 10 ? std::chrono::microseconds(1h)
+                                          : std::chrono::microseconds(rng() % 3000);
+                mine.push_back(t.schedule(
+                    [&runs, i] { runs[i].fetch_add(1, std::memory_order_relaxed); }, delay));
                 if (r % 3 == 0 && !mine.empty()) {  // cancel a random earlier one of ours
                     if (mine[rng() % mine.size()].cancel()) ++cancelled;
                 }
@@ -670,7 +697,8 @@ TEST_CASE("tasks of every size: pooled slots of each size class and large captur
         wheel w(opts(1ms, 8));
         auto add = [&](auto pad) {
             for (int i = 0; i < 3000; ++i) {  // several slabs' worth of the small sizes
-                auto h = w.schedule([pad, t = tracker(alive), &ran] { ran += 1 + pad[0]; }, 1ms * (i % 5));
+                auto h = w.schedule([pad, t = tracker(alive), &ran] { ran += 1 + pad[0]; },
+                                    1ms * (i % 5));
                 if (i % 3 == 0) {
                     REQUIRE(h.cancel());
                     cancelled_ones.push_back(h);

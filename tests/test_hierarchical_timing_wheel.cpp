@@ -210,49 +210,50 @@ TEST_CASE("htw: empty ticks cost nothing: the clock jumps to the next bucket") {
 }
 
 TEST_CASE("htw: never early and at most one tick late across 5 levels, precise or tick-rounded") {
-  for (const bool precise : {true, false}) {
-    CAPTURE(precise);
-    manual_clock::reset();
-    const manual_clock::duration tick = 1ms;
-    wheel w(manual(tick, 4, precise));  // levels span 4, 16, 64, 256, 1024 ticks
-    std::mt19937_64 rng(7);
-    std::uniform_int_distribution<std::int64_t> off(0, 1000 * 1'000'000 - 1);  // ns up to 1 s
-    const int n = 3000;
-    std::vector<mtp> deadline(n), ran_at(n);
-    std::vector<int> count(n, 0);
-    for (int i = 0; i < n; ++i) {
-        // a third of the deadlines sit exactly on the tick grid
-        auto ns = off(rng);
-        if (i % 3 == 0) ns -= ns % tick.count();
-        deadline[i] = mtp{std::chrono::nanoseconds(ns)};
-        w.schedule_at(
-            [&, i] {
-                ++count[i];
-                ran_at[i] = manual_clock::now();
-            },
-            deadline[i]);
+    for (const bool precise : {true, false}) {
+        CAPTURE(precise);
+        manual_clock::reset();
+        const manual_clock::duration tick = 1ms;
+        wheel w(manual(tick, 4, precise));  // levels span 4, 16, 64, 256, 1024 ticks
+        std::mt19937_64 rng(7);
+        std::uniform_int_distribution<std::int64_t> off(0, 1000 * 1'000'000 - 1);  // ns up to 1 s
+        const int n = 3000;
+        std::vector<mtp> deadline(n), ran_at(n);
+        std::vector<int> count(n, 0);
+        for (int i = 0; i < n; ++i) {
+            // a third of the deadlines sit exactly on the tick grid
+            auto ns = off(rng);
+            if (i % 3 == 0) ns -= ns % tick.count();
+            deadline[i] = mtp{std::chrono::nanoseconds(ns)};
+            w.schedule_at(
+                [&, i] {
+                    ++count[i];
+                    ran_at[i] = manual_clock::now();
+                },
+                deadline[i]);
+        }
+        CHECK(w.levels() == 5);
+        // step through every quarter tick: a task must run exactly at the first grid point >=
+        // deadline
+        while (manual_clock::now() < mtp{1001ms}) {
+            manual_clock::advance(250us);
+            drain(w);
+        }
+        CHECK(w.size() == 0);
+        int exact = 0;
+        for (int i = 0; i < n; ++i) {
+            INFO("task " << i << " deadline " << deadline[i].time_since_epoch().count());
+            REQUIRE(count[i] == 1);
+            REQUIRE(ran_at[i] >= deadline[i]);        // never early
+            REQUIRE(ran_at[i] - deadline[i] < tick);  // less than one tick late
+            // stepping a quarter tick at a time: tick-rounded, exactly at the grid point; precise,
+            // at the first step at or after the deadline
+            if (!precise) REQUIRE(ran_at[i] == grid_ceil(deadline[i], tick));
+            if (precise) REQUIRE(ran_at[i] - deadline[i] < 250us);
+            if (ran_at[i] == deadline[i]) ++exact;
+        }
+        CHECK(exact >= n / 3);  // on-grid deadlines are not late at all
     }
-    CHECK(w.levels() == 5);
-    // step through every quarter tick: a task must run exactly at the first grid point >= deadline
-    while (manual_clock::now() < mtp{1001ms}) {
-        manual_clock::advance(250us);
-        drain(w);
-    }
-    CHECK(w.size() == 0);
-    int exact = 0;
-    for (int i = 0; i < n; ++i) {
-        INFO("task " << i << " deadline " << deadline[i].time_since_epoch().count());
-        REQUIRE(count[i] == 1);
-        REQUIRE(ran_at[i] >= deadline[i]);                   // never early
-        REQUIRE(ran_at[i] - deadline[i] < tick);             // less than one tick late
-        // stepping a quarter tick at a time: tick-rounded, exactly at the grid point; precise,
-        // at the first step at or after the deadline
-        if (!precise) REQUIRE(ran_at[i] == grid_ceil(deadline[i], tick));
-        if (precise) REQUIRE(ran_at[i] - deadline[i] < 250us);
-        if (ran_at[i] == deadline[i]) ++exact;
-    }
-    CHECK(exact >= n / 3);  // on-grid deadlines are not late at all
-  }
 }
 
 TEST_CASE("htw: a task cancels another whose bucket is being flushed") {

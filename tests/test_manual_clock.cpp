@@ -1,7 +1,6 @@
-#include <delayq/manual_clock.hpp>
-
 #include <atomic>
 #include <condition_variable>
+#include <delayq/manual_clock.hpp>
 #include <mutex>
 #include <thread>
 

@@ -5,12 +5,11 @@
 //
 // Tests tagged [finding] pin a defect this work found (see docs/misuse.md), fixed since in the
 // header; they run by default.
-#include <delayq/delayq.hpp>
-
 #include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <delayq/delayq.hpp>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -37,7 +36,6 @@ using delayq::test::message_of;
 
 namespace {
 
-
 hw::options hw_opts(dur tick = 1ms, std::size_t ticks = 8, std::size_t max_pending = 0) {
     hw::options o;
     o.tick = tick;
@@ -46,7 +44,8 @@ hw::options hw_opts(dur tick = 1ms, std::size_t ticks = 8, std::size_t max_pendi
     return o;
 }
 
-htw::options htw_opts(dur tick = 1ms, std::size_t size = 8, std::size_t max_pending = 0, bool own_thread = false) {
+htw::options htw_opts(dur tick = 1ms, std::size_t size = 8, std::size_t max_pending = 0,
+                      bool own_thread = false) {
     htw::options o;
     o.tick = tick;
     o.wheel_size = size;
@@ -84,16 +83,21 @@ TEST_CASE("misuse: zero or negative tick") {
         CHECK(contains(message_of<std::invalid_argument>([&] { hw w(hw_opts(t)); }), "tick"));
         CHECK(contains(message_of<std::invalid_argument>([&] { hwt w(hw_opts(t)); }), "tick"));
         CHECK(contains(message_of<std::invalid_argument>([&] { htw w(htw_opts(t)); }), "tick"));
-        CHECK(contains(message_of<std::invalid_argument>([&] { htw w(htw_opts(t, 8, 0, true)); }), "tick"));
+        CHECK(contains(message_of<std::invalid_argument>([&] { htw w(htw_opts(t, 8, 0, true)); }),
+                       "tick"));
     }
 }
 
 TEST_CASE("misuse: zero wheel size") {
     mc::reset();
-    CHECK(contains(message_of<std::invalid_argument>([] { hw w(hw_opts(1ms, 0)); }), "ticks_per_wheel"));
-    CHECK(contains(message_of<std::invalid_argument>([] { hwt w(hw_opts(1ms, 0)); }), "ticks_per_wheel"));
-    CHECK(contains(message_of<std::invalid_argument>([] { htw w(htw_opts(1ms, 0)); }), "wheel_size"));
-    CHECK(contains(message_of<std::invalid_argument>([] { htw w(htw_opts(1ms, 1)); }), "wheel_size"));
+    CHECK(contains(message_of<std::invalid_argument>([] { hw w(hw_opts(1ms, 0)); }),
+                   "ticks_per_wheel"));
+    CHECK(contains(message_of<std::invalid_argument>([] { hwt w(hw_opts(1ms, 0)); }),
+                   "ticks_per_wheel"));
+    CHECK(
+        contains(message_of<std::invalid_argument>([] { htw w(htw_opts(1ms, 0)); }), "wheel_size"));
+    CHECK(
+        contains(message_of<std::invalid_argument>([] { htw w(htw_opts(1ms, 1)); }), "wheel_size"));
     hw one(hw_opts(1ms, 1));  // a one-bucket ring is legal and works
     probe p;
     auto runs = p.runs;
@@ -105,9 +109,12 @@ TEST_CASE("misuse: zero wheel size") {
 
 TEST_CASE("misuse: absurd ticks_per_wheel or wheel_size") {
     mc::reset();
-    for (std::size_t n : {std::numeric_limits<std::size_t>::max(), (std::size_t{1} << 30) + 1, std::size_t{1} << 62}) {
-        CHECK(contains(message_of<std::invalid_argument>([&] { hw w(hw_opts(1ms, n)); }), "ticks_per_wheel"));
-        CHECK(contains(message_of<std::invalid_argument>([&] { htw w(htw_opts(1ms, n)); }), "wheel_size"));
+    for (std::size_t n : {std::numeric_limits<std::size_t>::max(), (std::size_t{1} << 30) + 1,
+                          std::size_t{1} << 62}) {
+        CHECK(contains(message_of<std::invalid_argument>([&] { hw w(hw_opts(1ms, n)); }),
+                       "ticks_per_wheel"));
+        CHECK(contains(message_of<std::invalid_argument>([&] { htw w(htw_opts(1ms, n)); }),
+                       "wheel_size"));
     }
 }
 
@@ -290,11 +297,14 @@ TEST_CASE("misuse: schedule after stop") {
     t.stop();
     x.stop();
     probe p;
-    CHECK(contains(message_of<delayq::rejected_error>([&] { w.schedule(std::move(p), 1ms); }), "stopped"));
+    CHECK(contains(message_of<delayq::rejected_error>([&] { w.schedule(std::move(p), 1ms); }),
+                   "stopped"));
     CHECK(p.body);  // the task is left untouched
-    CHECK(contains(message_of<delayq::rejected_error>([&] { t.schedule(std::move(p), 1ms); }), "stopped"));
+    CHECK(contains(message_of<delayq::rejected_error>([&] { t.schedule(std::move(p), 1ms); }),
+                   "stopped"));
     CHECK(p.body);
-    CHECK(contains(message_of<delayq::rejected_error>([&] { x.schedule(std::move(p), 1ms); }), "stopped"));
+    CHECK(contains(message_of<delayq::rejected_error>([&] { x.schedule(std::move(p), 1ms); }),
+                   "stopped"));
     CHECK(p.body);
     CHECK(w.stop().empty());  // idempotent
     CHECK(t.stop().empty());
@@ -308,7 +318,8 @@ TEST_CASE("misuse: max_pending exceeded") {
     w.schedule(probe{}, 1ms);
     handle h = w.schedule(probe{}, 1ms);
     probe p;
-    CHECK(contains(message_of<delayq::rejected_error>([&] { w.schedule(std::move(p), 1ms); }), "max_pending"));
+    CHECK(contains(message_of<delayq::rejected_error>([&] { w.schedule(std::move(p), 1ms); }),
+                   "max_pending"));
     CHECK(p.body);  // left untouched
     CHECK(w.pending() == 2);
     CHECK(h.cancel());  // room again at once
@@ -318,7 +329,8 @@ TEST_CASE("misuse: max_pending exceeded") {
     htw x(htw_opts(1ms, 8, 2));
     x.schedule(probe{}, 1ms);
     handle hx = x.schedule(probe{}, 1ms);
-    CHECK(contains(message_of<delayq::rejected_error>([&] { x.schedule(probe{}, 1ms); }), "max_pending"));
+    CHECK(contains(message_of<delayq::rejected_error>([&] { x.schedule(probe{}, 1ms); }),
+                   "max_pending"));
     CHECK(x.size() == 2);  // nothing half-scheduled
     CHECK(hx.cancel());
     x.schedule(probe{}, 1ms);
@@ -327,7 +339,8 @@ TEST_CASE("misuse: max_pending exceeded") {
 
 TEST_CASE("misuse: max_pending refusal leaves the task untouched (hierarchical)", "[finding]") {
     // hierarchical_timing_wheel::schedule used to move the task into its node before it checked
-    // max_pending, so the caller's task was gone (hashed_wheel left it untouched). Fixed in d0d47e6.
+    // max_pending, so the caller's task was gone (hashed_wheel left it untouched). Fixed in
+    // d0d47e6.
     mc::reset();
     htw x(htw_opts(1ms, 8, 1));
     x.schedule(probe{}, 1ms);
@@ -400,7 +413,12 @@ TEST_CASE("misuse: stop() from a task") {
         std::atomic<bool> done{false};
         std::vector<handle> got;
         handle later = t.schedule(probe{}, 1h);
-        t.schedule([&] { got = t.stop(); done = true; }, 1ms);
+        t.schedule(
+            [&] {
+                got = t.stop();
+                done = true;
+            },
+            1ms);
         REQUIRE(delayq::test::eventually([] { return mc::sleepers() >= 1; }));
         mc::advance(1ms);
         REQUIRE(delayq::test::eventually([&] { return done.load(); }));
@@ -413,7 +431,12 @@ TEST_CASE("misuse: stop() from a task") {
         std::atomic<bool> done{false};
         std::vector<handle> got;
         handle later = x.schedule(probe{}, 1h);
-        x.schedule([&] { got = x.stop(); done = true; }, 1ms);
+        x.schedule(
+            [&] {
+                got = x.stop();
+                done = true;
+            },
+            1ms);
         REQUIRE(delayq::test::eventually([] { return mc::sleepers() >= 1; }));
         mc::advance(1ms);
         REQUIRE(delayq::test::eventually([&] { return done.load(); }));
@@ -427,7 +450,12 @@ TEST_CASE("misuse: destroying a timer from its own task") {
     mc::reset();
     auto t = std::make_unique<hwt>(hw_opts());
     std::atomic<bool> done{false};
-    t->schedule([&] { t.reset(); done = true; }, 1ms);
+    t->schedule(
+        [&] {
+            t.reset();
+            done = true;
+        },
+        1ms);
     REQUIRE(delayq::test::eventually([] { return mc::sleepers() >= 1; }));
     mc::advance(1ms);
     REQUIRE(delayq::test::eventually([&] { return done.load(); }));
@@ -435,7 +463,12 @@ TEST_CASE("misuse: destroying a timer from its own task") {
 
     auto x = std::make_unique<htw>(htw_opts(1ms, 8, 0, true));
     done = false;
-    x->schedule([&] { x.reset(); done = true; }, 1ms);
+    x->schedule(
+        [&] {
+            x.reset();
+            done = true;
+        },
+        1ms);
     REQUIRE(delayq::test::eventually([] { return mc::sleepers() >= 1; }));
     mc::advance(1ms);
     REQUIRE(delayq::test::eventually([&] { return done.load(); }));
@@ -538,7 +571,10 @@ TEST_CASE("misuse: hierarchical wheel started within a tick of time_point::min()
     mc::reset();
 }
 
-TEST_CASE("misuse: hierarchical wheel spanning the whole time line never runs a time_point::max() task early", "[finding]") {
+TEST_CASE(
+    "misuse: hierarchical wheel spanning the whole time line never runs a time_point::max() task "
+    "early",
+    "[finding]") {
     // Origin at time_point::min() (a start within a tick of it) and tick 1 ns: a deadline of
     // time_point::max() is 2^64 - 1 ticks away; to_ticks() clamps that to 2^64 - 2, whose time is
     // time_point::max() - 1, so the task used to run 1 ns before its deadline. Fixed: a task goes

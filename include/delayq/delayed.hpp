@@ -23,10 +23,14 @@ namespace detail::deadline_of_impl {
 void deadline() = delete;
 
 template <class T>
-concept has_member = requires(const T& t) { t.deadline(); };
+concept has_member = requires(const T& t) {
+    t.deadline();
+};
 
 template <class T>
-concept has_adl = !has_member<T> && requires(const T& t) { deadline(t); };
+concept has_adl = !has_member<T> && requires(const T& t) {
+    deadline(t);
+};
 
 template <class T>
 struct is_smart_pointer : std::false_type {};
@@ -37,27 +41,28 @@ struct is_smart_pointer<std::shared_ptr<U>> : std::true_type {};
 
 struct fn {
     template <class T>
-        requires has_member<T>
+    requires has_member<T>
     constexpr decltype(auto) operator()(const T& t) const noexcept(noexcept(t.deadline())) {
         return t.deadline();
     }
 
     template <class T>
-        requires has_adl<T>
+    requires has_adl<T>
     constexpr decltype(auto) operator()(const T& t) const noexcept(noexcept(deadline(t))) {
         return deadline(t);
     }
 
     template <class T>
-        requires(!has_member<T> && !has_adl<T> &&
-                 (std::is_pointer_v<T> || is_smart_pointer<T>::value) &&
-                 std::is_invocable_v<const fn&, decltype(*std::declval<const T&>())>)
-    constexpr decltype(auto) operator()(const T& p) const {
+    requires(!has_member<T> && !has_adl<T> &&
+             (std::is_pointer_v<T> || is_smart_pointer<T>::value) &&
+             std::is_invocable_v<const fn&,
+                                 decltype(*std::declval<const T&>())>) constexpr decltype(auto)
+    operator()(const T& p) const {
         return (*this)(*p);
     }
 
     template <class U>
-        requires std::is_invocable_v<const fn&, const U&>
+    requires std::is_invocable_v<const fn&, const U&>
     constexpr decltype(auto) operator()(const std::reference_wrapper<U>& r) const {
         return (*this)(r.get());
     }

@@ -7,9 +7,9 @@
 /// hashed_wheel_timer.hpp, hierarchical_timing_wheel.hpp and coro.hpp (not the Redis backend,
 /// which needs hiredis: <delayq/redis/delay_queue.hpp>).
 
+#include "delay_queue.hpp"
 #include "delayed.hpp"
 #include "manual_clock.hpp"
-#include "delay_queue.hpp"
 #if __has_include("timeout.hpp")
 #include "timeout.hpp"
 #endif

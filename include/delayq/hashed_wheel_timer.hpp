@@ -61,12 +61,17 @@ namespace delayq {
 /// The options of hashed_wheel_timer and hashed_wheel.
 template <class Clock = std::chrono::steady_clock>
 struct hashed_wheel_options {
-    using duration = typename Clock::duration;
-    duration tick = std::chrono::duration_cast<duration>(std::chrono::milliseconds(100));  // > 0
-    std::size_t ticks_per_wheel = 512;                 // in [1, 2^30]; rounded up to a power of two
-    std::size_t max_pending = 0;                       // 0 = unbounded
-    std::function<void(std::exception_ptr)> on_error;  // a task that throws; the timer carries on
-    bool precise = true;  // a task runs at its own deadline; false: at its tick's boundary
+    using duration = typename Clock::duration;  ///< the clock's duration
+
+    /// What one bucket spans (> 0): the cost of a pass, not its precision (see precise).
+    duration tick = std::chrono::duration_cast<duration>(std::chrono::milliseconds(100));
+    std::size_t ticks_per_wheel = 512;  ///< buckets, in [1, 2^30]; rounded up to a power of two
+    std::size_t max_pending =
+        0;  ///< schedule() beyond this many throws rejected_error; 0: no limit
+    /// Called with what a task threw (on the thread that ran it); the timer carries on.
+    std::function<void(std::exception_ptr)> on_error;
+    /// true: a task runs at its own deadline; false: at its tick's boundary (fewer wake-ups).
+    bool precise = true;
 };
 
 namespace detail {
@@ -88,10 +93,10 @@ hashed_core<Clock>* make_hashed_core(hashed_wheel_options<Clock>&& o) {
 template <class Clock = std::chrono::steady_clock>
 class hashed_wheel {
   public:
-    using clock = Clock;
-    using time_point = typename Clock::time_point;
-    using duration = typename Clock::duration;
-    using options = hashed_wheel_options<Clock>;
+    using clock = Clock;                            ///< the clock it runs on
+    using time_point = typename Clock::time_point;  ///< deadlines on that clock
+    using duration = typename Clock::duration;      ///< delays on that clock
+    using options = hashed_wheel_options<Clock>;    ///< what the constructor takes
 
     /// Throws std::invalid_argument for a tick <= 0 or ticks_per_wheel outside [1, 2^30].
     explicit hashed_wheel(options o = {}) : core_(detail::make_hashed_core(std::move(o))) {}
@@ -169,10 +174,10 @@ class hashed_wheel {
 template <class Clock = std::chrono::steady_clock>
 class hashed_wheel_timer {
   public:
-    using clock = Clock;
-    using time_point = typename Clock::time_point;
-    using duration = typename Clock::duration;
-    using options = hashed_wheel_options<Clock>;
+    using clock = Clock;                            ///< the clock it runs on
+    using time_point = typename Clock::time_point;  ///< deadlines on that clock
+    using duration = typename Clock::duration;      ///< delays on that clock
+    using options = hashed_wheel_options<Clock>;    ///< what the constructor takes
 
     /// Throws std::invalid_argument for a tick <= 0 or ticks_per_wheel outside [1, 2^30]. The
     /// worker thread starts with the first schedule.

@@ -50,14 +50,18 @@ namespace delayq {
 /// hierarchical_timing_wheel<Clock>::options).
 template <class Clock = std::chrono::steady_clock>
 struct hierarchical_timing_wheel_options {
-    using duration = typename Clock::duration;
+    using duration = typename Clock::duration;  ///< the clock's duration
 
-    duration tick = std::chrono::duration_cast<duration>(std::chrono::milliseconds(1));  // > 0
-    std::size_t wheel_size = 20;                       // in [2, 2^24]
-    std::size_t max_pending = 0;                       // 0 = unbounded
-    std::function<void(std::exception_ptr)> on_error;  // a task that throws; the wheel carries on
-    bool own_thread = true;                            // false: the caller drives advance_clock()
-    bool precise = true;  // a task runs at its own deadline; false: at its tick's boundary
+    /// The finest level's tick (> 0): what one bucket spans, and so the cost of a pass.
+    duration tick = std::chrono::duration_cast<duration>(std::chrono::milliseconds(1));
+    std::size_t wheel_size = 20;  ///< buckets per level, in [2, 2^24]
+    std::size_t max_pending =
+        0;  ///< schedule() beyond this many throws rejected_error; 0: no limit
+    /// Called with what a task threw (on the thread that ran it); the wheel carries on.
+    std::function<void(std::exception_ptr)> on_error;
+    bool own_thread = true;  ///< false: no worker; the caller drives advance_clock() or advance()
+    /// true: a task runs at its own deadline; false: at its tick's boundary (fewer wake-ups).
+    bool precise = true;
 };
 
 /// Kafka's hierarchical timing wheel (see the top of this header). Thread-safe.
@@ -66,10 +70,10 @@ class hierarchical_timing_wheel {
     using core_type = detail::wheel_core<Clock, detail::timing_wheel<Clock>>;
 
   public:
-    using clock = Clock;
-    using time_point = typename Clock::time_point;
-    using duration = typename Clock::duration;
-    using options = hierarchical_timing_wheel_options<Clock>;
+    using clock = Clock;                                       ///< the clock it runs on
+    using time_point = typename Clock::time_point;             ///< deadlines on that clock
+    using duration = typename Clock::duration;                 ///< delays on that clock
+    using options = hierarchical_timing_wheel_options<Clock>;  ///< what the constructor takes
 
     /// Throws std::invalid_argument for a tick <= 0 or a wheel_size outside [2, 2^24]. With
     /// own_thread, the worker starts with the first schedule.

@@ -3,8 +3,8 @@
 // Structures in delayq wait through their Clock (detail/wait.hpp). manual_clock implements the
 // wait hook: a waiter registers its mutex and condition variable, and advance()/set()/reset() lock
 // each registered waiter's mutex and notify it. Locking the waiter's mutex before notifying is what
-// makes the wake-up impossible to lose: the waiter checks the time and goes to sleep under that same
-// mutex, so advance() either runs before the check (the waiter sees the new time) or after the
+// makes the wake-up impossible to lose: the waiter checks the time and goes to sleep under that
+// same mutex, so advance() either runs before the check (the waiter sees the new time) or after the
 // waiter is asleep (the notification reaches it).
 //
 // The clock is global (static now(), as chrono requires): call reset() at the start of each test.
@@ -31,7 +31,7 @@ namespace delayq {
 /// Thread safety: every member may be called from any thread. now() is one atomic load; moving
 /// the clock costs O(number of sleeping waiters).
 class manual_clock {
-public:
+  public:
     using duration = std::chrono::nanoseconds;                 ///< nanoseconds
     using rep = duration::rep;                                 ///< a 64-bit count
     using period = duration::period;                           ///< std::nano
@@ -97,7 +97,7 @@ public:
         delist(w, lk);
     }
 
-private:
+  private:
     struct waiter {
         std::mutex* m;
         void* cv;

@@ -29,27 +29,36 @@ class rejected_error : public std::runtime_error {
     using std::runtime_error::runtime_error;
 };
 
+/// The handle both wheels return for a scheduled task: cheap to copy (one reference count), safe
+/// to use from any thread, and after the timer is gone (cancel() then returns false). All copies
+/// refer to the same task. Models Delayed through deadline().
 template <class Clock = std::chrono::steady_clock>
 class timeout {
   public:
-    using clock = Clock;
-    using time_point = typename Clock::time_point;
+    using clock = Clock;                            ///< the timer's clock
+    using time_point = typename Clock::time_point;  ///< deadlines on that clock
 
+    /// An empty handle: refers to no task; cancel() and reschedule() return false.
     timeout() noexcept = default;
 
+    /// Another handle to the same task. O(1), thread-safe.
     timeout(const timeout& o) noexcept : node_(o.node_), core_(o.core_) {
         if (node_) node_->acquire();
     }
+    /// Takes o's task; o becomes empty.
     timeout(timeout&& o) noexcept
         : node_(std::exchange(o.node_, nullptr)), core_(std::exchange(o.core_, nullptr)) {}
+    /// Refers to o's task instead (a copy, or a move).
     timeout& operator=(timeout o) noexcept {
         swap(o);
         return *this;
     }
+    /// Drops this handle's reference; the task itself is not cancelled.
     ~timeout() {
         if (node_) detail::timer_core<Clock>::release(*node_);
     }
 
+    /// Exchanges the tasks of two handles.
     void swap(timeout& o) noexcept {
         std::swap(node_, o.node_);
         std::swap(core_, o.core_);
@@ -60,6 +69,7 @@ class timeout {
     /// (a periodic task cancelled during its run is destroyed when that run ends).
     bool cancel() noexcept { return node_ && core_->cancel(*node_); }
 
+    /// The task was cancelled (by cancel(), or by the timer's stop()) and will not run (again).
     bool cancelled() const noexcept { return is(detail::timer_state::cancelled); }
 
     /// The task has been handed to the worker to run (it may still be running). Never true of a
@@ -90,6 +100,7 @@ class timeout {
     /// Whether this handle refers to a task.
     explicit operator bool() const noexcept { return node_ != nullptr; }
 
+    /// Whether both handles refer to the same task (or both are empty).
     friend bool operator==(const timeout& a, const timeout& b) noexcept {
         return a.node_ == b.node_;
     }

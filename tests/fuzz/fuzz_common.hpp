@@ -8,12 +8,11 @@
 
 #include <fuzzer/FuzzedDataProvider.h>
 
-#include <delayq/manual_clock.hpp>
-
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <delayq/manual_clock.hpp>
 #include <limits>
 
 namespace delayq_fuzz {
@@ -29,9 +28,9 @@ using rep = duration::rep;
     std::abort();
 }
 
-#define FZ_CHECK(cond)                                                      \
-    do {                                                                    \
-        if (!(cond)) ::delayq_fuzz::fail(__FILE__, __LINE__, #cond);        \
+#define FZ_CHECK(cond)                                               \
+    do {                                                             \
+        if (!(cond)) ::delayq_fuzz::fail(__FILE__, __LINE__, #cond); \
     } while (false)
 
 // a + b, clamped to the time line (the library's own saturating add is what is tested; this one is
@@ -47,7 +46,9 @@ inline time_point sat_add(time_point a, rep b) {
 // now, sometimes far, sometimes at the ends of the time line.
 inline time_point pick_deadline(FuzzedDataProvider& in, time_point now, rep scale) {
     switch (in.ConsumeIntegralInRange<int>(0, 9)) {
-        case 0: case 1: case 2:  // within a few ticks, either side of a boundary
+        case 0:
+        case 1:
+        case 2:  // within a few ticks, either side of a boundary
             return sat_add(now, in.ConsumeIntegralInRange<rep>(-2, 40) * scale +
                                     in.ConsumeIntegralInRange<rep>(-1, 1));
         case 3:  // exactly n ticks
@@ -62,10 +63,16 @@ inline time_point pick_deadline(FuzzedDataProvider& in, time_point now, rep scal
             return sat_add(now, -static_cast<rep>(in.ConsumeIntegral<std::uint16_t>()));
         case 8:  // the ends of the time line
             switch (in.ConsumeIntegralInRange<int>(0, 3)) {
-                case 0: return time_point::max();
-                case 1: return time_point::min();
-                case 2: return time_point{duration{std::numeric_limits<rep>::max() - in.ConsumeIntegralInRange<rep>(0, 3 * scale)}};
-                default: return time_point{duration{std::numeric_limits<rep>::min() + in.ConsumeIntegralInRange<rep>(0, 3 * scale)}};
+                case 0:
+                    return time_point::max();
+                case 1:
+                    return time_point::min();
+                case 2:
+                    return time_point{duration{std::numeric_limits<rep>::max() -
+                                               in.ConsumeIntegralInRange<rep>(0, 3 * scale)}};
+                default:
+                    return time_point{duration{std::numeric_limits<rep>::min() +
+                                               in.ConsumeIntegralInRange<rep>(0, 3 * scale)}};
             }
         default:  // anywhere
             return time_point{duration{in.ConsumeIntegral<rep>()}};
@@ -75,23 +82,39 @@ inline time_point pick_deadline(FuzzedDataProvider& in, time_point now, rep scal
 // How far to move the clock: mostly a tick or so, sometimes a jump, rarely to the end of time.
 inline rep pick_advance(FuzzedDataProvider& in, rep scale) {
     switch (in.ConsumeIntegralInRange<int>(0, 7)) {
-        case 0: case 1: case 2: return in.ConsumeIntegralInRange<rep>(0, 2 * scale);
-        case 3: return in.ConsumeIntegralInRange<rep>(0, 8) * scale;
-        case 4: return in.ConsumeIntegralInRange<rep>(0, 4) * scale + in.ConsumeIntegralInRange<rep>(-1, 1);
-        case 5: return static_cast<rep>(in.ConsumeIntegral<std::uint16_t>()) * scale;
-        case 6: return static_cast<rep>(in.ConsumeIntegral<std::uint32_t>());
-        default: return in.ConsumeIntegralInRange<int>(0, 7) == 0 ? std::numeric_limits<rep>::max()
-                                                                   : static_cast<rep>(in.ConsumeIntegral<std::uint64_t>() >> 2);
+        case 0:
+        case 1:
+        case 2:
+            return in.ConsumeIntegralInRange<rep>(0, 2 * scale);
+        case 3:
+            return in.ConsumeIntegralInRange<rep>(0, 8) * scale;
+        case 4:
+            return in.ConsumeIntegralInRange<rep>(0, 4) * scale +
+                   in.ConsumeIntegralInRange<rep>(-1, 1);
+        case 5:
+            return static_cast<rep>(in.ConsumeIntegral<std::uint16_t>()) * scale;
+        case 6:
+            return static_cast<rep>(in.ConsumeIntegral<std::uint32_t>());
+        default:
+            return in.ConsumeIntegralInRange<int>(0, 7) == 0
+                       ? std::numeric_limits<rep>::max()
+                       : static_cast<rep>(in.ConsumeIntegral<std::uint64_t>() >> 2);
     }
 }
 
 // The clock starts somewhere: zero, near either end, or anywhere.
 inline time_point pick_start(FuzzedDataProvider& in) {
     switch (in.ConsumeIntegralInRange<int>(0, 3)) {
-        case 0: return time_point{};
-        case 1: return time_point{duration{std::numeric_limits<rep>::min() + in.ConsumeIntegral<std::uint16_t>()}};
-        case 2: return time_point{duration{std::numeric_limits<rep>::max() - in.ConsumeIntegral<std::uint32_t>()}};
-        default: return time_point{duration{in.ConsumeIntegral<rep>()}};
+        case 0:
+            return time_point{};
+        case 1:
+            return time_point{
+                duration{std::numeric_limits<rep>::min() + in.ConsumeIntegral<std::uint16_t>()}};
+        case 2:
+            return time_point{
+                duration{std::numeric_limits<rep>::max() - in.ConsumeIntegral<std::uint32_t>()}};
+        default:
+            return time_point{duration{in.ConsumeIntegral<rep>()}};
     }
 }
 

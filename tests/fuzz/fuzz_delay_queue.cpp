@@ -14,9 +14,8 @@
 // one whose move may throw (held boxed), copyable or move-only, so every storage path and every
 // way close() hands elements back is exercised. For the last two, close() may be made to throw on
 // the n-th copy or move: the queue must then be closed and still hold every element, in order.
-#include <delayq/delay_queue.hpp>
-
 #include <algorithm>
+#include <delayq/delay_queue.hpp>
 #include <iterator>
 #include <map>
 #include <memory>
@@ -35,9 +34,11 @@ using namespace delayq_fuzz;
 struct item {
     std::uint64_t id = 0;
     time_point at{};
-    std::shared_ptr<int> payload;  // a heap block per element: ASan sees a leaked or doubly freed one
+    std::shared_ptr<int>
+        payload;  // a heap block per element: ASan sees a leaked or doubly freed one
 
-    item(std::uint64_t i, time_point t, std::shared_ptr<int> p) noexcept : id(i), at(t), payload(std::move(p)) {}
+    item(std::uint64_t i, time_point t, std::shared_ptr<int> p) noexcept
+        : id(i), at(t), payload(std::move(p)) {}
     time_point deadline() const noexcept { return at; }
 };
 
@@ -55,8 +56,11 @@ struct boxed_item {
     time_point at{};
     std::shared_ptr<int> payload;
 
-    boxed_item(std::uint64_t i, time_point t, std::shared_ptr<int> p) : id(i), at(t), payload(std::move(p)) {}
-    boxed_item(const boxed_item& o) : id(o.id), at(o.at), payload(o.payload) { count_copy_or_move(); }
+    boxed_item(std::uint64_t i, time_point t, std::shared_ptr<int> p)
+        : id(i), at(t), payload(std::move(p)) {}
+    boxed_item(const boxed_item& o) : id(o.id), at(o.at), payload(o.payload) {
+        count_copy_or_move();
+    }
     boxed_item& operator=(const boxed_item&) = default;
     boxed_item(boxed_item&& o) noexcept(false) : id(o.id), at(o.at) {
         count_copy_or_move();
@@ -78,7 +82,8 @@ struct boxed_move_only {
     time_point at{};
     std::shared_ptr<int> payload;
 
-    boxed_move_only(std::uint64_t i, time_point t, std::shared_ptr<int> p) : id(i), at(t), payload(std::move(p)) {}
+    boxed_move_only(std::uint64_t i, time_point t, std::shared_ptr<int> p)
+        : id(i), at(t), payload(std::move(p)) {}
     boxed_move_only(const boxed_move_only&) = delete;
     boxed_move_only& operator=(const boxed_move_only&) = delete;
     boxed_move_only(boxed_move_only&& o) noexcept(false) : id(o.id), at(o.at) {
@@ -122,7 +127,9 @@ void run(FuzzedDataProvider& in) {
 
     while (in.remaining_bytes() > 0) {
         switch (in.ConsumeIntegralInRange<int>(0, 14)) {
-            case 0: case 1: case 2: {  // put
+            case 0:
+            case 1:
+            case 2: {  // put
                 const time_point at = pick_deadline(in, mclock::now(), scale);
                 const std::uint64_t id = next_id++;
                 T v = make<T>(id, at);
@@ -133,8 +140,10 @@ void run(FuzzedDataProvider& in) {
                     ok = q->put(std::move(v));
                 }
                 FZ_CHECK(ok == !closed);
-                if (ok) model.emplace(std::pair{at, id}, id);
-                else check_element(v, id, at);  // refused: left untouched
+                if (ok)
+                    model.emplace(std::pair{at, id}, id);
+                else
+                    check_element(v, id, at);  // refused: left untouched
                 break;
             }
             case 3: {  // emplace
@@ -145,7 +154,8 @@ void run(FuzzedDataProvider& in) {
                 if (ok) model.emplace(std::pair{at, id}, id);
                 break;
             }
-            case 4: case 5: {  // poll
+            case 4:
+            case 5: {  // poll
                 std::optional<T> got = q->poll();
                 const bool due = !model.empty() && model.begin()->first.first <= mclock::now();
                 FZ_CHECK(got.has_value() == due);
@@ -153,22 +163,28 @@ void run(FuzzedDataProvider& in) {
                 break;
             }
             case 6: {  // take_until / take_for with a limit that has already passed: never blocks
-                std::optional<T> got = in.ConsumeBool()
-                                           ? q->take_until(sat_add(mclock::now(), -in.ConsumeIntegralInRange<rep>(0, 3)))
-                                           : q->take_for(duration::zero());
-                const bool due = !closed && !model.empty() && model.begin()->first.first <= mclock::now();
+                std::optional<T> got =
+                    in.ConsumeBool() ? q->take_until(sat_add(mclock::now(),
+                                                             -in.ConsumeIntegralInRange<rep>(0, 3)))
+                                     : q->take_for(duration::zero());
+                const bool due =
+                    !closed && !model.empty() && model.begin()->first.first <= mclock::now();
                 FZ_CHECK(got.has_value() == due);
                 if (got) pop_model(*got);
                 break;
             }
-            case 7: case 8: {  // move the clock (forwards mostly; set() may also go back)
-                if (in.ConsumeIntegralInRange<int>(0, 9) == 0) mclock::set(pick_start(in));
-                else mclock::advance(duration{pick_advance(in, scale)});
+            case 7:
+            case 8: {  // move the clock (forwards mostly; set() may also go back)
+                if (in.ConsumeIntegralInRange<int>(0, 9) == 0)
+                    mclock::set(pick_start(in));
+                else
+                    mclock::advance(duration{pick_advance(in, scale)});
                 latest = std::max(latest, mclock::now());
                 break;
             }
             case 9: {  // drain_to
-                const std::size_t max = in.ConsumeBool() ? SIZE_MAX : in.ConsumeIntegralInRange<std::size_t>(0, 8);
+                const std::size_t max =
+                    in.ConsumeBool() ? SIZE_MAX : in.ConsumeIntegralInRange<std::size_t>(0, 8);
                 std::vector<T> out;
                 const std::size_t n = q->drain_to(std::back_inserter(out), max);
                 FZ_CHECK(n == out.size());
@@ -239,8 +255,10 @@ void run(FuzzedDataProvider& in) {
                 break;
             }
             case 14: {  // the clock steps back, or comes back to the latest time it read
-                if (in.ConsumeBool()) mclock::set(sat_add(mclock::now(), -pick_advance(in, scale)));
-                else mclock::set(latest);
+                if (in.ConsumeBool())
+                    mclock::set(sat_add(mclock::now(), -pick_advance(in, scale)));
+                else
+                    mclock::set(latest);
                 latest = std::max(latest, mclock::now());
                 break;
             }
@@ -277,9 +295,15 @@ void run(FuzzedDataProvider& in) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
     FuzzedDataProvider in(data, size);
     switch (in.ConsumeIntegralInRange<int>(0, 2)) {
-        case 0: run<item>(in); break;
-        case 1: run<boxed_item>(in); break;
-        default: run<boxed_move_only>(in); break;
+        case 0:
+            run<item>(in);
+            break;
+        case 1:
+            run<boxed_item>(in);
+            break;
+        default:
+            run<boxed_move_only>(in);
+            break;
     }
     return 0;
 }

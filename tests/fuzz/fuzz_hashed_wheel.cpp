@@ -14,8 +14,8 @@ struct hashed {
     using wheel = delayq::hashed_wheel<mclock>;
 
     template <class OnError>
-    static std::unique_ptr<wheel> make(FuzzedDataProvider& in, rep tick, std::size_t max_pending, OnError on_error,
-                                       bool precise) {
+    static std::unique_ptr<wheel> make(FuzzedDataProvider& in, rep tick, std::size_t max_pending,
+                                       OnError on_error, bool precise) {
         wheel::options o;
         o.tick = duration{tick};
         o.ticks_per_wheel = in.ConsumeBool() ? in.ConsumeIntegralInRange<std::size_t>(1, 16)

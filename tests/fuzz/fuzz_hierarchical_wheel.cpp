@@ -15,8 +15,8 @@ struct hierarchical {
     using wheel = delayq::hierarchical_timing_wheel<mclock>;
 
     template <class OnError>
-    static std::unique_ptr<wheel> make(FuzzedDataProvider& in, rep tick, std::size_t max_pending, OnError on_error,
-                                       bool precise) {
+    static std::unique_ptr<wheel> make(FuzzedDataProvider& in, rep tick, std::size_t max_pending,
+                                       OnError on_error, bool precise) {
         wheel::options o;
         o.tick = duration{tick};
         o.wheel_size = in.ConsumeBool() ? in.ConsumeIntegralInRange<std::size_t>(2, 8)
@@ -44,7 +44,8 @@ struct hierarchical {
     static std::size_t pending(const wheel& wh) { return wh.pending(); }
 
     static void check_idle(const wheel& wh, const world& w, rep tick) {
-        FZ_CHECK(wh.levels() >= 1 && wh.levels() <= 66);  // at most one level per bit of a tick count
+        FZ_CHECK(wh.levels() >= 1 &&
+                 wh.levels() <= 66);  // at most one level per bit of a tick count
         // the wheel's time follows the latest time it started or advanced at, and may be up to one
         // tick ahead of it (a bucket opens one tick before its span starts)
         FZ_CHECK(wh.current_time() <= sat_add(std::max(w.latest_now, mclock::now()), tick));

@@ -13,8 +13,6 @@
 //   stress [--seconds N | --minutes M] [--seed S] [--quiet]      (default: 10 seconds)
 //
 // Exit status 0 when every check holds; 1 and a message on stderr otherwise.
-#include <delayq/delayq.hpp>
-
 #include <unistd.h>
 
 #include <atomic>
@@ -23,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <delayq/delayq.hpp>
 #include <fstream>
 #include <iterator>
 #include <mutex>
@@ -78,7 +77,8 @@ struct dq_test {
         std::uniform_int_distribution<int> us(0, 2000);
         while (!stop()) {
             // mostly due within 2 ms; one in 16 within 2 s, so that close() has something to return
-            const auto d = (rng() & 15) == 0 ? std::chrono::microseconds(rng() % 2'000'000) : std::chrono::microseconds(us(rng));
+            const auto d = (rng() & 15) == 0 ? std::chrono::microseconds(rng() % 2'000'000)
+                                             : std::chrono::microseconds(us(rng));
             if (q.put(delayq::delay_for(rng(), d))) put.fetch_add(1, std::memory_order_relaxed);
             if ((rng() & 63) == 0) std::this_thread::sleep_for(50us);
         }
@@ -127,20 +127,24 @@ struct dq_test {
         std::mt19937_64 rng(seed);
         while (!stop()) {
             const std::uint64_t r = rng() % 8;
-            removed.fetch_add(q.remove_if([&](const item& v) { return v.value % 8 == r && (v.value & 0x700) == 0; }),
+            removed.fetch_add(q.remove_if([&](const item& v) {
+                return v.value % 8 == r && (v.value & 0x700) == 0;
+            }),
                               std::memory_order_relaxed);
             std::this_thread::sleep_for(1ms);
         }
     }
 };
 
-// ---- the wheels ----------------------------------------------------------------------------------
+// ---- the wheels
+// ----------------------------------------------------------------------------------
 
 template <class Timer>
 struct wheel_test {
     const char* name;
     Timer timer;
-    std::atomic<std::uint64_t> scheduled{0}, ran{0}, cancelled{0}, rejected{0}, early{0}, far_cancel_failed{0};
+    std::atomic<std::uint64_t> scheduled{0}, ran{0}, cancelled{0}, rejected{0}, early{0},
+        far_cancel_failed{0};
     std::mutex ring_m;
     std::vector<delayq::timeout<>> ring = std::vector<delayq::timeout<>>(1024);
 
@@ -151,7 +155,8 @@ struct wheel_test {
         std::mt19937_64 rng(seed);
         while (!stop()) {
             // mostly due within 5 ms; one in 16 within 2 s, so that stop() has something to return
-            const auto delay = std::chrono::microseconds((rng() & 15) == 0 ? rng() % 2'000'000 : rng() % 5000);
+            const auto delay =
+                std::chrono::microseconds((rng() & 15) == 0 ? rng() % 2'000'000 : rng() % 5000);
             const auto due = steady::now() + delay;
             try {
                 auto h = timer.schedule(
@@ -193,8 +198,10 @@ struct wheel_test {
                 auto h = timer.schedule([this, big = std::vector<char>(256)] { ran.fetch_add(1); },
                                         std::chrono::seconds(10 + rng() % 3600));
                 scheduled.fetch_add(1, std::memory_order_relaxed);
-                if (h.cancel()) cancelled.fetch_add(1, std::memory_order_relaxed);
-                else far_cancel_failed.fetch_add(1, std::memory_order_relaxed);
+                if (h.cancel())
+                    cancelled.fetch_add(1, std::memory_order_relaxed);
+                else
+                    far_cancel_failed.fetch_add(1, std::memory_order_relaxed);
             } catch (const delayq::rejected_error&) {
                 rejected.fetch_add(1, std::memory_order_relaxed);
                 std::this_thread::sleep_for(200us);
@@ -209,16 +216,23 @@ struct wheel_test {
         }
         const auto rest = timer.stop();
         for (const auto& h : rest)
-            if (!h.cancelled()) fail(std::string(name) + ": a handle returned by stop() is not cancelled()");
-        const std::uint64_t s = scheduled.load(), r = ran.load(), c = cancelled.load(), n = rest.size();
+            if (!h.cancelled())
+                fail(std::string(name) + ": a handle returned by stop() is not cancelled()");
+        const std::uint64_t s = scheduled.load(), r = ran.load(), c = cancelled.load(),
+                            n = rest.size();
         if (!quiet)
-            std::printf("%-26s scheduled %10llu = ran %10llu + cancelled %10llu + returned %6llu (rejected %llu)\n", name,
-                        static_cast<unsigned long long>(s), static_cast<unsigned long long>(r),
-                        static_cast<unsigned long long>(c), static_cast<unsigned long long>(n),
-                        static_cast<unsigned long long>(rejected.load()));
-        if (s != r + c + n) fail(std::string(name) + ": conservation: scheduled != ran + cancelled + returned");
-        if (early.load() != 0) fail(std::string(name) + ": " + std::to_string(early.load()) + " tasks ran early");
-        if (far_cancel_failed.load() != 0) fail(std::string(name) + ": cancel() of a far-future task returned false");
+            std::printf(
+                "%-26s scheduled %10llu = ran %10llu + cancelled %10llu + returned %6llu (rejected "
+                "%llu)\n",
+                name, static_cast<unsigned long long>(s), static_cast<unsigned long long>(r),
+                static_cast<unsigned long long>(c), static_cast<unsigned long long>(n),
+                static_cast<unsigned long long>(rejected.load()));
+        if (s != r + c + n)
+            fail(std::string(name) + ": conservation: scheduled != ran + cancelled + returned");
+        if (early.load() != 0)
+            fail(std::string(name) + ": " + std::to_string(early.load()) + " tasks ran early");
+        if (far_cancel_failed.load() != 0)
+            fail(std::string(name) + ": cancel() of a far-future task returned false");
         if (s == 0 || r == 0 || c == 0) fail(std::string(name) + ": nothing happened");
     }
 };
@@ -231,16 +245,23 @@ int main(int argc, char** argv) {
     bool quiet = false;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
-        if (a == "--seconds" && i + 1 < argc) seconds = std::atof(argv[++i]);
-        else if (a == "--minutes" && i + 1 < argc) seconds = 60 * std::atof(argv[++i]);
-        else if (a == "--seed" && i + 1 < argc) seed = static_cast<unsigned>(std::strtoul(argv[++i], nullptr, 10));
-        else if (a == "--quiet") quiet = true;
+        if (a == "--seconds" && i + 1 < argc)
+            seconds = std::atof(argv[++i]);
+        else if (a == "--minutes" && i + 1 < argc)
+            seconds = 60 * std::atof(argv[++i]);
+        else if (a == "--seed" && i + 1 < argc)
+            seed = static_cast<unsigned>(std::strtoul(argv[++i], nullptr, 10));
+        else if (a == "--quiet")
+            quiet = true;
         else {
-            std::fprintf(stderr, "usage: stress [--seconds N | --minutes M] [--seed S] [--quiet]\n");
+            std::fprintf(stderr,
+                         "usage: stress [--seconds N | --minutes M] [--seed S] [--quiet]\n");
             return 2;
         }
     }
-    if (!quiet) std::printf("stress: %.0f s, seed %u, %s\n", seconds, seed, DELAYQ_STRESS_SANITIZED ? "sanitized (no RSS check)" : "RSS checked");
+    if (!quiet)
+        std::printf("stress: %.0f s, seed %u, %s\n", seconds, seed,
+                    DELAYQ_STRESS_SANITIZED ? "sanitized (no RSS check)" : "RSS checked");
 
     dq_test dq;
     delayq::hashed_wheel_timer<>::options ho;
@@ -252,7 +273,8 @@ int main(int argc, char** argv) {
     to.tick = 1ms;
     to.wheel_size = 16;
     to.max_pending = 1'000'000;
-    wheel_test<delayq::hierarchical_timing_wheel<>> hier("hierarchical_timing_wheel", std::move(to));
+    wheel_test<delayq::hierarchical_timing_wheel<>> hier("hierarchical_timing_wheel",
+                                                         std::move(to));
 
     flag stop;
     std::vector<std::thread> workers, consumers;
@@ -280,22 +302,28 @@ int main(int argc, char** argv) {
     const std::vector<dq_test::item> rest = dq.q.close();
     for (auto& t : consumers) t.join();
 
-    const std::uint64_t p = dq.put.load(), tk = dq.taken.load(), rm = dq.removed.load(), rt = rest.size();
+    const std::uint64_t p = dq.put.load(), tk = dq.taken.load(), rm = dq.removed.load(),
+                        rt = rest.size();
     if (!quiet)
-        std::printf("%-26s put       %10llu = taken %8llu + removed %10llu + returned %6llu\n", "delay_queue",
-                    static_cast<unsigned long long>(p), static_cast<unsigned long long>(tk),
-                    static_cast<unsigned long long>(rm), static_cast<unsigned long long>(rt));
+        std::printf("%-26s put       %10llu = taken %8llu + removed %10llu + returned %6llu\n",
+                    "delay_queue", static_cast<unsigned long long>(p),
+                    static_cast<unsigned long long>(tk), static_cast<unsigned long long>(rm),
+                    static_cast<unsigned long long>(rt));
     if (p != tk + rm + rt) fail("delay_queue: conservation: put != taken + removed + returned");
-    if (dq.early.load() != 0) fail("delay_queue: " + std::to_string(dq.early.load()) + " elements taken early");
+    if (dq.early.load() != 0)
+        fail("delay_queue: " + std::to_string(dq.early.load()) + " elements taken early");
     if (p == 0 || tk == 0) fail("delay_queue: nothing happened");
     hashed.finish(quiet);
     hier.finish(quiet);
 
     const double mib = 1024.0 * 1024.0;
-    if (!quiet) std::printf("RSS after warm-up %.1f MiB, at the end %.1f MiB\n", rss_warm / mib, rss_end / mib);
+    if (!quiet)
+        std::printf("RSS after warm-up %.1f MiB, at the end %.1f MiB\n", rss_warm / mib,
+                    rss_end / mib);
     if (!DELAYQ_STRESS_SANITIZED) {
         const std::size_t tolerance = std::max<std::size_t>(16u << 20, rss_warm / 4);
-        if (rss_end > rss_warm + tolerance) fail("RSS grew by " + std::to_string((rss_end - rss_warm) / mib) + " MiB");
+        if (rss_end > rss_warm + tolerance)
+            fail("RSS grew by " + std::to_string((rss_end - rss_warm) / mib) + " MiB");
     }
     if (failures.load() != 0) return 1;
     if (!quiet) std::printf("stress: OK\n");

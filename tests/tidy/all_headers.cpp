@@ -16,9 +16,9 @@
 #include <chrono>
 #include <coroutine>
 #include <exception>
-#include <stop_token>
 #include <iterator>
 #include <memory>
+#include <stop_token>
 #include <string>
 #include <vector>
 

@@ -106,6 +106,14 @@ inline long long to_ms(std::chrono::system_clock::time_point tp) {
     return std::clamp(ms, 0LL, max_ms);
 }
 
+// A script argument: the letter c, then n in decimal. (Appended rather than "c" + to_string(n):
+// g++ 12 at -O2 warns, wrongly, of -Wrestrict inside that operator+, in users' builds too.)
+inline std::string tagged(char c, long long n) {
+    std::string s(1, c);
+    s += std::to_string(n);
+    return s;
+}
+
 inline std::chrono::system_clock::time_point from_ms(long long ms) {
     return std::chrono::system_clock::time_point(
         delayq::detail::saturating_ceil<std::chrono::system_clock::duration>(milliseconds(ms)));
@@ -247,7 +255,7 @@ class queue_base {
     bool nack(const job& j, std::chrono::milliseconds retry_after) {
         // Leases nothing for later: the next due job may be this one again, and a nacked job is
         // for the others to try.
-        return settle_one(j, "n" + std::to_string(clamp_delay(retry_after)), false);
+        return settle_one(j, tagged('n', clamp_delay(retry_after)), false);
     }
 
     /// Jobs queued: waiting plus leased (including those kept for this object's next take()).
@@ -553,7 +561,7 @@ class queue_base {
             std::vector<std::string_view> args;
             for (const auto& h : hs)
                 if (h.from == &s) {
-                    ms.push_back("r" + std::to_string(to_ms(h.j.deadline)));
+                    ms.push_back(tagged('r', to_ms(h.j.deadline)));
                     tokens.push_back(std::to_string(h.j.token));
                 }
             if (ms.empty()) continue;

@@ -1,7 +1,6 @@
 // Built against delayq-redis.pc: the Redis header compiles and links with what the .pc names.
 // It connects to no server unless given one (host and port), so the package test can run it.
 #include <delayq/redis/delay_queue.hpp>
-
 #include <string>
 
 int main(int argc, char** argv) {
