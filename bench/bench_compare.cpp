@@ -1,12 +1,13 @@
 // Heap against wheels: every structure of delayq and the two baselines a C++ user would pick
-// instead (a std::priority_queue under a std::mutex; Boost.Asio steady timers, when Boost is found),
-// under the same workloads, named "workload/structure/N" for bench/compare.
+// instead (a std::priority_queue under a std::mutex; Boost.Asio steady timers, when Boost is
+// found), under the same workloads, named "workload/structure/N" for bench/compare.
 //
 // Method (see README "Performance"):
 // - Everything runs on manual_clock, so "due" is set by the benchmark, nothing sleeps, and reading
 //   the clock is an atomic load for every structure alike; the one workload about the clock read
 //   (schedule_vs_schedule_at) uses steady_clock.
-// - Insert workloads keep the structure at N: a batch of B inserts is timed, then (untimed) the same
+// - Insert workloads keep the structure at N: a batch of B inserts is timed, then (untimed) the
+// same
 //   batch is taken out again — cancelled for timers (and their handles dropped), the B earliest
 //   popped for heaps. A timer's insert is schedule_at() with its handle kept, as users do.
 // - Cancel: the structure holds N; B random handles are cancelled (timed), then re-inserted.
@@ -14,21 +15,21 @@
 //   locked heap marks tombstones in a hash set, as its users do.
 // - Expire: N tasks with deadlines in [10 s, 70 s] are scheduled (untimed); the clock is moved past
 //   them all and the structure is driven until all have fired (timed); per fired timer.
-// - bytes_per_timer: glibc's in-use bytes (mallinfo2: heap and mapped blocks) after filling N, minus
+// - bytes_per_timer: glibc's in-use bytes (mallinfo2: heap and mapped blocks) after filling N,
+// minus
 //   before, over N,
 //   with handles dropped where the structure allows it (the user's handle is not counted).
 // - Wall-clock time (UseRealTime): the hashed wheel's expiry runs on its worker thread.
 // - Configurations: hashed_wheel_timer at Netty's default 100 ms tick with 1024 buckets (one
-//   rotation spans the 60 s of deadlines); hierarchical_timing_wheel at Kafka's defaults (1 ms tick,
-//   20 buckets per level), own_thread = false, driven by advance_clock() on the benchmark's thread.
+//   rotation spans the 60 s of deadlines); hierarchical_timing_wheel at Kafka's defaults (1 ms
+//   tick, 20 buckets per level), own_thread = false, driven by advance_clock() on the benchmark's
+//   thread.
 #include <benchmark/benchmark.h>
-
-#include <delayq/delayq.hpp>
-
 #include <malloc.h>
 
 #include <atomic>
 #include <chrono>
+#include <delayq/delayq.hpp>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -52,6 +53,10 @@ using namespace std::chrono_literals;
 
 constexpr std::size_t batch = 1024;
 
+// Allocations made by this thread (every operator new below counts one): the reschedule and
+// periodic workloads report how many a timed operation made.
+thread_local std::uint64_t allocations = 0;
+
 std::atomic<std::uint64_t> fired{0};
 struct tick_task {  // the callable every timer runs: a small capture, as the goals assume
     std::atomic<std::uint64_t>* counter;
@@ -64,6 +69,57 @@ std::size_t heap_in_use() {
     const auto m = mallinfo2();
     return m.uordblks + m.hblkhd;
 }
+
+}  // namespace
+
+void* operator new(std::size_t n) {
+    ++allocations;
+    if (void* p = std::malloc(n ? n : 1)) return p;
+    throw std::bad_alloc();
+}
+void* operator new(std::size_t n, std::align_val_t a) {
+    ++allocations;
+    const auto al = static_cast<std::size_t>(a);
+    if (void* p = std::aligned_alloc(al, (n + al - 1) / al * al)) return p;
+    throw std::bad_alloc();
+}
+void* operator new[](std::size_t n) {
+    return ::operator new(n);
+}
+void* operator new[](std::size_t n, std::align_val_t a) {
+    return ::operator new(n, a);
+}
+// Every operator delete frees through one out-of-line function, so that g++ does not see free()
+// (or a plain delete) meet a pointer from another operator new when it inlines.
+[[gnu::noinline]] static void release_block(void* p) noexcept {
+    std::free(p);
+}
+void operator delete(void* p) noexcept {
+    release_block(p);
+}
+void operator delete(void* p, std::size_t) noexcept {
+    release_block(p);
+}
+void operator delete(void* p, std::align_val_t) noexcept {
+    release_block(p);
+}
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept {
+    release_block(p);
+}
+void operator delete[](void* p) noexcept {
+    release_block(p);
+}
+void operator delete[](void* p, std::size_t) noexcept {
+    release_block(p);
+}
+void operator delete[](void* p, std::align_val_t) noexcept {
+    release_block(p);
+}
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept {
+    release_block(p);
+}
+
+namespace {
 
 // ---- the structures, behind one small interface ----------------------------------------------
 // insert(slot, at): schedule something due at `at`; slot names it for cancel(slot).
@@ -81,10 +137,12 @@ class locked_heap {
         mtp at;
         std::uint64_t seq;
         item value;
-        bool operator<(const entry& o) const noexcept { return at > o.at || (at == o.at && seq > o.seq); }
+        bool operator<(const entry& o) const noexcept {
+            return at > o.at || (at == o.at && seq > o.seq);
+        }
     };
 
-public:
+  public:
     static constexpr const char* name = "locked_priority_queue";
     explicit locked_heap(std::size_t) {}
     void insert(std::size_t slot, mtp at) {
@@ -117,7 +175,7 @@ public:
         }
     }
 
-private:
+  private:
     std::mutex m_;
     std::priority_queue<entry> q_;
     std::unordered_set<std::size_t> dead_;
@@ -125,7 +183,7 @@ private:
 };
 
 class delay_queue_adapter {
-public:
+  public:
     static constexpr const char* name = "delay_queue";
     explicit delay_queue_adapter(std::size_t) {}
     void insert(std::size_t slot, mtp at) { q_.put(item{slot, at}); }
@@ -150,20 +208,40 @@ public:
         return n;
     }
 
-private:
+  private:
     delayq::delay_queue<item, mclock> q_;
 };
 
 // Both wheels: schedule_at + handles; they differ in how expiry is driven.
 template <class Timer>
 class wheel_adapter {
-public:
-    explicit wheel_adapter(std::size_t capacity) : timer_(make_options()) { handles_.resize(capacity); }
+  public:
+    explicit wheel_adapter(std::size_t capacity) : timer_(make_options()) {
+        handles_.resize(capacity);
+    }
     ~wheel_adapter() { timer_.stop(); }
 
-    void insert(std::size_t slot, mtp at) { handles_[slot] = timer_.schedule_at(tick_task{&fired}, at); }
+    void insert(std::size_t slot, mtp at) {
+        handles_[slot] = timer_.schedule_at(tick_task{&fired}, at);
+    }
     void insert_dropping_handle(mtp at) { timer_.schedule_at(tick_task{&fired}, at); }
     void cancel(std::size_t slot) { handles_[slot].cancel(); }
+    void reschedule(std::size_t slot, mtp at) { handles_[slot].reschedule_at(at); }
+    void cancel_and_insert(std::size_t slot, mtp at) {
+        handles_[slot].cancel();
+        insert(slot, at);
+    }
+    // N periodic tasks, each due first at at[i], every `period`.
+    void insert_periodic(std::size_t slot, mtp first, mtp::duration period) {
+        handles_[slot] = timer_.schedule_every_at(tick_task{&fired}, first, period);
+    }
+    std::size_t advance_to(mtp now) {
+        const auto before = fired.load(std::memory_order_relaxed);
+        mclock::set(now);
+        while (timer_.advance(now) != 0) {
+        }
+        return static_cast<std::size_t>(fired.load(std::memory_order_relaxed) - before);
+    }
     // The heap's take_back pops its elements: here the timers are cancelled and their handles
     // dropped, so that a timed insert does not also pay for the last round's handle.
     void take_back(std::size_t first, std::size_t count) {
@@ -177,16 +255,18 @@ public:
         const auto before = fired.load();
         if constexpr (requires { timer_.advance_clock(0ms); }) {
             mclock::set(now);
-            while (fired.load(std::memory_order_relaxed) - before < expected && timer_.advance_clock(0ms)) {
+            while (fired.load(std::memory_order_relaxed) - before < expected &&
+                   timer_.advance_clock(0ms)) {
             }
         } else {
             mclock::set(now);  // the worker wakes and runs them
-            while (fired.load(std::memory_order_relaxed) - before < expected) std::this_thread::yield();
+            while (fired.load(std::memory_order_relaxed) - before < expected)
+                std::this_thread::yield();
         }
         return static_cast<std::size_t>(fired.load() - before);
     }
 
-protected:
+  protected:
     static typename Timer::options make_options() {
         typename Timer::options o;
         if constexpr (requires { o.ticks_per_wheel; }) {
@@ -194,7 +274,7 @@ protected:
             o.tick = 100ms;
             o.ticks_per_wheel = 1024;
         } else {
-            o.tick = 1ms;  // Kafka's default tick and wheel size (20)
+            o.tick = 1ms;          // Kafka's default tick and wheel size (20)
             o.own_thread = false;  // driven by advance_clock(), on the benchmark's thread
         }
         return o;
@@ -208,6 +288,12 @@ struct hashed_adapter : wheel_adapter<delayq::hashed_wheel_timer<mclock>> {
     static constexpr const char* name = "hashed_wheel_timer";
     using wheel_adapter::wheel_adapter;
 };
+// The hashed wheel's thread-free core, for the workloads that drive it on the benchmark's thread
+// (named as the threaded timer it is the core of: the same code does the work).
+struct hashed_thread_free_adapter : wheel_adapter<delayq::hashed_wheel<mclock>> {
+    static constexpr const char* name = "hashed_wheel_timer";
+    using wheel_adapter::wheel_adapter;
+};
 struct hierarchical_adapter : wheel_adapter<delayq::hierarchical_timing_wheel<mclock>> {
     static constexpr const char* name = "hierarchical_timing_wheel";
     using wheel_adapter::wheel_adapter;
@@ -218,14 +304,18 @@ struct hierarchical_adapter : wheel_adapter<delayq::hierarchical_timing_wheel<mc
 // never passes by itself. These traits say "check now" to the reactor, whose check then compares
 // the deadlines with manual_clock::now(), so a poll() runs exactly the timers that are due.
 struct check_now_traits {
-    static mclock::duration to_wait_duration(const mclock::duration&) { return mclock::duration::zero(); }
-    static mclock::duration to_wait_duration(const mclock::time_point&) { return mclock::duration::zero(); }
+    static mclock::duration to_wait_duration(const mclock::duration&) {
+        return mclock::duration::zero();
+    }
+    static mclock::duration to_wait_duration(const mclock::time_point&) {
+        return mclock::duration::zero();
+    }
 };
 
 class asio_adapter {
     using timer = boost::asio::basic_waitable_timer<mclock, check_now_traits>;
 
-public:
+  public:
     static constexpr const char* name = "asio_steady_timer";
     explicit asio_adapter(std::size_t capacity) { timers_.resize(capacity); }
     void insert(std::size_t slot, mtp at) {
@@ -245,13 +335,15 @@ public:
     std::size_t expire_all(mtp now, std::size_t expected) {
         mclock::set(now);
         const auto before = fired.load();
-        // A poll may run nothing while Asio's reactor catches up; give up only after many idle ones.
-        for (int idle = 0; fired.load() - before < expected && idle < 1000;) idle = io_.poll() ? 0 : idle + 1;
+        // A poll may run nothing while Asio's reactor catches up; give up only after many idle
+        // ones.
+        for (int idle = 0; fired.load() - before < expected && idle < 1000;)
+            idle = io_.poll() ? 0 : idle + 1;
         io_.restart();
         return static_cast<std::size_t>(fired.load() - before);
     }
 
-private:
+  private:
     boost::asio::io_context io_;
     std::vector<std::unique_ptr<timer>> timers_;
 };
@@ -283,7 +375,8 @@ void insert_workload(benchmark::State& state, bool monotonic) {
     S s(n + batch);
     const auto before = heap_in_use();
     for (std::size_t i = 0; i < n; ++i) s.insert(i, at[i]);
-    state.counters["bytes_per_timer"] = static_cast<double>(heap_in_use() - before) / static_cast<double>(n);
+    state.counters["bytes_per_timer"] =
+        static_cast<double>(heap_in_use() - before) / static_cast<double>(n);
     std::size_t round = 0;
     for (auto _ : state) {
         // A fresh set of deadlines each round, drawn from the same range, without a clock read.
@@ -344,6 +437,74 @@ void expire_workload(benchmark::State& state) {
     state.SetItemsProcessed(static_cast<std::int64_t>(total));
 }
 
+// Reschedule: the structure holds N; B random handles are pushed back by a random amount in
+// [1 ms, 1 s] (timed: reschedule(), or the cancel + schedule that users write without it). A
+// deadline past 70 s goes back to 10 s, so the range stays that of the other workloads.
+// allocs_per_op: operator new calls per timed operation.
+template <class S>
+void reschedule_workload(benchmark::State& state, bool with_reschedule) {
+    const auto n = static_cast<std::size_t>(state.range(0));
+    mclock::set(base);
+    auto at = random_deadlines(n, 6);
+    S s(n);
+    for (std::size_t i = 0; i < n; ++i) s.insert(i, at[i]);
+    std::mt19937_64 rng(7);
+    std::uniform_int_distribution<std::int64_t> push(1'000, 1'000'000);  // µs
+    std::vector<std::size_t> victims(batch);
+    std::vector<mtp> to(batch);
+    std::uint64_t allocs = 0;
+    for (auto _ : state) {
+        state.PauseTiming();
+        for (std::size_t j = 0; j < batch; ++j) {
+            const std::size_t v = rng() % n;
+            mtp d = at[v] + std::chrono::microseconds(push(rng));
+            if (d > base + 70s) d -= 60s;
+            victims[j] = v;
+            to[j] = at[v] = d;
+        }
+        const std::uint64_t a0 = allocations;
+        state.ResumeTiming();
+        if (with_reschedule) {
+            for (std::size_t j = 0; j < batch; ++j) s.reschedule(victims[j], to[j]);
+        } else {
+            for (std::size_t j = 0; j < batch; ++j) s.cancel_and_insert(victims[j], to[j]);
+        }
+        state.PauseTiming();
+        allocs += allocations - a0;
+        state.ResumeTiming();
+    }
+    const auto ops = static_cast<double>(state.iterations() * batch);
+    state.counters["allocs_per_op"] = static_cast<double>(allocs) / ops;
+    state.SetItemsProcessed(static_cast<std::int64_t>(ops));
+}
+
+// Periodic: N periodic tasks with periods of 100 ms .. 1 s (at least the hashed wheel's tick, as
+// a wheel's user picks it); each round moves the clock 10 ms and runs what is due (timed). Per run
+// of a task: the run and its re-link at its next deadline.
+template <class S>
+void periodic_workload(benchmark::State& state) {
+    const auto n = static_cast<std::size_t>(state.range(0));
+    mclock::set(base);
+    S s(n);
+    std::mt19937_64 rng(8);
+    for (std::size_t i = 0; i < n; ++i) {
+        const auto period = std::chrono::milliseconds(100 + rng() % 901);
+        s.insert_periodic(i, base + std::chrono::microseconds(rng() % 1'000'000), period);
+    }
+    mtp now = base;
+    std::size_t runs = 0;
+    std::uint64_t allocs = 0;
+    for (auto _ : state) {
+        now += 10ms;
+        const std::uint64_t a0 = allocations;
+        runs += s.advance_to(now);
+        allocs += allocations - a0;
+    }
+    state.counters["allocs_per_op"] =
+        runs ? static_cast<double>(allocs) / static_cast<double>(runs) : 0;
+    state.SetItemsProcessed(static_cast<std::int64_t>(runs));
+}
+
 // The clock read's share: schedule(delay) reads steady_clock::now(); schedule_at does not.
 template <class Timer>
 void schedule_delay_or_deadline(benchmark::State& state, bool with_delay) {
@@ -359,11 +520,15 @@ void schedule_delay_or_deadline(benchmark::State& state, bool with_delay) {
     Timer t(o);
     std::vector<delayq::timeout<std::chrono::steady_clock>> h(n + batch);
     const auto now = std::chrono::steady_clock::now();
-    for (std::size_t i = 0; i < n; ++i) h[i] = t.schedule_at(tick_task{&fired}, now + 30s + std::chrono::microseconds(i % 30'000'000));
+    for (std::size_t i = 0; i < n; ++i)
+        h[i] =
+            t.schedule_at(tick_task{&fired}, now + 30s + std::chrono::microseconds(i % 30'000'000));
     for (auto _ : state) {
         for (std::size_t i = 0; i < batch; ++i) {
-            if (with_delay) h[n + i] = t.schedule(tick_task{&fired}, 40s);
-            else h[n + i] = t.schedule_at(tick_task{&fired}, now + 40s);
+            if (with_delay)
+                h[n + i] = t.schedule(tick_task{&fired}, 40s);
+            else
+                h[n + i] = t.schedule_at(tick_task{&fired}, now + 40s);
         }
         state.PauseTiming();
         for (std::size_t i = 0; i < batch; ++i) h[n + i].cancel();
@@ -405,12 +570,41 @@ void sizes(benchmark::internal::Benchmark* b) {
 template <class S>
 void register_all() {
     const std::string s = S::name;
-    benchmark::RegisterBenchmark(("insert_random/" + s).c_str(), [](benchmark::State& st) { insert_workload<S>(st, false); })->Apply(sizes);
-    benchmark::RegisterBenchmark(("insert_monotonic/" + s).c_str(), [](benchmark::State& st) { insert_workload<S>(st, true); })->Apply(sizes);
+    benchmark::RegisterBenchmark(("insert_random/" + s).c_str(), [](benchmark::State& st) {
+        insert_workload<S>(st, false);
+    })->Apply(sizes);
+    benchmark::RegisterBenchmark(("insert_monotonic/" + s).c_str(), [](benchmark::State& st) {
+        insert_workload<S>(st, true);
+    })->Apply(sizes);
     benchmark::RegisterBenchmark(("cancel/" + s).c_str(), cancel_workload<S>)->Apply(sizes);
-    benchmark::RegisterBenchmark(("expire/" + s).c_str(), expire_workload<S>)->Apply(sizes)->Iterations(1);
+    benchmark::RegisterBenchmark(("expire/" + s).c_str(), expire_workload<S>)
+        ->Apply(sizes)
+        ->Iterations(1);
     benchmark::RegisterBenchmark(("two_threads_insert/" + s).c_str(), two_threads_workload<S>)
-        ->Arg(1'000)->Arg(1'000'000)->Threads(2)->Iterations(200'000)->UseRealTime();
+        ->Arg(1'000)
+        ->Arg(1'000'000)
+        ->Threads(2)
+        ->Iterations(200'000)
+        ->UseRealTime();
+}
+
+// The workloads only the wheels have (reschedule, periodic tasks), both driven on the benchmark's
+// thread.
+template <class S>
+void register_wheel_only() {
+    const std::string s = S::name;
+    benchmark::RegisterBenchmark(("reschedule/" + s).c_str(), [](benchmark::State& st) {
+        reschedule_workload<S>(st, true);
+    })->Apply(sizes);
+    benchmark::RegisterBenchmark(("cancel_schedule/" + s).c_str(), [](benchmark::State& st) {
+        reschedule_workload<S>(st, false);
+    })->Apply(sizes);
+    benchmark::RegisterBenchmark(("periodic/" + s).c_str(), periodic_workload<S>)
+        ->Arg(1'000)
+        ->Arg(100'000)
+        ->Arg(1'000'000)
+        ->Unit(benchmark::kNanosecond)
+        ->UseRealTime();
 }
 
 }  // namespace
@@ -423,14 +617,26 @@ int main(int argc, char** argv) {
 #ifdef DELAYQ_BENCH_ASIO
     register_all<asio_adapter>();
 #endif
+    register_wheel_only<hashed_thread_free_adapter>();
+    register_wheel_only<hierarchical_adapter>();
     for (bool delay : {false, true}) {
         const std::string w = delay ? "schedule_delay/" : "schedule_at/";
-        benchmark::RegisterBenchmark((w + "hashed_wheel_timer").c_str(), [delay](benchmark::State& st) {
-            schedule_delay_or_deadline<delayq::hashed_wheel_timer<>>(st, delay);
-        })->Arg(1'000)->Arg(1'000'000)->UseRealTime();
-        benchmark::RegisterBenchmark((w + "hierarchical_timing_wheel").c_str(), [delay](benchmark::State& st) {
-            schedule_delay_or_deadline<delayq::hierarchical_timing_wheel<>>(st, delay);
-        })->Arg(1'000)->Arg(1'000'000)->UseRealTime();
+        benchmark::RegisterBenchmark((w + "hashed_wheel_timer").c_str(),
+                                     [delay](benchmark::State& st) {
+                                         schedule_delay_or_deadline<delayq::hashed_wheel_timer<>>(
+                                             st, delay);
+                                     })
+            ->Arg(1'000)
+            ->Arg(1'000'000)
+            ->UseRealTime();
+        benchmark::RegisterBenchmark(
+            (w + "hierarchical_timing_wheel").c_str(),
+            [delay](benchmark::State& st) {
+                schedule_delay_or_deadline<delayq::hierarchical_timing_wheel<>>(st, delay);
+            })
+            ->Arg(1'000)
+            ->Arg(1'000'000)
+            ->UseRealTime();
     }
     benchmark::Initialize(&argc, argv);
     if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

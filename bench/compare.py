@@ -157,7 +157,7 @@ for b in data["benchmarks"]:
     ns = 1e9 / ips
     if "threads:" in b["run_name"]:
         ns *= int(b.get("threads", 2))  # per insert, summed over both threads' wall time
-    rows[(workload, n)][structure] = (ns, b.get("bytes_per_timer"))
+    rows[(workload, n)][structure] = (ns, b.get("bytes_per_timer"), b.get("allocs_per_op"))
 
 order = ["locked_priority_queue", "delay_queue", "hashed_wheel_timer",
          "hierarchical_timing_wheel", "asio_steady_timer"]
@@ -183,14 +183,24 @@ for w in workloads:
                 continue
             ns = r[s][0]
             cell = fmt(ns)
-            if base and s != "locked_priority_queue":
+            if w == "reschedule" and s in rows.get(("cancel_schedule", n), {}):
+                # against the same structure's cancel + schedule, which it replaces
+                cell += f" ({ns / rows[('cancel_schedule', n)][s][0]:.2f}× c+s)"
+            elif base and s != "locked_priority_queue":
                 cell += f" ({ns / base:.2f}×)"
             cells.append(cell)
         lines.append(f"| {w} | {n:,} | " + " | ".join(cells) + " |")
 mem = [(n, {s: v[1] for s, v in rows[("insert_random", n)].items() if v[1]})
        for (w, n) in sorted(rows) if w == "insert_random"]
 table = "\n".join(lines)
-table += "\n\nns per operation (median of %d); in brackets: ratio to the locked heap (< 1 is faster).\n" % reps
+table += "\n\nns per operation (median of %d); in brackets: ratio to the locked heap (< 1 is faster);\n" % reps
+table += ("reschedule: ratio to the same structure's cancel_schedule (c+s), the cancel + schedule it "
+          "replaces; periodic: per run of a periodic task.\n")
+allocs = [(w, n, s, v[2]) for (w, n), r in sorted(rows.items()) for s, v in r.items()
+          if w in ("reschedule", "periodic") and v[2] is not None]
+if allocs:
+    table += "\nAllocations (operator new) per operation: " + "; ".join(
+        f"{w} {s} N={n:,}: {a:.2g}" for w, n, s, a in allocs) + ".\n"
 if mem:
     table += "\n| bytes per pending timer | " + " | ".join(structures) + " |\n|---:|" + "---:|" * len(structures) + "\n"
     for n, m in mem:
