@@ -89,6 +89,7 @@ struct world {
     time_point latest_now = time_point::min();  // the latest time a wheel started or advanced at
     std::size_t errors_seen = 0;
     std::size_t errors_expected = 0;
+    bool precise = false;
 
     std::size_t pending() const {
         return static_cast<std::size_t>(std::count_if(
@@ -151,11 +152,25 @@ inline bool must_have_run(time_point deadline, rep tick, time_point now, bool pr
     return sum <= now.time_since_epoch().count();
 }
 
+// next_expiry(): nullopt exactly when nothing is pending; else never later than the earliest
+// pending deadline (precise) or its tick boundary (tick-rounded: < deadline + tick), unless that is
+// behind the clock already. So a driver that sleeps until next_expiry() is never late.
+template <class Wheel>
+void check_next_expiry(const Wheel& wh, const world& w, rep tick) {
+    const auto ne = wh.next_expiry();
+    FZ_CHECK(ne.has_value() == (w.pending() != 0));
+    if (!ne) return;
+    time_point earliest = time_point::max();
+    for (const auto& t : w.tasks)
+        if (t.state == st::pending) earliest = std::min(earliest, t.deadline);
+    const time_point bound = w.precise ? earliest : sat_add(earliest, tick - 1);
+    FZ_CHECK(*ne <= std::max(mclock::now(), bound));
+}
+
 // The driver. A adapts one wheel:
 //   using wheel;
 //   static std::unique_ptr<wheel> make(FuzzedDataProvider&, rep tick, std::size_t max_pending,
-//   on_error,
-//                                      bool precise);
+//                                      on_error, bool precise);
 //   static void advance(wheel&, world&) (runs what is due at mclock::now());
 //   static std::size_t pending(const wheel&);
 //   static void check_idle(const wheel&, const world&, rep tick) (e.g. next_expiry());
@@ -177,6 +192,7 @@ void run_wheel(FuzzedDataProvider& in) {
         }
     };
     const bool precise = in.ConsumeBool();
+    w.precise = precise;
     std::unique_ptr<wheel> wh = A::make(in, tick, max_pending, on_error, precise);
     w.latest_now = mclock::now();
     bool stopped = false;
@@ -248,6 +264,7 @@ void run_wheel(FuzzedDataProvider& in) {
                 FZ_CHECK(!must_have_run(t.deadline, tick, w.adv_now, precise));
         }
         FZ_CHECK(w.errors_seen == w.errors_expected);
+        check_next_expiry(*wh, w, tick);
         w.log.clear();
     };
 
