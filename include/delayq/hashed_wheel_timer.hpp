@@ -211,14 +211,8 @@ class hashed_wheel_timer {
         return core_->schedule_at(std::forward<F>(task), deadline);
     }
 
-    /// Runs `task` every `period` (> 0, else std::invalid_argument), the first time one period
-    /// from now: the k-th run is due at first + k * period, never drifting. `policy` says what a
-    /// run that comes late does to the next one (missed_tick: skip, the default, drops the missed
-    /// runs and keeps the grid; burst runs them all at once; delay moves the grid). The task never
-    /// runs concurrently with itself; one that throws goes to on_error and the period goes on;
-    /// cancel() ends the repeat, also from inside the task; reschedule() moves the next run and
-    /// the grid with it; stop() hands it back unless it is running. No allocation per run. As
-    /// schedule() otherwise.
+    /// As hashed_wheel::schedule_every(): every `period`, first one period from now, `policy` for
+    /// late runs; the tasks run on the worker. As schedule() otherwise.
     template <detail::task F, class Rep, class Period>
     timeout<Clock> schedule_every(F&& task, std::chrono::duration<Rep, Period> period,
                                   missed_tick policy = missed_tick::skip) {
