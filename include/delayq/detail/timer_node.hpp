@@ -174,7 +174,15 @@ struct periodic_part {
 
 static_assert(sizeof(timer_node<std::chrono::steady_clock>) == 40, "a node header is 40 bytes");
 
-// A node and its callable in one block.
+template <class Clock, class F>
+struct periodic_task;
+
+template <class F>
+inline constexpr bool is_periodic_task = false;
+template <class Clock, class F>
+inline constexpr bool is_periodic_task<periodic_task<Clock, F>> = true;
+
+// A node and its callable in one block (for a periodic task, the callable is a periodic_task).
 template <class Clock, class F>
 struct node_with final : timer_node<Clock> {
     union {
@@ -187,46 +195,35 @@ struct node_with final : timer_node<Clock> {
     explicit node_with(G&& g)  // NOLINT(bugprone-forwarding-reference-overload): constrained
         : fn(std::forward<G>(g)) {}
     // clang-format on
+    /// A periodic task: its repeat and its callable, built in place.
+    template <class G>
+    node_with(periodic_part<Clock> every, G&& g) : fn{every, std::forward<G>(g)} {}
     node_with(const node_with&) = delete;
     node_with& operator=(const node_with&) = delete;
     ~node_with() {}
 
     static void run(timer_node<Clock>& n) { static_cast<node_with&>(n).fn(); }
     static void destroy(timer_node<Clock>& n) noexcept { static_cast<node_with&>(n).fn.~F(); }
+    static periodic_part<Clock>* repeat([[maybe_unused]] timer_node<Clock>& n) noexcept {
+        if constexpr (is_periodic_task<F>) {
+            return &static_cast<node_with&>(n).fn.every;
+        } else {
+            return nullptr;  // never called: the table holds no pointer to it
+        }
+    }
 
     // aligned so that the state fits in the low bits of a pointer to it
     alignas(8) static constexpr task_ops<Clock> table{&run, &destroy, sizeof(node_with),
-                                                      alignof(node_with), nullptr};
+                                                      alignof(node_with),
+                                                      is_periodic_task<F> ? &repeat : nullptr};
 };
 
-// A periodic task: node, repeat and callable in one block.
+// A periodic task's callable: its repeat in front of the user's callable.
 template <class Clock, class F>
-struct periodic_node_with final : timer_node<Clock> {
+struct periodic_task {
     periodic_part<Clock> every;
-    union {
-        F fn;  // alive from schedule until the task is ended
-    };
-
-    // clang-format off
-    template <class G>
-        requires(!std::is_same_v<std::remove_cvref_t<G>, periodic_node_with>)
-    explicit periodic_node_with(G&& g, periodic_part<Clock> p)  // NOLINT(bugprone-forwarding-reference-overload)
-        : every(p), fn(std::forward<G>(g)) {}
-    // clang-format on
-    periodic_node_with(const periodic_node_with&) = delete;
-    periodic_node_with& operator=(const periodic_node_with&) = delete;
-    ~periodic_node_with() {}
-
-    static void run(timer_node<Clock>& n) { static_cast<periodic_node_with&>(n).fn(); }
-    static void destroy(timer_node<Clock>& n) noexcept {
-        static_cast<periodic_node_with&>(n).fn.~F();
-    }
-    static periodic_part<Clock>* part(timer_node<Clock>& n) noexcept {
-        return &static_cast<periodic_node_with&>(n).every;
-    }
-
-    alignas(8) static constexpr task_ops<Clock> table{&run, &destroy, sizeof(periodic_node_with),
-                                                      alignof(periodic_node_with), &part};
+    F fn;
+    void operator()() { fn(); }
 };
 
 /// The part of a timer that handles reach: its node pool, and cancel(). Owned by the timer and its

@@ -84,7 +84,7 @@ class wheel_core final : public timer_core<Clock> {
     /// full; std::bad_alloc, or what moving the task throws, and then nothing is scheduled.
     template <class F>
     timeout<Clock> schedule_at(F&& task, time_point deadline) {
-        return insert<node_with<Clock, checked_task<F>>>(deadline, std::forward<F>(task));
+        return insert<node_with<Clock, std::decay_t<F>>>(deadline, std::forward<F>(task));
     }
 
     /// Schedules `task` to run at `first`, then every `period` after it, `policy` saying what a
@@ -93,8 +93,8 @@ class wheel_core final : public timer_core<Clock> {
     template <class F>
     timeout<Clock> schedule_every(F&& task, time_point first, duration period, missed_tick policy) {
         if (period <= duration::zero()) throw std::invalid_argument("delayq: period must be > 0");
-        return insert<periodic_node_with<Clock, checked_task<F>>>(
-            first, std::forward<F>(task), periodic_part<Clock>{first, period, 0, policy});
+        return insert<node_with<Clock, periodic_task<Clock, std::decay_t<F>>>>(
+            first, periodic_part<Clock>{first, period, 0, policy}, std::forward<F>(task));
     }
 
     bool cancel(node& n) noexcept override {
@@ -120,12 +120,12 @@ class wheel_core final : public timer_core<Clock> {
         bool wake;
         {
             std::lock_guard lk(lock_);
-            periodic_part<Clock>* every = n.periodic();
             if (!n.linked()) {
                 // a periodic task now running: its next run moves (the runner re-links it)
-                if (!running_periodic(n)) return false;
-                restart(n, *every, deadline);
-                every->moved = true;
+                periodic_part<Clock>* running = running_periodic(n);
+                if (!running) return false;
+                restart(n, *running, deadline);
+                running->moved = true;
                 return true;
             }
             const auto where = ring_.prepare(deadline);  // may throw: nothing has changed yet
@@ -135,11 +135,13 @@ class wheel_core final : public timer_core<Clock> {
             } else {
                 ring_.unlink(&n);
             }
-            n.store_deadline(deadline);
+            if (periodic_part<Clock>* every = n.periodic()) {
+                restart(n, *every, deadline);
+            } else {
+                n.store_deadline(deadline);
+            }
             n.seq = seq_++;  // first in, first out among equal deadlines: in again now
-            if (every) restart(n, *every, deadline);
-            wake = ring_.link(&n, where, wake_at_);
-            if (wake) wake_at_ = deadline;
+            wake = link(&n, where);
         }
         if (wake) wake_drivers();
         return true;
@@ -387,9 +389,6 @@ class wheel_core final : public timer_core<Clock> {
   private:
     ~wheel_core() override = default;  // by drop_owner() only
 
-    template <class F>
-    using checked_task = std::decay_t<F>;
-
     // Schedules a Block (a node and its callable) built from args, due at `deadline`.
     template <class Block, class... A>
     timeout<Clock> insert(time_point deadline, A&&... args) {
@@ -415,8 +414,7 @@ class wheel_core final : public timer_core<Clock> {
             b->init(&Block::table, deadline, seq_++, 2);  // the timer's reference and the handle's
             n = b;
             ++pending_;
-            wake = ring_.link(n, where, wake_at_);
-            if (wake) wake_at_ = deadline;  // the sleepers will look again: no need to notify twice
+            wake = link(n, where);
         }
         if (wake) wake_drivers();
         return timeout<Clock>(n, this);
@@ -493,8 +491,7 @@ class wheel_core final : public timer_core<Clock> {
             const auto where = ring_.prepare(next);
             n.store_deadline(next);
             n.seq = seq_++;
-            wake = ring_.link(&n, where, wake_at_);
-            if (wake) wake_at_ = next;
+            wake = link(&n, where);
             return false;
         } catch (...) {
             error = std::current_exception();  // out of memory: the task ends, on_error hears why
@@ -502,6 +499,15 @@ class wheel_core final : public timer_core<Clock> {
             n.set_state(timer_state::cancelled);
             return true;
         }
+    }
+
+    // Under the lock: links n (its deadline set) at `where` (ring_.prepare()). True if a sleeping
+    // driver must be woken: n comes out before it would wake by itself. The sleepers will look
+    // again, so a later schedule before n need not notify twice.
+    bool link(node* n, std::uint64_t where) noexcept {
+        const bool wake = ring_.link(n, where, wake_at_);
+        if (wake) wake_at_ = n->deadline;
+        return wake;
     }
 
     // Under the lock: when advance() will next have something to run.
