@@ -7,6 +7,10 @@
 // is large, then each bin, small enough to stay in cache, least significant digit first, 8 bits a
 // pass — which keeps the input order among equal deadlines; equal deadlines (rare, and in short
 // runs) are then put in sequence order. A few records are insertion-sorted instead.
+//
+// sort_run_by_deadline sorts one part of an array the same way, least significant digit first
+// only, and leaves the keys as they were: for a pass that gathers its nodes bucket by bucket, in
+// time order, where sorting each bucket's part (in cache) puts the whole in order (due_batch.hpp).
 #pragma once
 
 #include <algorithm>
@@ -37,20 +41,24 @@ using deadline_recs = std::vector<deadline_rec<Clock>, huge_page_allocator<deadl
 inline constexpr unsigned deadline_top_digit = 11;
 inline constexpr std::size_t deadline_top_radix = std::size_t{1} << deadline_top_digit;
 
-// Least significant digit first, 8 bits a pass, over the low `bits` bits of the keys of
-// a[0..n), ping-ponging with `scratch`; stable. Returns where the sorted records are.
+// Least significant digit first, over the low `bits` bits of the keys of a[0..n), ping-ponging
+// with `scratch`; stable. Returns where the sorted records are. Digits of at most `max_digit`
+// bits (<= 11), as few passes as that allows: 8 keeps the counts in a few lines for small
+// arrays; 11 (counts of 16 KiB) saves passes over a large one.
 template <class Rec>
-Rec* lsd_sort(Rec* a, Rec* scratch, std::size_t n, unsigned bits) noexcept {
-    constexpr unsigned digit = 8;
-    constexpr std::size_t radix = std::size_t{1} << digit;
-    std::size_t counts[radix];
+Rec* lsd_sort(Rec* a, Rec* scratch, std::size_t n, unsigned bits, unsigned max_digit = 8) noexcept {
+    if (bits == 0) return a;
+    const unsigned passes = (bits + max_digit - 1) / max_digit;
+    const unsigned digit = (bits + passes - 1) / passes;
+    const std::size_t radix = std::size_t{1} << digit;
+    std::size_t counts[std::size_t{1} << 11];
     for (unsigned shift = 0; shift < bits; shift += digit) {
-        std::fill(std::begin(counts), std::end(counts), std::size_t{0});
+        std::fill(counts, counts + radix, std::size_t{0});
         for (std::size_t i = 0; i < n; ++i) ++counts[(a[i].key >> shift) & (radix - 1)];
         std::size_t sum = 0;
-        for (std::size_t& c : counts) {
-            const std::size_t k = c;
-            c = sum;
+        for (std::size_t d = 0; d < radix; ++d) {
+            const std::size_t k = counts[d];
+            counts[d] = sum;
             sum += k;
         }
         for (std::size_t i = 0; i < n; ++i)
@@ -60,21 +68,79 @@ Rec* lsd_sort(Rec* a, Rec* scratch, std::size_t n, unsigned bits) noexcept {
     return a;
 }
 
+// Equal deadlines (equal keys) of v[0..n), sorted by key: sequence order. The radix passes kept
+// the input order, which a bucket's lanes and a hierarchical wheel's levels do not make the
+// schedule order.
+template <class Clock>
+void order_equal_deadlines(deadline_rec<Clock>* v, std::size_t n) noexcept {
+    using rec = deadline_rec<Clock>;
+    for (std::size_t i = 0; i < n;) {
+        std::size_t j = i + 1;
+        while (j < n && v[j].key == v[i].key) ++j;
+        for (std::size_t a = i + 1; a < j; ++a) {
+            const rec r = v[a];
+            std::size_t b = a;
+            for (; b > i && timer_node<Clock>::seq_before(r.n->seq, v[b - 1].n->seq); --b)
+                v[b] = v[b - 1];
+            v[b] = r;
+        }
+        i = j;
+    }
+}
+
+// Insertion sort of v[0..n) by (deadline, seq): cheaper than radix passes for a few records.
+template <class Clock>
+void insertion_sort_by_deadline(deadline_rec<Clock>* v, std::size_t n) noexcept {
+    for (std::size_t i = 1; i < n; ++i) {
+        const deadline_rec<Clock> r = v[i];
+        std::size_t j = i;
+        for (; j > 0 && timer_node<Clock>::before(*r.n, *v[j - 1].n); --j) v[j] = v[j - 1];
+        v[j] = r;
+    }
+}
+
+/// The most records sort_run_by_deadline() sorts: a larger run is left to sort_by_deadline().
+inline constexpr std::size_t deadline_run_max = std::size_t{1} << 18;
+
+/// Sorts v[0..n) (n <= deadline_run_max) by (deadline, seq), keys unchanged, using `scratch`
+/// (grown to n). False, with v unchanged, if the scratch cannot be had.
+template <class Clock>
+bool sort_run_by_deadline(deadline_rec<Clock>* v, std::size_t n,
+                          deadline_recs<Clock>& scratch) noexcept {
+    if (n <= 32) {
+        insertion_sort_by_deadline(v, n);
+        return true;
+    }
+    try {
+        if (scratch.size() < n) scratch.resize(n);
+    } catch (...) {
+        return false;
+    }
+    constexpr std::uint64_t sign = std::uint64_t{1} << 63;
+    std::uint64_t lo = ~std::uint64_t{0}, hi = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+        v[i].key ^= sign;
+        lo = std::min(lo, v[i].key);
+        hi = std::max(hi, v[i].key);
+    }
+    for (std::size_t i = 0; i < n; ++i) v[i].key -= lo;
+    const auto bits = static_cast<unsigned>(std::bit_width(hi - lo));
+    if (lsd_sort(v, scratch.data(), n, bits, n < 4096 ? 8 : 11) != v)
+        std::copy(scratch.data(), scratch.data() + n, v);
+    order_equal_deadlines(v, n);
+    for (std::size_t i = 0; i < n; ++i) v[i].key = (v[i].key + lo) ^ sign;
+    return true;
+}
+
 /// Sorts v by (deadline, seq), using `scratch` (resized to v's size). False, with v unchanged
 /// in content, if the scratch array cannot be had.
 template <class Clock>
 bool sort_by_deadline(deadline_recs<Clock>& v, deadline_recs<Clock>& scratch) noexcept {
     using rec = deadline_rec<Clock>;
-    using node = timer_node<Clock>;
 
     const std::size_t n = v.size();
-    if (n <= 32) {  // insertion sort: cheaper than the passes for a few nodes
-        for (std::size_t i = 1; i < n; ++i) {
-            const rec r = v[i];
-            std::size_t j = i;
-            for (; j > 0 && node::before(*r.n, *v[j - 1].n); --j) v[j] = v[j - 1];
-            v[j] = r;
-        }
+    if (n <= 32) {
+        insertion_sort_by_deadline(v.data(), n);
         return true;
     }
     try {
@@ -115,19 +181,7 @@ bool sort_by_deadline(deadline_recs<Clock>& v, deadline_recs<Clock>& scratch) no
         }
         v.swap(scratch);
     }
-    // equal deadlines: sequence order (the radix passes kept the input order, which a bucket's
-    // lanes and a hierarchical wheel's levels do not make the schedule order)
-    for (std::size_t i = 0; i < n;) {
-        std::size_t j = i + 1;
-        while (j < n && v[j].key == v[i].key) ++j;
-        for (std::size_t a = i + 1; a < j; ++a) {
-            const rec r = v[a];
-            std::size_t b = a;
-            for (; b > i && node::seq_before(r.n->seq, v[b - 1].n->seq); --b) v[b] = v[b - 1];
-            v[b] = r;
-        }
-        i = j;
-    }
+    order_equal_deadlines(v.data(), n);
     return true;
 }
 

@@ -6,6 +6,15 @@
 // several levels). So a pass sorts what it found (deadline_sort.hpp). Already sorted input, the
 // common case of a pass on time, is detected while gathering and costs nothing more.
 //
+// Runs. A ring hands its nodes over bucket by bucket (next_run() between two), and the buckets of
+// a late pass come in time order: a hashed wheel's ticks one after the other, a hierarchical
+// wheel's buckets by expiry. Then sorting each bucket's run on its own, while it is in cache, puts
+// the whole batch in order; a run that starts before the one before it ended (buckets whose times
+// overlap: a hierarchical wheel's levels, a hashed wheel late by more than a rotation) sends the
+// batch to one sort of the whole. bench_compare expire at 1M (ns per fired timer, median of 7, one
+// run against the one sort of the whole): hashed 110 -> 88, hierarchical 87 -> 83 (its buckets of
+// 8 s hold 125k nodes each: their radix passes are most of what is left).
+//
 // The sorted batch is an array of node pointers, so that running it can prefetch the nodes ahead:
 // a large batch then waits for several cache misses at once. The arrays are kept between passes
 // (and given back after a large one). If they cannot be had (out of memory), the batch is sorted
@@ -37,7 +46,16 @@ class due_batch {
         chain_ = nullptr;
         count_ = 0;
         in_array_ = true;
-        sorted_ = true;
+        run_start_ = 0;
+        run_sorted_ = true;
+        runs_ordered_ = true;
+    }
+
+    /// The nodes added from now on are another bucket's (see "Runs" above).
+    void next_run() noexcept {
+        end_run();
+        run_start_ = recs_.size();
+        run_sorted_ = true;
     }
 
     /// Adds a due node (its `next` is the batch's from now on).
@@ -53,7 +71,8 @@ class due_batch {
                 }
             }
             if (in_array_) {
-                if (!recs_.empty() && node::before(*n, *recs_.back().n)) sorted_ = false;
+                if (recs_.size() > run_start_ && node::before(*n, *recs_.back().n))
+                    run_sorted_ = false;
                 recs_.push_back(rec::of(n));
                 return;
             }
@@ -64,7 +83,8 @@ class due_batch {
 
     /// Puts the batch in running order.
     void finish() noexcept {
-        if (in_array_ && (sorted_ || radix_sort())) return;
+        end_run();
+        if (in_array_ && (runs_ordered_ || radix_sort())) return;
         to_chain();
         chain_ = merge_sort(chain_, count_);
     }
@@ -113,6 +133,19 @@ class due_batch {
 
     bool radix_sort() noexcept { return sort_by_deadline(recs_, tmp_); }
 
+    // Sorts the run under way, and notes whether it follows the one before in order.
+    void end_run() noexcept {
+        if (!in_array_ || !runs_ordered_) return;  // one sort of the whole will do
+        const std::size_t n = recs_.size() - run_start_;
+        if (n == 0) return;
+        rec* run = recs_.data() + run_start_;
+        if (!run_sorted_ && (n > deadline_run_max || !sort_run_by_deadline(run, n, tmp_))) {
+            runs_ordered_ = false;
+            return;
+        }
+        if (run_start_ != 0 && node::before(*run[0].n, *run[-1].n)) runs_ordered_ = false;
+    }
+
     // From the array to the chain (when the array cannot grow or be sorted): no allocation.
     void to_chain() noexcept {
         for (const rec& r : recs_) {
@@ -156,7 +189,9 @@ class due_batch {
     node_links* chain_ = nullptr;  // the batch when it could not be put in an array
     std::size_t count_ = 0;
     bool in_array_ = true;
-    bool sorted_ = true;  // the nodes came in running order
+    std::size_t run_start_ = 0;  // where the run under way starts in recs_
+    bool run_sorted_ = true;     // the run under way came in running order
+    bool runs_ordered_ = true;   // the runs so far, each sorted, are in running order
 };
 
 }  // namespace delayq::detail

@@ -123,7 +123,8 @@ class hashed_wheel_ring {
         --size_;
     }
 
-    /// Unlinks every node due at `now` and hands each to sink(node*), in no particular order;
+    /// Unlinks every node due at `now` and hands each to sink(node*), in no particular order but
+    /// bucket by bucket, in time order, calling sink.next_run() between two buckets (due_batch);
     /// returns how many. `worked`: whether anything came out.
     template <class Sink>
     // NOLINTNEXTLINE(bugprone-exception-escape): sinks append only where room was made
@@ -151,6 +152,7 @@ class hashed_wheel_ring {
                         const std::size_t b = (start + i) & mask_;
                         bucket& k = buckets_[b];
                         if (k.min > limit) continue;
+                        sink.next_run();
                         if (k.max <= limit) {
                             k.nodes.drain(out);  // all due: no unlinking one by one
                         } else {
@@ -175,7 +177,10 @@ class hashed_wheel_ring {
             }
             // Inside the tick under way (not on its boundary: a tick-rounded pass never is):
             // open it, so that its tasks run at their own deadlines.
-            if (cursor_ == t + 1 && now > boundary_rep(t) && size_ != count) open(t + 1, now, out);
+            if (cursor_ == t + 1 && now > boundary_rep(t) && size_ != count) {
+                sink.next_run();
+                open(t + 1, now, out);
+            }
         }
         window_.end_stage();
         size_ -= count;

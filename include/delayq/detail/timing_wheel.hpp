@@ -164,8 +164,10 @@ class timing_wheel {
         if (--size_ == 0) forget_buckets();
     }
 
-    /// Unlinks every node due at `now` and hands each to sink(node*), in no particular order;
-    /// returns how many. `worked`: whether a bucket was emptied or a node of the window went out.
+    /// Unlinks every node due at `now` and hands each to sink(node*), in no particular order but
+    /// bucket by bucket, by the buckets' expiry, calling sink.next_run() between two buckets
+    /// (due_batch); returns how many. `worked`: whether a bucket was emptied or a node of the
+    /// window went out.
     template <class Sink>
     // NOLINTNEXTLINE(bugprone-exception-escape): sinks append only where room was made
     std::size_t expire(time_point now, Sink&& sink, bool& worked) noexcept {
@@ -189,6 +191,7 @@ class timing_wheel {
             // just after the tick before): the wheel's time goes to the span's start, so that the
             // finer levels cover the whole span and its nodes land there, not back in it.
             advance_to(b.expiry);
+            sink.next_run();
             b.nodes.drain([&](node_links* l) {
                 node* n = node::of(l);
                 if (n->deadline <= now) return out(l);

@@ -175,13 +175,16 @@ class wheel_core final : public timer_core<Clock> {
                 if (stopped_) return p;
                 if (!advancing_) {
                     batch_.begin();
-                    const std::size_t count = ring_.expire(
-                        precise_ ? now : ring_.floor_to_grid(now),
-                        [this](node* n) {
+                    struct to_batch {
+                        due_batch<Clock>& b;
+                        void operator()(node* n) noexcept {
                             n->prev = run_marker();
-                            batch_.add(n);
-                        },
-                        p.worked);
+                            b.add(n);
+                        }
+                        void next_run() noexcept { b.next_run(); }
+                    };
+                    const std::size_t count = ring_.expire(
+                        precise_ ? now : ring_.floor_to_grid(now), to_batch{batch_}, p.worked);
                     if (count == 0) return p;
                     batch_.finish();
                     next_in_batch_ = 0;

@@ -1,0 +1,115 @@
+// due_batch (detail/due_batch.hpp): whatever runs a ring hands over, the batch comes out in the
+// heap's order — deadline, then first in, first out — whether each run's sort is enough (runs in
+// time order) or the whole needs one sort (runs that overlap, equal deadlines across two runs, a
+// run too large to sort on its own).
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <delayq/detail/due_batch.hpp>
+#include <delayq/manual_clock.hpp>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "catch.hpp"
+
+namespace {
+
+using mc = delayq::manual_clock;
+using node = delayq::detail::timer_node<mc>;
+
+// n bare nodes (no task: due_batch never runs or destroys one), deadline d[i], seq i.
+struct nodes {
+    explicit nodes(const std::vector<std::int64_t>& d) : v(d.size()) {
+        for (std::size_t i = 0; i < d.size(); ++i)
+            v[i].init(nullptr, mc::time_point{mc::duration{d[i]}}, static_cast<std::uint32_t>(i),
+                      1);
+    }
+    std::vector<node> v;
+};
+
+// Adds the nodes of `runs` (indices into ns) run by run, finishes, and returns the seq order.
+std::vector<std::uint32_t> batch_of(nodes& ns, const std::vector<std::vector<std::size_t>>& runs) {
+    delayq::detail::due_batch<mc> b;
+    b.begin();
+    for (const auto& run : runs) {
+        b.next_run();
+        for (std::size_t i : run) b.add(&ns.v[i]);
+    }
+    b.finish();
+    std::vector<std::uint32_t> out;
+    for (std::size_t i = 0; i < b.size(); ++i) out.push_back(b.at(i)->seq);
+    b.clear();
+    return out;
+}
+
+// The heap's order of all nodes: by deadline, then seq.
+std::vector<std::uint32_t> heap_order(const nodes& ns) {
+    std::vector<std::uint32_t> s(ns.v.size());
+    for (std::size_t i = 0; i < s.size(); ++i) s[i] = static_cast<std::uint32_t>(i);
+    std::stable_sort(s.begin(), s.end(), [&](std::uint32_t a, std::uint32_t b) {
+        return ns.v[a].deadline < ns.v[b].deadline;
+    });
+    return s;
+}
+
+// Splits 0..n-1 into `count` runs of consecutive indices, each shuffled.
+std::vector<std::vector<std::size_t>> shuffled_runs(std::size_t n, std::size_t count,
+                                                    std::mt19937_64& rng) {
+    std::vector<std::vector<std::size_t>> runs(count);
+    for (std::size_t i = 0; i < n; ++i) runs[i * count / n].push_back(i);
+    for (auto& r : runs) std::shuffle(r.begin(), r.end(), rng);
+    return runs;
+}
+
+}  // namespace
+
+TEST_CASE("due_batch: runs in time order, each shuffled, come out in the heap's order") {
+    std::mt19937_64 rng(1);
+    for (std::size_t n : {std::size_t{10}, std::size_t{1000}, std::size_t{100'000}}) {
+        std::vector<std::int64_t> d(n);
+        for (std::size_t i = 0; i < n; ++i)
+            d[i] = static_cast<std::int64_t>(i / 3) * 1000 - 5'000;  // equal threes, some < 0
+        nodes ns(d);
+        auto runs = shuffled_runs(n, std::max<std::size_t>(1, n / 97), rng);
+        // equal deadlines within a run in reverse seq order: first in, first out must still hold
+        CHECK(batch_of(ns, runs) == heap_order(ns));
+    }
+}
+
+TEST_CASE("due_batch: runs whose times overlap are sorted as a whole") {
+    std::mt19937_64 rng(2);
+    const std::size_t n = 20'000;
+    std::vector<std::int64_t> d(n);
+    for (auto& x : d) x = static_cast<std::int64_t>(rng() % 1'000'000);
+    nodes ns(d);
+    auto runs = shuffled_runs(n, 40, rng);  // runs of random deadlines: they overlap
+    CHECK(batch_of(ns, runs) == heap_order(ns));
+}
+
+TEST_CASE("due_batch: equal deadlines across two runs in the wrong seq order") {
+    // run 1 holds seq 2 and 3 at deadline 7, run 2 seq 0 and 1 at deadline 7 too
+    nodes ns({7, 7, 7, 7});
+    CHECK(batch_of(ns, {{3, 2}, {1, 0}}) == std::vector<std::uint32_t>{0, 1, 2, 3});
+    CHECK(batch_of(ns, {{1, 0}, {3, 2}}) == std::vector<std::uint32_t>{0, 1, 2, 3});
+}
+
+TEST_CASE("due_batch: a run larger than one run's sort handles is sorted with the whole") {
+    std::mt19937_64 rng(3);
+    const std::size_t n = delayq::detail::deadline_run_max + 1000;
+    std::vector<std::int64_t> d(n);
+    for (std::size_t i = 0; i < n; ++i) d[i] = static_cast<std::int64_t>(i);
+    nodes ns(d);
+    std::vector<std::size_t> big(n - 10), last;
+    for (std::size_t i = 0; i < n - 10; ++i) big[i] = i;
+    std::shuffle(big.begin(), big.end(), rng);
+    for (std::size_t i = n - 10; i < n; ++i) last.push_back(n - 1 - (i - (n - 10)));
+    CHECK(batch_of(ns, {big, last}) == heap_order(ns));
+}
+
+TEST_CASE("due_batch: empty runs and a batch added without next_run()") {
+    nodes ns({5, 3, 9, 1});
+    CHECK(batch_of(ns, {{}, {1, 0}, {}, {}, {3, 2}, {}}) == std::vector<std::uint32_t>{3, 1, 0, 2});
+    CHECK(batch_of(ns, {{0, 1, 2, 3}}) == std::vector<std::uint32_t>{3, 1, 0, 2});
+}
