@@ -18,6 +18,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
+#include <limits>
+#include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "huge_pages.hpp"
@@ -42,22 +45,24 @@ inline constexpr unsigned deadline_top_digit = 11;
 inline constexpr std::size_t deadline_top_radix = std::size_t{1} << deadline_top_digit;
 
 // Least significant digit first, over the low `bits` bits of the keys of a[0..n), ping-ponging
-// with `scratch`; stable. Returns where the sorted records are. Digits of at most `max_digit`
-// bits (<= 11), as few passes as that allows: 8 keeps the counts in a few lines for small
-// arrays; 11 (counts of 16 KiB) saves passes over a large one.
-template <class Rec>
-Rec* lsd_sort(Rec* a, Rec* scratch, std::size_t n, unsigned bits, unsigned max_digit = 8) noexcept {
+// with `scratch`; stable. Returns where the sorted records are. Digits of at most MaxDigit bits,
+// as few passes as that allows: 8 keeps the counts in a few lines (2 KiB of stack); 11 saves
+// passes over a run of up to 2^18 records (counts of 32 bits: 8 KiB of stack).
+template <unsigned MaxDigit = 8, class Rec>
+Rec* lsd_sort(Rec* a, Rec* scratch, std::size_t n, unsigned bits) noexcept {
+    static_assert(MaxDigit == 8 || MaxDigit == 11);
+    using count = std::conditional_t<MaxDigit == 8, std::size_t, std::uint32_t>;
     if (bits == 0) return a;
-    const unsigned passes = (bits + max_digit - 1) / max_digit;
+    const unsigned passes = (bits + MaxDigit - 1) / MaxDigit;
     const unsigned digit = (bits + passes - 1) / passes;
     const std::size_t radix = std::size_t{1} << digit;
-    std::size_t counts[std::size_t{1} << 11];
+    count counts[std::size_t{1} << MaxDigit];
     for (unsigned shift = 0; shift < bits; shift += digit) {
         std::fill(counts, counts + radix, std::size_t{0});
         for (std::size_t i = 0; i < n; ++i) ++counts[(a[i].key >> shift) & (radix - 1)];
-        std::size_t sum = 0;
+        count sum = 0;
         for (std::size_t d = 0; d < radix; ++d) {
-            const std::size_t k = counts[d];
+            const count k = counts[d];
             counts[d] = sum;
             sum += k;
         }
@@ -125,8 +130,10 @@ bool sort_run_by_deadline(deadline_rec<Clock>* v, std::size_t n,
     }
     for (std::size_t i = 0; i < n; ++i) v[i].key -= lo;
     const auto bits = static_cast<unsigned>(std::bit_width(hi - lo));
-    if (lsd_sort(v, scratch.data(), n, bits, n < 4096 ? 8 : 11) != v)
-        std::copy(scratch.data(), scratch.data() + n, v);
+    static_assert(deadline_run_max <= std::numeric_limits<std::uint32_t>::max());
+    deadline_rec<Clock>* sorted = n < 4096 ? lsd_sort<8>(v, scratch.data(), n, bits)
+                                           : lsd_sort<11>(v, scratch.data(), n, bits);
+    if (sorted != v) std::copy(scratch.data(), scratch.data() + n, v);
     order_equal_deadlines(v, n);
     for (std::size_t i = 0; i < n; ++i) v[i].key = (v[i].key + lo) ^ sign;
     return true;
@@ -143,8 +150,12 @@ bool sort_by_deadline(deadline_recs<Clock>& v, deadline_recs<Clock>& scratch) no
         insertion_sort_by_deadline(v.data(), n);
         return true;
     }
+    // The bins' bounds of a large sort: on the heap, not 32 KiB of the caller's stack (a pass may
+    // run on a coroutine's or a fiber's small stack).
+    std::unique_ptr<std::size_t[]> bins;
     try {
         scratch.resize(n);
+        if (n >= 4096) bins.reset(new std::size_t[2 * deadline_top_radix + 1]);
     } catch (...) {
         return false;
     }
@@ -165,10 +176,11 @@ bool sort_by_deadline(deadline_recs<Clock>& v, deadline_recs<Clock>& scratch) no
         // Most significant digit first, into scratch: 2048 bins whose ranges are sorted apart;
         // then each bin, small enough to stay in cache, by its remaining digits.
         const unsigned shift = bits - deadline_top_digit;
-        std::size_t bounds[deadline_top_radix + 1] = {};
+        std::size_t* bounds = bins.get();
+        std::size_t* at = bounds + deadline_top_radix + 1;
+        std::fill(bounds, bounds + deadline_top_radix + 1, std::size_t{0});
         for (std::size_t i = 0; i < n; ++i) ++bounds[(v[i].key >> shift) + 1];
         for (std::size_t d = 0; d < deadline_top_radix; ++d) bounds[d + 1] += bounds[d];
-        std::size_t at[deadline_top_radix];
         std::copy(bounds, bounds + deadline_top_radix, at);
         for (std::size_t i = 0; i < n; ++i) scratch[at[v[i].key >> shift]++] = v[i];
         for (std::size_t d = 0; d < deadline_top_radix; ++d) {
