@@ -6,11 +6,12 @@
 // max lateness, and counts early firings (must be 0). The wheels run twice: precise (the default: a
 // task runs at its deadline) and tick-rounded (precise = false: at its tick's boundary).
 //
-// Then: sparse timers (one per 10 ticks on average) on the precise wheels; a dense burst (1M timers
-// due within the same 10 ms, on a microsecond grid), whose expiry cost per timer (the process's CPU
-// time while the main thread sleeps, over the timers) and worker wake-ups are compared precise vs
-// rounded, beside the number of distinct deadlines; and the idle test: a timer with nothing pending
-// for `idle_seconds`, counting the voluntary context switches of its threads.
+// Then: sparse timers (one per 10 ticks on average) on the precise wheels, sleeping until each
+// deadline and with spin_before_deadline = 200 us (with the CPU each costs); a dense burst (1M
+// timers due within the same 10 ms, on a microsecond grid), whose expiry cost per timer (the
+// process's CPU time while the main thread sleeps, over the timers) and worker wake-ups are
+// compared precise vs rounded, beside the number of distinct deadlines; and the idle test: a timer
+// with nothing pending for `idle_seconds`, counting the voluntary context switches of its threads.
 //
 // usage: lateness [timers=100000] [idle_seconds=5] [burst=1000000] [burst_runs=5]
 #include <dirent.h>
@@ -295,11 +296,23 @@ int main(int argc, char** argv) {
             report("asio steady_timer", r);
         }
 #endif
-        for (int k = 0; k < 2; ++k) {
-            plan p(sparse, span);
-            auto r = k == 0 ? run_wheel<hashed>(p, wheel_options<hashed>(true))
-                            : run_wheel<hierarchical>(p, wheel_options<hierarchical>(true));
-            report(k == 0 ? "hashed_wheel_timer 1ms" : "hierarchical_wheel 1ms", r);
+        // Then with spin_before_deadline: the worker spins (yielding) the last 200 us before each
+        // deadline instead of sleeping through it; the CPU it costs is printed per timer.
+        for (const auto spin : {0us, 200us}) {
+            for (int k = 0; k < 2; ++k) {
+                plan p(sparse, span);
+                cost c;
+                auto oh = wheel_options<hashed>(true);
+                auto ok = wheel_options<hierarchical>(true);
+                oh.spin_before_deadline = ok.spin_before_deadline = spin;
+                auto r = k == 0 ? run_wheel<hashed>(p, std::move(oh), &c)
+                                : run_wheel<hierarchical>(p, std::move(ok), &c);
+                std::string name = k == 0 ? "hashed_wheel_timer 1ms" : "hierarchical_wheel 1ms";
+                if (spin != 0us) name += " spin " + std::to_string(spin.count()) + "us";
+                report(name.c_str(), r);
+                std::printf("%-28s   cpu %.1f us per timer\n", "",
+                            c.cpu * 1e6 / static_cast<double>(sparse));
+            }
         }
     }
     if (burst_n > 0) {

@@ -72,6 +72,10 @@ struct hashed_wheel_options {
     std::function<void(std::exception_ptr)> on_error;
     /// true: a task runs at its own deadline; false: at its tick's boundary (fewer wake-ups).
     bool precise = true;
+    /// The worker (or advance_clock()) stops sleeping this long before a task's deadline and
+    /// waits on the CPU, yielding it, for the rest: lateness without the OS's wake-up latency, for
+    /// up to this much CPU per wake-up. 0 (the default): it sleeps until the deadline. >= 0.
+    std::chrono::nanoseconds spin_before_deadline{0};
 };
 
 namespace detail {
@@ -81,8 +85,8 @@ using hashed_core = wheel_core<Clock, hashed_wheel_ring<Clock>>;
 
 template <class Clock>
 hashed_core<Clock>* make_hashed_core(hashed_wheel_options<Clock>&& o) {
-    return new hashed_core<Clock>(o.max_pending, std::move(o.on_error), o.precise, o.tick,
-                                  o.ticks_per_wheel, Clock::now());
+    return new hashed_core<Clock>(o.max_pending, std::move(o.on_error), o.precise,
+                                  o.spin_before_deadline, o.tick, o.ticks_per_wheel, Clock::now());
 }
 
 }  // namespace detail

@@ -62,6 +62,10 @@ struct hierarchical_timing_wheel_options {
     bool own_thread = true;  ///< false: no worker; the caller drives advance_clock() or advance()
     /// true: a task runs at its own deadline; false: at its tick's boundary (fewer wake-ups).
     bool precise = true;
+    /// The worker (or advance_clock()) stops sleeping this long before a task's deadline and
+    /// waits on the CPU, yielding it, for the rest: lateness without the OS's wake-up latency, for
+    /// up to this much CPU per wake-up. 0 (the default): it sleeps until the deadline. >= 0.
+    std::chrono::nanoseconds spin_before_deadline{0};
 };
 
 /// Kafka's hierarchical timing wheel (see the top of this header). Thread-safe.
@@ -78,8 +82,8 @@ class hierarchical_timing_wheel {
     /// Throws std::invalid_argument for a tick <= 0 or a wheel_size outside [2, 2^24]. With
     /// own_thread, the worker starts with the first schedule.
     explicit hierarchical_timing_wheel(options o = {})
-        : core_(new core_type(o.max_pending, std::move(o.on_error), o.precise, o.tick, o.wheel_size,
-                              Clock::now())),
+        : core_(new core_type(o.max_pending, std::move(o.on_error), o.precise,
+                              o.spin_before_deadline, o.tick, o.wheel_size, Clock::now())),
           own_thread_(o.own_thread) {}
 
     hierarchical_timing_wheel(const hierarchical_timing_wheel&) = delete;

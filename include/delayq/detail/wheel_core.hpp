@@ -24,7 +24,12 @@
 // Sleeping. A driver waits in wait_for_work() until the ring's next expiry. `wake_at_` is the
 // latest time any waiter will wake by itself (time_point::min() when none sleeps); a schedule whose
 // node comes out earlier than that notifies, any other schedule does not. With nothing pending a
-// waiter sleeps without a deadline, so an idle timer never wakes.
+// waiter sleeps without a deadline, so an idle timer never wakes. With spin_before_deadline = s, a
+// waiter for a task's deadline d sleeps until d - s only, then waits on the CPU (yielding it) until
+// d: the OS's wake-up latency (tens to hundreds of µs on a VM) is then paid before the deadline
+// instead of after it, for at most s of CPU per wake-up. A notification (wake_drivers() counts them
+// in wake_count_) ends the spin as it ends a sleep; a spin that lasts 2 s of real time without the
+// deadline coming (a clock that does not move by itself, such as manual_clock) sleeps instead.
 #pragma once
 
 #include <algorithm>
@@ -73,12 +78,16 @@ class wheel_core final : public timer_core<Clock> {
     };
 
     /// `precise`: a task runs at its own deadline; else at its tick's boundary (the ring's grid).
+    /// `spin`: how long before a task's deadline a waiting driver stops sleeping and spins (>= 0;
+    /// see the top of this header); std::invalid_argument if negative.
     template <class... RingArgs>
-    wheel_core(std::size_t max_pending, on_error_fn on_error, bool precise, RingArgs&&... ring_args)
+    wheel_core(std::size_t max_pending, on_error_fn on_error, bool precise,
+               std::chrono::nanoseconds spin, RingArgs&&... ring_args)
         : ring_(std::forward<RingArgs>(ring_args)...),
           max_pending_(max_pending),
           on_error_(std::move(on_error)),
-          precise_(precise) {}
+          precise_(precise),
+          spin_(valid_spin(spin)) {}
 
     /// Schedules `task` at `deadline`. Throws rejected_error (task untouched) when stopped or
     /// full; std::bad_alloc, or what moving the task throws, and then nothing is scheduled.
@@ -322,9 +331,12 @@ class wheel_core final : public timer_core<Clock> {
     /// come, a schedule makes the next expiry earlier, or stop. False once stopped.
     bool wait_for_work(time_point limit) {
         std::unique_lock sl(sleep_m_);  // held from the check to the wait: see wake_drivers()
+        bool may_spin = spin_ > std::chrono::nanoseconds::zero();
         for (;;) {
             time_point until;
             bool deadline;
+            bool spin = false;  // now is within spin_ of a task's deadline
+            std::size_t seen = 0;
             {
                 std::lock_guard lk(lock_);
                 if (stopped_) return false;
@@ -333,8 +345,26 @@ class wheel_core final : public timer_core<Clock> {
                 if ((next && *next <= now) || limit <= now) return true;
                 until = next ? std::min(*next, limit) : limit;
                 deadline = next || limit != time_point::max();
-                ++sleepers_;
+                if (may_spin && next && until == *next) {
+                    const time_point early = spin_start(until);
+                    if (early <= now) {
+                        spin = true;
+                    } else {
+                        until = early;  // sleep until then, and spin the rest
+                    }
+                }
+                ++sleepers_;  // a spinner too: a schedule before `until` must end its spin
                 wake_at_ = std::max(wake_at_, until);
+                if (spin) seen = wake_count_.load(std::memory_order_acquire);
+            }
+            if (spin) {
+                sl.unlock();  // a spinner holds nothing: wake_drivers() must not wait for it
+                if (!spin_until(until, seen))
+                    may_spin = false;  // the clock did not get there: sleep
+                sl.lock();
+                std::lock_guard lk(lock_);
+                if (--sleepers_ == 0) wake_at_ = time_point::min();
+                continue;
             }
             if (deadline) {
                 detail::wait_until_deadline<Clock>(cv_, sl, until);
@@ -524,8 +554,34 @@ class wheel_core final : public timer_core<Clock> {
     // looks at the ring until it waits, so taking sleep_m_ here means the wake-up either comes
     // before it looks (it sees the change) or reaches it asleep.
     void wake_drivers() {
+        wake_count_.fetch_add(1, std::memory_order_release);  // ends a spin (spin_until())
         std::lock_guard sl(sleep_m_);
         cv_.notify_all();
+    }
+
+    static std::chrono::nanoseconds valid_spin(std::chrono::nanoseconds s) {
+        if (s < std::chrono::nanoseconds::zero())
+            throw std::invalid_argument("delayq: spin_before_deadline must be >= 0");
+        return s;
+    }
+
+    // When a driver waiting for deadline d starts to spin: d - spin_ (saturating).
+    time_point spin_start(time_point d) const noexcept {
+        const auto s = std::chrono::duration_cast<duration>(spin_);
+        return d < time_point::min() + s ? time_point::min() : d - s;
+    }
+
+    // Spins, yielding the CPU, until Clock reaches `until` or wake_count_ moves on from `seen`
+    // (read under the lock, so that no wake-up after the look at the ring is missed): true; or
+    // for 2 s of real time without either (false: the clock does not move by itself).
+    bool spin_until(time_point until, std::size_t seen) const noexcept {
+        const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+        for (unsigned i = 0;; ++i) {
+            if (Clock::now() >= until || wake_count_.load(std::memory_order_acquire) != seen)
+                return true;
+            if ((i & 1023) == 1023 && std::chrono::steady_clock::now() >= give_up) return false;
+            std::this_thread::yield();
+        }
     }
 
     // Under the lock: unlinks every pending node. Nodes of the current batch go to `out` as
@@ -582,6 +638,8 @@ class wheel_core final : public timer_core<Clock> {
     const std::size_t max_pending_;
     const on_error_fn on_error_;
     const bool precise_;
+    const std::chrono::nanoseconds spin_;     // spin_before_deadline
+    std::atomic<std::size_t> wake_count_{0};  // wake_drivers() calls: ends a spin
     std::atomic<bool> started_{false};
     std::atomic<std::thread::id> worker_id_{};
     std::atomic<std::size_t> wakeups_{0};
