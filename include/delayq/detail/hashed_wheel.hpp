@@ -207,6 +207,10 @@ class hashed_wheel_ring {
         return time_point{duration{best}};
     }
 
+    /// Whether next_expiry() is when a task is due: always, but for a bucket whose earliest node
+    /// was unlinked (its lower bound is then early). A driver spins only before such a time.
+    bool next_expiry_runs_a_task() const noexcept { return true; }
+
     /// The tick grid: the boundary at or before t (t itself before the origin), and the boundary
     /// at or after t. A driver that wants tick-rounded firing advances at floor_to_grid(now) and
     /// sleeps until ceil_to_grid(next_expiry()).

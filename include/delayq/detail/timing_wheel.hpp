@@ -219,6 +219,14 @@ class timing_wheel {
         return q ? q : w;
     }
 
+    /// Whether next_expiry() is when a task is due (the window's first), not when a bucket opens
+    /// (the earliest its span could hold one): a driver spins only before the former.
+    bool next_expiry_runs_a_task() const {
+        const std::optional<time_point> q = queue_.next_deadline();
+        const std::optional<time_point> w = window_.next();
+        return w && (!q || *w <= *q);
+    }
+
     /// The tick grid: the grid point at or before t, and at or after t (t itself before the
     /// origin). A driver that wants tick-rounded firing advances at floor_to_grid(now) and sleeps
     /// until ceil_to_grid(next_expiry()).

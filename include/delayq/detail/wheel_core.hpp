@@ -345,7 +345,7 @@ class wheel_core final : public timer_core<Clock> {
                 if ((next && *next <= now) || limit <= now) return true;
                 until = next ? std::min(*next, limit) : limit;
                 deadline = next || limit != time_point::max();
-                if (may_spin && next && until == *next) {
+                if (may_spin && next && until == *next && ring_.next_expiry_runs_a_task()) {
                     const time_point early = spin_start(until);
                     if (early <= now) {
                         spin = true;
