@@ -186,11 +186,11 @@ class wheel_core final : public timer_core<Clock> {
                     batch_.begin();
                     struct to_batch {
                         due_batch<Clock>& b;
-                        void operator()(node* n) noexcept {
+                        void operator()(node* n) {
                             n->prev = run_marker();
                             b.add(n);
                         }
-                        void next_run() noexcept { b.next_run(); }
+                        void next_run() { b.next_run(); }
                     };
                     const std::size_t count = ring_.expire(
                         precise_ ? now : ring_.floor_to_grid(now), to_batch{batch_}, p.worked);
