@@ -47,11 +47,16 @@ void runs_on_time_while_spinning() {
     REQUIRE(delayq::test::eventually([&] { return a.load() != never_ran; }));
     CHECK(a.load() >= (t0 + 10ms).time_since_epoch().count());
 
-    // spinning for b (due at +20 ms), a schedule of c before it ends the spin: c runs first
+    // spinning for b (due at +20 ms), a schedule of c before it ends the spin: c runs first. The
+    // test gives the worker 100 ms of real time to start spinning for b (it cannot see the spin);
+    // were it slower, c would be scheduled before the worker looks, and the test pass trivially.
     t.schedule_at(record{&b}, t0 + 20ms);
+    const auto spinning_by = std::chrono::steady_clock::now() + 100ms;
+    delayq::test::eventually([&] { return std::chrono::steady_clock::now() >= spinning_by; });
     t.schedule_at(record{&c}, t0 + 15ms);
     mc::set(t0 + 15ms);
-    REQUIRE(delayq::test::eventually([&] { return c.load() != never_ran; }));
+    // before the spinner would give up by itself (2 s of real time spinning): the wake-up ended it
+    REQUIRE(delayq::test::eventually([&] { return c.load() != never_ran; }, 1500ms));
     CHECK(c.load() == (t0 + 15ms).time_since_epoch().count());
     CHECK(b.load() == never_ran);
     mc::set(t0 + 20ms);
