@@ -207,8 +207,9 @@ class hashed_wheel_ring {
         return time_point{duration{best}};
     }
 
-    /// Whether next_expiry() is when a task is due: always, but for a bucket whose earliest node
-    /// was unlinked (its lower bound is then early). A driver spins only before such a time.
+    /// Whether next_expiry() is when a task is due: true here (it is a node's deadline, or an
+    /// early bound left by an unlinked node: then a spin for nothing). A driver spins only before
+    /// such a time.
     bool next_expiry_runs_a_task() const noexcept { return true; }
 
     /// The tick grid: the boundary at or before t (t itself before the origin), and the boundary
