@@ -104,6 +104,32 @@ void insertion_sort_by_deadline(deadline_rec<Clock>* v, std::size_t n) noexcept 
     }
 }
 
+// Deadlines are signed: flip the sign bit so that unsigned order is time order, then subtract the
+// earliest, so that the keys of v[0..n) have only as many digits as their span needs. Returns the
+// earliest (for key_offsets_undo) and how many bits the span has.
+struct key_span {
+    std::uint64_t lo;
+    unsigned bits;
+};
+template <class Rec>
+key_span key_offsets(Rec* v, std::size_t n) noexcept {
+    constexpr std::uint64_t sign = std::uint64_t{1} << 63;
+    std::uint64_t lo = ~std::uint64_t{0}, hi = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+        v[i].key ^= sign;
+        lo = std::min(lo, v[i].key);
+        hi = std::max(hi, v[i].key);
+    }
+    for (std::size_t i = 0; i < n; ++i) v[i].key -= lo;
+    return {lo, static_cast<unsigned>(std::bit_width(hi - lo))};
+}
+// The keys as they were before key_offsets() (which returned `lo`).
+template <class Rec>
+void key_offsets_undo(Rec* v, std::size_t n, std::uint64_t lo) noexcept {
+    constexpr std::uint64_t sign = std::uint64_t{1} << 63;
+    for (std::size_t i = 0; i < n; ++i) v[i].key = (v[i].key + lo) ^ sign;
+}
+
 /// The most records sort_run_by_deadline() sorts: a larger run is left to sort_by_deadline().
 inline constexpr std::size_t deadline_run_max = std::size_t{1} << 18;
 
@@ -121,21 +147,13 @@ bool sort_run_by_deadline(deadline_rec<Clock>* v, std::size_t n,
     } catch (...) {
         return false;
     }
-    constexpr std::uint64_t sign = std::uint64_t{1} << 63;
-    std::uint64_t lo = ~std::uint64_t{0}, hi = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-        v[i].key ^= sign;
-        lo = std::min(lo, v[i].key);
-        hi = std::max(hi, v[i].key);
-    }
-    for (std::size_t i = 0; i < n; ++i) v[i].key -= lo;
-    const auto bits = static_cast<unsigned>(std::bit_width(hi - lo));
+    const auto [lo, bits] = key_offsets(v, n);
     static_assert(deadline_run_max <= std::numeric_limits<std::uint32_t>::max());
     deadline_rec<Clock>* sorted = n < 4096 ? lsd_sort<8>(v, scratch.data(), n, bits)
                                            : lsd_sort<11>(v, scratch.data(), n, bits);
     if (sorted != v) std::copy(scratch.data(), scratch.data() + n, v);
     order_equal_deadlines(v, n);
-    for (std::size_t i = 0; i < n; ++i) v[i].key = (v[i].key + lo) ^ sign;
+    key_offsets_undo(v, n, lo);
     return true;
 }
 
@@ -143,8 +161,6 @@ bool sort_run_by_deadline(deadline_rec<Clock>* v, std::size_t n,
 /// in content, if the scratch array cannot be had.
 template <class Clock>
 bool sort_by_deadline(deadline_recs<Clock>& v, deadline_recs<Clock>& scratch) noexcept {
-    using rec = deadline_rec<Clock>;
-
     const std::size_t n = v.size();
     if (n <= 32) {
         insertion_sort_by_deadline(v.data(), n);
@@ -159,16 +175,7 @@ bool sort_by_deadline(deadline_recs<Clock>& v, deadline_recs<Clock>& scratch) no
     } catch (...) {
         return false;
     }
-    // Deadlines are signed: flip the sign bit so that unsigned order is time order.
-    constexpr std::uint64_t sign = std::uint64_t{1} << 63;
-    std::uint64_t lo = ~std::uint64_t{0}, hi = 0;
-    for (rec& r : v) {
-        r.key ^= sign;
-        lo = std::min(lo, r.key);
-        hi = std::max(hi, r.key);
-    }
-    for (rec& r : v) r.key -= lo;
-    const auto bits = static_cast<unsigned>(std::bit_width(hi - lo));
+    const unsigned bits = key_offsets(v.data(), n).bits;  // the keys stay scrambled
     if (n < 4096 || bits <= 16) {
         if (lsd_sort(v.data(), scratch.data(), n, bits) != v.data())
             std::copy(scratch.begin(), scratch.begin() + static_cast<std::ptrdiff_t>(n), v.begin());

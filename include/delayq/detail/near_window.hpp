@@ -79,7 +79,8 @@ class near_window {
     void end_stage() noexcept {
         if (!staging_) return;
         staging_ = false;
-        if (!sort_by_deadline(sorted_, scratch_)) insertion_sort();
+        if (!sort_by_deadline(sorted_, scratch_))
+            insertion_sort_by_deadline(sorted_.data(), sorted_.size());
         for (std::size_t i = 0; i < sorted_.size(); ++i) set_index(sorted_[i].n, i);
     }
 
@@ -176,15 +177,6 @@ class near_window {
         if (pos_ == sorted_.size() && !staging_) {
             sorted_.clear();
             pos_ = 0;
-        }
-    }
-
-    void insertion_sort() noexcept {
-        for (std::size_t i = 1; i < sorted_.size(); ++i) {
-            const rec r = sorted_[i];
-            std::size_t j = i;
-            for (; j > 0 && node::before(*r.n, *sorted_[j - 1].n); --j) sorted_[j] = sorted_[j - 1];
-            sorted_[j] = r;
         }
     }
 
