@@ -9,11 +9,29 @@ set -euo pipefail
 producer=$1 consumer=$2
 dir=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$dir"' EXIT
-port=$((20000 + RANDOM % 20000))
-while (echo >/dev/tcp/127.0.0.1/$port) 2>/dev/null; do port=$((port + 1)); done
-redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" \
-    --daemonize no >"$dir/redis.log" 2>&1 &
-for _ in $(seq 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.05; done
+# A free port can be taken by another test's server between the look and the bind: then this
+# server exits, and the script tries another port (it fails, saying why, after 10 tries).
+up=0
+for _ in $(seq 10); do
+    port=$((20000 + RANDOM % 20000))
+    while (echo >/dev/tcp/127.0.0.1/$port) 2>/dev/null; do port=$((port + 1)); done
+    redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" \
+        --daemonize no >"$dir/redis.log" 2>&1 &
+    server=$!
+    for _ in $(seq 200); do
+        if redis-cli -p "$port" ping >/dev/null 2>&1; then up=1; break; fi
+        kill -0 "$server" 2>/dev/null || break  # it exited: the port was taken
+        sleep 0.05
+    done
+    [ "$up" -eq 1 ] && break
+    kill "$server" 2>/dev/null || true
+    wait "$server" 2>/dev/null || true
+done
+if [ "$up" -ne 1 ]; then
+    echo "redis-server did not start (last log below)" >&2
+    cat "$dir/redis.log" >&2
+    exit 1
+fi
 
 echo "== producer"
 "$producer" 127.0.0.1 "$port" 3 200
