@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <delayq/detail/due_batch.hpp>
 #include <delayq/manual_clock.hpp>
+#include <limits>
 #include <memory>
 #include <random>
 #include <vector>
@@ -32,7 +33,7 @@ struct nodes {
 // Adds the nodes of `runs` (indices into ns) run by run, finishes, and returns the seq order.
 std::vector<std::uint32_t> batch_of(nodes& ns, const std::vector<std::vector<std::size_t>>& runs) {
     delayq::detail::due_batch<mc> b;
-    b.begin();
+    b.begin(ns.v.size());
     for (const auto& run : runs) {
         b.next_run();
         for (std::size_t i : run) b.add(&ns.v[i]);
@@ -112,4 +113,30 @@ TEST_CASE("due_batch: empty runs and a batch added without next_run()") {
     nodes ns({5, 3, 9, 1});
     CHECK(batch_of(ns, {{}, {1, 0}, {}, {}, {3, 2}, {}}) == std::vector<std::uint32_t>{3, 1, 0, 2});
     CHECK(batch_of(ns, {{0, 1, 2, 3}}) == std::vector<std::uint32_t>{3, 1, 0, 2});
+}
+
+TEST_CASE("due_batch: large runs of wide deadlines and deadlines anywhere on the time line") {
+    // Runs of 5 000 and 130 000 nodes spanning 2^40 ns each (a run's sort goes most significant
+    // digit first), with equal pairs; then one batch of extremes sorted as a whole.
+    std::mt19937_64 rng(4);
+    for (std::size_t per_run : {std::size_t{5'000}, std::size_t{130'000}}) {
+        const std::size_t n = 2 * per_run;
+        std::vector<std::int64_t> d(n);
+        for (std::size_t i = 0; i < n; ++i) {
+            const auto run = static_cast<std::int64_t>(i / per_run);
+            d[i] = (run << 41) + static_cast<std::int64_t>(rng() % (std::uint64_t{1} << 40));
+            if (i % per_run != 0 && rng() % 8 == 0) d[i] = d[i - 1];  // equal to the one before
+        }
+        nodes ns(d);
+        auto runs = shuffled_runs(n, 2, rng);
+        CHECK((batch_of(ns, runs) == heap_order(ns)));  // (( )): no print of 260k numbers
+    }
+    std::vector<std::int64_t> d(50'000);
+    for (auto& x : d) x = static_cast<std::int64_t>(rng());
+    d[0] = std::numeric_limits<std::int64_t>::min();
+    d[1] = std::numeric_limits<std::int64_t>::max();
+    d[2] = std::numeric_limits<std::int64_t>::max();
+    d[3] = 0;
+    nodes ns(d);
+    CHECK((batch_of(ns, shuffled_runs(d.size(), 7, rng)) == heap_order(ns)));
 }

@@ -183,7 +183,7 @@ class wheel_core final : public timer_core<Clock> {
                 std::lock_guard lk(lock_);
                 if (stopped_) return p;
                 if (!advancing_) {
-                    batch_.begin();
+                    batch_.begin(pending_);
                     struct to_batch {
                         due_batch<Clock>& b;
                         void operator()(node* n) {
