@@ -721,3 +721,62 @@ TEST_CASE("tasks of every size: pooled slots of each size class and large captur
     CHECK(*alive == 0);
     for (auto& h : cancelled_ones) CHECK(h.cancelled());
 }
+
+TEST_CASE("staging: tasks linked by two threads and settled lane by lane run at their deadlines") {
+    // A wheel of 4 buckets settles a thread's staging lane every 1 024 links: 3 000 tasks from
+    // each of two threads go through both a lane's settling and a pass's, some cancelled on the
+    // way; every other one runs once, at its deadline, in deadline order.
+    mc::reset();
+    wheel w(opts(1ms, 4));
+    constexpr std::size_t per_thread = 3000;
+    struct record {
+        tp due;
+        tp ran{};
+        int runs = 0;
+    };
+    std::vector<record> rec(2 * per_thread);
+    std::vector<handle> hs(2 * per_thread);
+    std::vector<std::size_t> ran_order;
+    auto producer = [&](std::size_t first, unsigned seed) {
+        std::mt19937_64 rng(seed);
+        for (std::size_t i = first; i < first + per_thread; ++i) {
+            rec[i].due = tp{} + std::chrono::microseconds(1000 + rng() % 199'000);
+            hs[i] = w.schedule_at(
+                [&, i] {
+                    rec[i].ran = mc::now();
+                    ++rec[i].runs;
+                    ran_order.push_back(i);
+                },
+                rec[i].due);
+        }
+    };
+    std::thread a(producer, 0, 1), b(producer, per_thread, 2);
+    a.join();
+    b.join();
+    std::size_t cancelled = 0;
+    for (std::size_t i = 0; i < rec.size(); i += 7) cancelled += hs[i].cancel() ? 1 : 0;
+    CHECK(cancelled == (rec.size() + 6) / 7);
+    CHECK(w.pending() == rec.size() - cancelled);
+    tp first = tp::max();
+    for (std::size_t i = 0; i < rec.size(); ++i)
+        if (i % 7 != 0) first = std::min(first, rec[i].due);
+    REQUIRE(w.next_expiry());
+    CHECK(*w.next_expiry() <= first);  // early at most (a cancelled staged node), never late
+    std::size_t ran = 0;
+    for (int k = 1; k <= 200; ++k) {
+        mc::set(tp{} + k * 1ms);
+        const std::size_t before = ran_order.size();
+        ran += w.advance();
+        for (std::size_t j = before + 1; j < ran_order.size(); ++j)
+            CHECK(rec[ran_order[j - 1]].due <= rec[ran_order[j]].due);
+    }
+    CHECK(ran == rec.size() - cancelled);
+    CHECK(w.pending() == 0);
+    for (std::size_t i = 0; i < rec.size(); ++i) {
+        CAPTURE(i);
+        CHECK(rec[i].runs == (i % 7 == 0 ? 0 : 1));
+        if (i % 7 == 0) continue;
+        CHECK(rec[i].ran >= rec[i].due);
+        CHECK(rec[i].ran - rec[i].due < 1ms);
+    }
+}

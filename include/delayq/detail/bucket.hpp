@@ -77,6 +77,9 @@ struct laned_list {
         next_lane = (next_lane + 1) & (Lanes - 1);
     }
 
+    /// Links n at the end of lane i (mod Lanes) rather than the next lane in turn.
+    void push_back_to(std::size_t i, node_links* n) noexcept { lane[i & (Lanes - 1)].push_back(n); }
+
     /// Calls f(node) for every node, lanes in turn, each lane's next node prefetched. f may unlink
     /// the node it is given (and nothing else of this list).
     template <class F>

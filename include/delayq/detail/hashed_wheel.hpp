@@ -31,15 +31,29 @@
 // ring costs nothing and a sparse one little. A bucket whose nodes are all due (its max <= the
 // pass's limit, the usual case) is emptied whole.
 //
+// Staging. A link does not go to its bucket at once: it goes to the end of the linking thread's
+// staging lane (one list per thread, of 8), and a lane moves to the buckets ("settles") once it
+// holds 4 x W links (1 024 to 16 384), or when a pass begins: expire() settles everything before
+// it moves the cursor, so a staged node's slot is never behind it. Why: a link into a random
+// bucket writes that bucket's lines and its last node's; with two threads scheduling, each such
+// line was last written by the other core, and the wheel collapsed to 2.7x its one-thread cost
+// per schedule (two_threads_insert in bench_compare). A lane is written by one thread, and a
+// lane that settles writes each bucket it touches several times in a row. A staged node is in a
+// list like any other, so unlink() is the same; next_expiry() counts the staged nodes through
+// a lower bound of their deadlines, exact unless the earliest one was cancelled (then one
+// early wake-up, whose pass settles and looks again).
+//
 // Arithmetic is done in Clock::rep with 128-bit intermediates where it could overflow, so deadlines
 // anywhere on the time line (time_point::max() included) are placed correctly.
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <limits>
 #include <optional>
 #include <stdexcept>
@@ -75,6 +89,7 @@ class hashed_wheel_ring {
         mask_ = w - 1;
         buckets_ = std::vector<bucket>(w);
         bits_.resize((w + 63) / 64);
+        stage_max_ = std::clamp<std::size_t>(4 * w, 1024, 16384);
     }
 
     hashed_wheel_ring(const hashed_wheel_ring&) = delete;
@@ -102,12 +117,7 @@ class hashed_wheel_ring {
             window_.insert(n);
             return n->deadline < wake_by;
         }
-        const std::size_t b = static_cast<std::size_t>(s) & mask_;
-        bucket& k = buckets_[b];
-        bits_[b >> 6] |= std::uint64_t{1} << (b & 63);
-        k.nodes.push_back(n);
-        if (d < k.min) k.min = d;
-        if (d > k.max) k.max = d;
+        stage(n, d);
         // it comes out when its tick is opened: at its deadline, or at its slot's boundary
         return wake_by != time_point::min() && n->deadline < wake_by;
     }
@@ -135,6 +145,7 @@ class hashed_wheel_ring {
             sink(node::of(n));
             ++count;
         };
+        settle_all();  // before the cursor moves: a staged node's slot is not behind it yet
         count += window_.take_due(now_tp, sink);
         if (now >= origin_) {
             const std::uint64_t t = floor_tick(now);
@@ -194,6 +205,7 @@ class hashed_wheel_ring {
         if (size_ == 0) return std::nullopt;
         const std::optional<time_point> w = window_.next();
         rep best = w ? w->time_since_epoch().count() : never;
+        best = std::min(best, staged_min_);  // exact, or early after a cancel (see "Staging")
         const std::size_t n = mask_ + 1;
         const std::size_t start = static_cast<std::size_t>(cursor_) & mask_;
         for (std::size_t i = next_nonempty(start, n); i < n; i = next_nonempty(start, n, i + 1)) {
@@ -227,6 +239,10 @@ class hashed_wheel_ring {
     /// Unlinks every node and returns them chained through `next` (prev null), in no order.
     node_links* take_all() noexcept {
         node_links* chain = window_.take_all(nullptr);
+        chain = staged_.detach_onto(chain);
+        std::fill(std::begin(staged_count_), std::end(staged_count_), std::size_t{0});
+        staged_min_ = never;
+        staged_any_ = false;
         for (std::size_t b = 0; b < buckets_.size(); ++b) {
             if (!(bits_[b >> 6] >> (b & 63) & 1)) continue;
             chain = buckets_[b].nodes.detach_onto(chain);
@@ -296,6 +312,51 @@ class hashed_wheel_ring {
         rep min = never;  // bounds of the deadlines held (exact after a pass)
         rep max = std::numeric_limits<rep>::min();
     };
+
+    // Links n (due at d, not for the window) at the end of the calling thread's staging lane;
+    // settles that lane once it holds stage_max_ nodes (see "Staging" at the top).
+    void stage(node* n, rep d) noexcept {
+        const std::size_t l = thread_lane() & (stage_lanes - 1);
+        staged_.push_back_to(l, n);
+        staged_any_ = true;
+        if (d < staged_min_) staged_min_ = d;
+        if (++staged_count_[l] >= stage_max_) {
+            staged_count_[l] = 0;
+            for (node_links* c = staged_.lane[l].detach(); c;) {
+                node_links* next = c->next;
+                place(node::of(c));
+                c = next;
+            }
+        }
+    }
+
+    // Moves every staged node to its bucket (the lanes in turn, each one's next node prefetched).
+    void settle_all() noexcept {
+        if (!staged_any_) return;
+        staged_.drain([&](node_links* l) { place(node::of(l)); });
+        std::fill(std::begin(staged_count_), std::end(staged_count_), std::size_t{0});
+        staged_min_ = never;
+        staged_any_ = false;
+    }
+
+    // Links n into the bucket of its slot (which is not behind the cursor).
+    void place(node* n) noexcept {
+        const rep d = n->deadline.time_since_epoch().count();
+        const std::size_t b = static_cast<std::size_t>(slot(d)) & mask_;
+        bucket& k = buckets_[b];
+        bits_[b >> 6] |= std::uint64_t{1} << (b & 63);
+        k.nodes.push_back(n);
+        if (d < k.min) k.min = d;
+        if (d > k.max) k.max = d;
+    }
+
+    // A small number of the calling thread's own (for its staging lane), given out in turn.
+    static std::size_t thread_lane() noexcept {
+        static std::atomic<std::size_t> given{0};
+        thread_local std::size_t mine = 0;  // 0: none yet
+        if (mine == 0) mine = given.fetch_add(1, std::memory_order_relaxed) + 1;
+        return mine;
+    }
 
     void clear(bucket& k, std::size_t b) noexcept {
         k.min = never;
@@ -375,6 +436,12 @@ class hashed_wheel_ring {
     near_window<Clock> window_;  // the opened tick's nodes, and any linked behind the cursor
     std::vector<bucket> buckets_;
     std::vector<std::uint64_t> bits_;  // bit b: buckets_[b] is non-empty
+    static constexpr std::size_t stage_lanes = 8;
+    laned_list<stage_lanes> staged_;  // nodes linked since the last pass, one lane per thread
+    std::size_t staged_count_[stage_lanes] = {};  // links into each lane since it was settled
+    rep staged_min_ = never;   // <= the earliest staged deadline (exact but after a cancel)
+    bool staged_any_ = false;  // something was staged since the last settle_all()
+    std::size_t stage_max_;    // a lane is settled when it holds this many
 };
 
 }  // namespace delayq::detail
