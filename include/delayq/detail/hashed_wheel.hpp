@@ -31,17 +31,18 @@
 // ring costs nothing and a sparse one little. A bucket whose nodes are all due (its max <= the
 // pass's limit, the usual case) is emptied whole.
 //
-// Staging. A link does not go to its bucket at once: it goes to the end of the linking thread's
-// staging lane (one list per thread, of 8), and a lane moves to the buckets ("settles") once it
-// holds 4 x W links (1 024 to 16 384), or when a pass begins: expire() settles everything before
-// it moves the cursor, so a staged node's slot is never behind it. Why: a link into a random
-// bucket writes that bucket's lines and its last node's; with two threads scheduling, each such
-// line was last written by the other core, and the wheel collapsed to 2.7x its one-thread cost
-// per schedule (two_threads_insert in bench_compare). A lane is written by one thread, and a
+// Staging. A new schedule's link does not go to its bucket at once: it goes to the end of the
+// linking thread's staging lane (one list per thread, of 8), and a lane moves to the buckets
+// ("settles") once it holds 4 x W links (1 024 to 16 384), or when a pass begins: expire() settles
+// everything before it moves the cursor, so a staged node's slot is never behind it. Why: a link
+// into a random bucket writes that bucket's lines and its last node's; with two threads scheduling,
+// each such line was last written by the other core, and the wheel collapsed to 2.7x its one-thread
+// cost per schedule (two_threads_insert in bench_compare). A lane is written by one thread, and a
 // lane that settles writes each bucket it touches several times in a row. A staged node is in a
 // list like any other, so unlink() is the same; next_expiry() counts the staged nodes through
 // a lower bound of their deadlines, exact unless the earliest one was cancelled (then one
-// early wake-up, whose pass settles and looks again).
+// early wake-up, whose pass settles and looks again). A reschedule, or a periodic task's next
+// run, links at once (link(..., false)): staged, reschedules at 1M measured 1.5x slower.
 //
 // Arithmetic is done in Clock::rep with 128-bit intermediates where it could overflow, so deadlines
 // anywhere on the time line (time_point::max() included) are placed correctly.
@@ -110,14 +111,20 @@ class hashed_wheel_ring {
 
     /// Links n (not in the ring) at its slot `s` (prepare(n->deadline)). Returns whether it comes
     /// out before `wake_by` (time_point::min(): nobody waits; then false).
-    bool link(node* n, std::uint64_t s, time_point wake_by) noexcept {
+    /// `stage`: through the calling thread's staging lane (see "Staging" above), else into the
+    /// bucket at once.
+    bool link(node* n, std::uint64_t s, time_point wake_by, bool stage = true) noexcept {
         const rep d = n->deadline.time_since_epoch().count();
         ++size_;
         if (in_window(d, s)) {
             window_.insert(n);
             return n->deadline < wake_by;
         }
-        stage(n, d);
+        if (stage) {
+            to_stage(n, d);
+        } else {
+            place(n);
+        }
         // it comes out when its tick is opened: at its deadline, or at its slot's boundary
         return wake_by != time_point::min() && n->deadline < wake_by;
     }
@@ -315,7 +322,7 @@ class hashed_wheel_ring {
 
     // Links n (due at d, not for the window) at the end of the calling thread's staging lane;
     // settles that lane once it holds stage_max_ nodes (see "Staging" at the top).
-    void stage(node* n, rep d) noexcept {
+    void to_stage(node* n, rep d) noexcept {
         const std::size_t l = thread_lane() & (stage_lanes - 1);
         staged_.push_back_to(l, n);
         staged_any_ = true;

@@ -148,7 +148,8 @@ class timing_wheel {
 
     /// Links n (not in the wheel) at its tick `u` (prepare(n->deadline)). Returns whether it comes
     /// out before `wake_by` (time_point::min(): nobody waits; then false).
-    bool link(node* n, std::uint64_t u, time_point wake_by) noexcept {
+    /// (The last argument is the hashed ring's staging, which this wheel does not have.)
+    bool link(node* n, std::uint64_t u, time_point wake_by, bool = true) noexcept {
         ++size_;
         place(n, u, false);
         return n->deadline < wake_by;

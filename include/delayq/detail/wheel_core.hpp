@@ -150,7 +150,7 @@ class wheel_core final : public timer_core<Clock> {
                 n.store_deadline(deadline);
             }
             n.seq = seq_++;  // first in, first out among equal deadlines: in again now
-            wake = link(&n, where);
+            wake = link(&n, where, false);
         }
         if (wake) wake_drivers();
         return true;
@@ -447,7 +447,7 @@ class wheel_core final : public timer_core<Clock> {
             b->init(&Block::table, deadline, seq_++, 2);  // the timer's reference and the handle's
             n = b;
             ++pending_;
-            wake = link(n, where);
+            wake = link(n, where, true);
         }
         if (wake) wake_drivers();
         return timeout<Clock>(n, this);
@@ -524,7 +524,7 @@ class wheel_core final : public timer_core<Clock> {
             const auto where = ring_.prepare(next);
             n.store_deadline(next);
             n.seq = seq_++;
-            wake = link(&n, where);
+            wake = link(&n, where, false);
             return false;
         } catch (...) {
             error = std::current_exception();  // out of memory: the task ends, on_error hears why
@@ -536,9 +536,11 @@ class wheel_core final : public timer_core<Clock> {
 
     // Under the lock: links n (its deadline set) at `where` (ring_.prepare()). True if a sleeping
     // driver must be woken: n comes out before it would wake by itself. The sleepers will look
-    // again, so a later schedule before n need not notify twice.
-    bool link(node* n, std::uint64_t where) noexcept {
-        const bool wake = ring_.link(n, where, wake_at_);
+    // again, so a later schedule before n need not notify twice. `fresh`: a new schedule (which the
+    // hashed ring stages), not a node moved by reschedule() or a periodic task's next run (which
+    // it links at once: staging them measured 1.5x slower reschedules).
+    bool link(node* n, std::uint64_t where, bool fresh) noexcept {
+        const bool wake = ring_.link(n, where, wake_at_, fresh);
         if (wake) wake_at_ = n->deadline;
         return wake;
     }
