@@ -50,13 +50,17 @@ delayq_test::flow_options paced(std::function<void()> midway) {
     return f;
 }
 
-void check(const delayq_test::flow_result& r, bool during = true) {
+// What every run checks; `during` names what must also have gone on while the cluster changed.
+enum class during { nothing, puts_with_jobs_pending, puts_and_acks };
+
+void check(const delayq_test::flow_result& r, during d) {
     for (const auto& f : r.failures) FAIL_CHECK(f);
     CHECK(r.all_acked_once());
-    if (during) {  // jobs went in and out while the cluster changed
+    if (d != during::nothing) {  // the change met live traffic and jobs that had to move
         CHECK(r.put_during_midway > 0);
-        CHECK(r.acked_during_midway > 0);
+        CHECK(r.pending_at_midway > 0);
     }
+    if (d == during::puts_and_acks) CHECK(r.acked_during_midway > 0);
 }
 
 }  // namespace
@@ -72,7 +76,7 @@ TEST_CASE(
     int new_master = 0;
     const auto r = delayq_test::run_flow(
         q, paced([&] { new_master = c.failover(slot); }));  // CLUSTER FAILOVER
-    check(r);
+    check(r, during::puts_and_acks);  // a failover takes seconds here: consumers go on
     CHECK(new_master != old_master);
     CHECK(c.master_of(slot) == new_master);
     CHECK(q.size() == 0);
@@ -90,7 +94,10 @@ TEST_CASE(
     delay_queue q(cluster_options(c, name));
     const auto r = delayq_test::run_flow(
         q, paced([&] { c.reshard(from, to, 1); }));  // redis-cli --cluster reshard
-    check(r);
+    // No ack is required *during* the reshard: it lasts ~80 ms here, and while the slot is half
+    // migrated every script on it gets TRYAGAIN and retries after 10, 20, 40... ms, so on a loaded
+    // host all of that window's acks can land just after it (seen once in CI: 0 acks during).
+    check(r, during::puts_with_jobs_pending);
     CHECK(c.master_of(slot) == to);
     CHECK(q.size() == 0);
 }
@@ -127,7 +134,7 @@ TEST_CASE("a sharded queue on a cluster: shards on every master, each job once, 
     CHECK(other.ack(*j));
 
     const auto r = delayq_test::run_flow(q, {});
-    check(r, false);
+    check(r, during::nothing);
     CHECK(q.size() == 0);
     CHECK(other.size() == 0);
 }

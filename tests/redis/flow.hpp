@@ -30,6 +30,7 @@ struct flow_result {
     std::vector<std::string> failures;
     int nacks = 0;
     int put_during_midway = 0, acked_during_midway = 0;  // the run went on while midway() ran
+    int pending_at_midway = 0;  // put and not yet acked when midway() began
     bool all_acked_once() const {
         if (acked.size() != static_cast<std::size_t>(total)) return false;
         for (const auto& [id, n] : acked)
@@ -95,6 +96,7 @@ flow_result run_flow(Queue& q, const flow_options& f) {
         while (put.load() < res.total / 2)
             std::this_thread::sleep_for(std::chrono::milliseconds(1));
         const int put_before = put.load(), acked_before = done.load();
+        res.pending_at_midway = put_before - acked_before;
         try {
             f.midway();
         } catch (const std::exception& e) {
