@@ -123,7 +123,7 @@ class hashed_wheel_ring {
         if (stage) {
             to_stage(n, d);
         } else {
-            place(n);
+            place(n, d, s);
         }
         // it comes out when its tick is opened: at its deadline, or at its slot's boundary
         return wake_by != time_point::min() && n->deadline < wake_by;
@@ -346,15 +346,20 @@ class hashed_wheel_ring {
         staged_any_ = false;
     }
 
-    // Links n into the bucket of its slot (which is not behind the cursor).
-    void place(node* n) noexcept {
-        const rep d = n->deadline.time_since_epoch().count();
-        const std::size_t b = static_cast<std::size_t>(slot(d)) & mask_;
+    // Links n (due at d, slot s) into its bucket (s is not behind the cursor).
+    void place(node* n, rep d, std::uint64_t s) noexcept {
+        const std::size_t b = static_cast<std::size_t>(s) & mask_;
         bucket& k = buckets_[b];
         bits_[b >> 6] |= std::uint64_t{1} << (b & 63);
         k.nodes.push_back(n);
         if (d < k.min) k.min = d;
         if (d > k.max) k.max = d;
+    }
+
+    // A staged node: its slot, computed again from its deadline.
+    void place(node* n) noexcept {
+        const rep d = n->deadline.time_since_epoch().count();
+        place(n, d, slot(d));
     }
 
     // A small number of the calling thread's own (for its staging lane), given out in turn.
