@@ -141,7 +141,7 @@ class timing_wheel {
     /// the window. Throws std::bad_alloc; then nothing visible has changed.
     std::uint64_t prepare(time_point deadline) {
         const std::uint64_t u = to_ticks(deadline);
-        while (u >= sat_add_u64(levels_.back().current, levels_.back().interval)) add_level();
+        while (u >= levels_.back().end) add_level();
         if (u <= levels_[0].current) window_.reserve_one();
         return u;
     }
@@ -270,8 +270,7 @@ class timing_wheel {
         const std::uint64_t u = to_ticks(deadline);
         if (u <= levels_[0].current) return -1;
         for (std::size_t k = 0; k < levels_.size(); ++k)
-            if (u < sat_add_u64(levels_[k].current, levels_[k].interval))
-                return static_cast<int>(k);
+            if (u < levels_[k].end) return static_cast<int>(k);
         return -1;
     }
 
@@ -293,6 +292,12 @@ class timing_wheel {
         std::uint64_t current;   // a multiple of tick
         divider by_tick;
         std::unique_ptr<bucket[]> buckets;
+        std::uint64_t end = 0;  // current + interval (saturating): the level covers [current, end)
+
+        void set_current(std::uint64_t c) noexcept {
+            current = c;
+            end = sat_add_u64(c, interval);
+        }
     };
 
     static duration valid_tick(duration t) {
@@ -310,10 +315,8 @@ class timing_wheel {
         const std::uint64_t tick = levels_.empty() ? 1 : levels_.back().interval;
         level lv{tick, sat_mul_u64(tick, wheel_size_), 0, divider(tick),
                  std::make_unique<bucket[]>(wheel_size_)};
-        if (!levels_.empty()) {
-            const std::uint64_t c = levels_[0].current;
-            lv.current = c - c % tick;
-        }
+        const std::uint64_t c = levels_.empty() ? 0 : levels_[0].current;
+        lv.set_current(c - c % tick);
         queue_.reserve(2 * wheel_size_ * (levels_.size() + 1) + 2);
         levels_.push_back(std::move(lv));  // room reserved: no throw
     }
@@ -328,7 +331,7 @@ class timing_wheel {
             return;
         }
         for (level& lv : levels_) {
-            if (u >= sat_add_u64(lv.current, lv.interval)) continue;
+            if (u >= lv.end) continue;
             const std::uint64_t vid = lv.by_tick.div(u);
             bucket& b = lv.buckets[vid - ws_div_.div(vid) * wheel_size_];
             const std::uint64_t expiry = vid * lv.tick;
@@ -352,7 +355,7 @@ class timing_wheel {
     void advance_to(std::uint64_t t) noexcept {
         for (level& lv : levels_) {
             const std::uint64_t c = t - t % lv.tick;
-            if (c > lv.current) lv.current = c;
+            if (c > lv.current) lv.set_current(c);
         }
     }
 
