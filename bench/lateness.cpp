@@ -268,6 +268,25 @@ void idle_wakeups(const char* name, typename Timer::options o, int seconds) {
     t.stop();
 }
 
+// delay_queue and Asio's timers, each run on a fresh plan of n timers over `span`: what the wheels'
+// rows are compared with.
+std::vector<contender> baselines(std::size_t n, std::chrono::nanoseconds span) {
+    std::vector<contender> cs;
+    cs.push_back({"delay_queue (taker thread)", [n, span] {
+                      plan p(n, span);
+                      auto r = run_delay_queue(p);
+                      return summarize(r);
+                  }});
+#ifdef DELAYQ_LATENESS_ASIO
+    cs.push_back({"asio steady_timer", [n, span] {
+                      plan p(n, span);
+                      auto r = run_asio(p);
+                      return summarize(r);
+                  }});
+#endif
+    return cs;
+}
+
 }  // namespace
 
 using hashed = delayq::hashed_wheel_timer<>;
@@ -312,19 +331,7 @@ int main(int argc, char** argv) {
     const int runs = argc > 5 ? std::max(1, std::atoi(argv[5])) : 3;
     std::printf("lateness of %zu timers spread over 1 s (fire time - deadline)\n", n);
     {
-        std::vector<contender> cs;
-        cs.push_back({"delay_queue (taker thread)", [n] {
-                          plan p(n);
-                          auto r = run_delay_queue(p);
-                          return summarize(r);
-                      }});
-#ifdef DELAYQ_LATENESS_ASIO
-        cs.push_back({"asio steady_timer", [n] {
-                          plan p(n);
-                          auto r = run_asio(p);
-                          return summarize(r);
-                      }});
-#endif
+        std::vector<contender> cs = baselines(n, 1s);
         for (const bool precise : {true, false}) {
             const std::string mode = precise ? "precise" : "rounded";
             cs.push_back({"hashed_wheel_timer 1ms " + mode, [n, precise] {
@@ -344,19 +351,7 @@ int main(int argc, char** argv) {
         const std::size_t sparse = std::max<std::size_t>(n / 100, 200);
         std::printf("sparse: %zu timers spread over %zu s\n", sparse, sparse / 100);
         const auto span = std::chrono::seconds(sparse / 100);
-        std::vector<contender> cs;
-        cs.push_back({"delay_queue (taker thread)", [sparse, span] {
-                          plan p(sparse, span);
-                          auto r = run_delay_queue(p);
-                          return summarize(r);
-                      }});
-#ifdef DELAYQ_LATENESS_ASIO
-        cs.push_back({"asio steady_timer", [sparse, span] {
-                          plan p(sparse, span);
-                          auto r = run_asio(p);
-                          return summarize(r);
-                      }});
-#endif
+        std::vector<contender> cs = baselines(sparse, span);
         // Then with spin_before_deadline: the worker spins (yielding) the last 200 us before each
         // deadline instead of sleeping through it; the CPU it costs is printed per timer.
         for (const auto spin : {0us, 200us}) {

@@ -138,15 +138,13 @@ class due_batch {
     bool grow() noexcept {
         const std::size_t cap = recs_.capacity();
         const std::size_t doubled = std::max<std::size_t>(64, 2 * cap);
+        if (cap >= 4096 && most_ > doubled && reserve(most_)) return true;
+        return reserve(doubled);  // a small batch, or no room for the most: doubling
+    }
+
+    bool reserve(std::size_t n) noexcept {
         try {
-            if (cap >= 4096 && most_ > doubled) {
-                try {
-                    recs_.reserve(most_);
-                    return true;
-                } catch (...) {  // then as before: doubling
-                }
-            }
-            recs_.reserve(doubled);
+            recs_.reserve(n);
             return true;
         } catch (...) {
             return false;
