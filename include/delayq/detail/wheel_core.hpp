@@ -34,6 +34,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cassert>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -106,22 +107,26 @@ class wheel_core final : public timer_core<Clock> {
             first, periodic_part<Clock>{first, period, 0, policy}, std::forward<F>(task));
     }
 
+    // Called only through a handle (timeout::cancel), whose reference outlives the call: so the
+    // timer's reference, dropped here, is never the last one. It is dropped first thing after the
+    // lock is won, before the unlink writes to the neighbours: a locked read-modify-write waits
+    // for every earlier store to reach the cache, and dropped after the unlink it waited for the
+    // two neighbours' lines (78 % of a cancel's samples at 1M pending).
     bool cancel(node& n) noexcept override {
-        bool in_batch;
         {
             std::lock_guard lk(lock_);
             if (!n.linked()) return stop_running_periodic(n);
-            in_batch = n.prev == run_marker();
-            if (in_batch) {
+            if (n.prev == run_marker()) {
                 n.prev = nullptr;  // the runner skips it and drops the batch's reference
             } else {
+                [[maybe_unused]] const bool last = n.drop();  // the timer's reference
+                assert(!last && "the calling handle holds a reference");
                 ring_.unlink(&n);
             }
             --pending_;
             n.set_state(timer_state::cancelled);
         }
         n.destroy_task();  // outside the lock: a task's destructor may call back into the timer
-        if (!in_batch && n.drop()) this->free_block(n);  // the timer's reference
         return true;
     }
 
