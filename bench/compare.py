@@ -198,6 +198,15 @@ table = "\n".join(lines)
 table += "\n\nns per operation (median of %d); in brackets: ratio to the locked heap (< 1 is faster);\n" % reps
 table += ("reschedule: ratio to the same structure's cancel_schedule (c+s), the cancel + schedule it "
           "replaces; periodic: per run of a periodic task.\n")
+pairs = [(n, s, rows[("two_threads_insert", n)][s][0] / 2, rows[("one_thread_insert", n)][s][0])
+         for (w, n) in sorted(rows) if w == "two_threads_insert" for s in structures
+         if s in rows[(w, n)] and s in rows.get(("one_thread_insert", n), {})]
+if pairs:
+    table += ("\nTwo threads against one, the same workload (one_thread_insert: the pair's 400 000 "
+              "inserts on one thread): wall ns per insert of the pair together (half the "
+              "two_threads_insert row) / one thread's ns per insert = ratio (<= 1: no collapse). " +
+              "; ".join(f"{s} N={n:,}: {two:.1f} / {one:.1f} = {two / one:.2f}×"
+                        for n, s, two, one in pairs) + ".\n")
 allocs = [(w, n, s, v[2]) for (w, n), r in sorted(rows.items()) for s, v in r.items()
           if w in ("reschedule", "periodic") and v[2] is not None]
 if allocs:
