@@ -237,6 +237,7 @@ class wheel_adapter {
     void insert_periodic(std::size_t slot, mtp first, mtp::duration period) {
         handles_[slot] = timer_.schedule_every_at(tick_task{&fired}, first, period);
     }
+    std::size_t stop_all() { return timer_.stop().size(); }
     std::size_t advance_to(mtp now) {
         const auto before = fired.load(std::memory_order_relaxed);
         mclock::set(now);
@@ -492,6 +493,28 @@ void reschedule_workload(benchmark::State& state, bool with_reschedule) {
     state.SetItemsProcessed(static_cast<std::int64_t>(ops));
 }
 
+// Stop: N pending (random deadlines, handles kept); stop() takes them all back, earliest first,
+// and its handles are dropped (timed); per pending timer.
+template <class S>
+void stop_workload(benchmark::State& state) {
+    const auto n = static_cast<std::size_t>(state.range(0));
+    auto at = random_deadlines(n, 9);
+    std::size_t total = 0;
+    for (auto _ : state) {
+        state.PauseTiming();
+        mclock::set(base);
+        auto s = std::make_unique<S>(n);
+        for (std::size_t i = 0; i < n; ++i) s->insert_dropping_handle(at[i]);
+        state.ResumeTiming();
+        total += s->stop_all();
+        state.PauseTiming();
+        s.reset();
+        state.ResumeTiming();
+    }
+    if (total != n * state.iterations()) state.SkipWithError("stop() did not return every timer");
+    state.SetItemsProcessed(static_cast<std::int64_t>(total));
+}
+
 // Periodic: N periodic tasks with periods of 100 ms .. 1 s (at least the hashed wheel's tick, as
 // a wheel's user picks it); each round moves the clock 10 ms and runs what is due (timed). Per run
 // of a task: the run and its re-link at its next deadline.
@@ -629,6 +652,13 @@ void register_wheel_only() {
     benchmark::RegisterBenchmark(("cancel_schedule/" + s).c_str(), [](benchmark::State& st) {
         reschedule_workload<S>(st, false);
     })->Apply(sizes);
+    benchmark::RegisterBenchmark(("stop/" + s).c_str(), stop_workload<S>)
+        ->Arg(1'000)
+        ->Arg(100'000)
+        ->Arg(1'000'000)
+        ->Iterations(1)
+        ->Unit(benchmark::kNanosecond)
+        ->UseRealTime();
     benchmark::RegisterBenchmark(("periodic/" + s).c_str(), periodic_workload<S>)
         ->Arg(1'000)
         ->Arg(100'000)

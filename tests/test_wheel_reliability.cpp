@@ -425,3 +425,158 @@ TEST_CASE("reliability: threaded timers and a clock stepping backwards", "[findi
     }
     mc::reset();
 }
+
+namespace {
+
+// A task that notes the order in which stop() (or a destructor) ends it.
+struct noted_end {
+    std::vector<int>* ends;
+    int id;
+    noted_end(std::vector<int>* e, int i) : ends(e), id(i) {}
+    noted_end(noted_end&& o) noexcept : ends(std::exchange(o.ends, nullptr)), id(o.id) {}
+    noted_end(const noted_end&) = delete;
+    noted_end& operator=(const noted_end&) = delete;
+    noted_end& operator=(noted_end&&) = delete;
+    ~noted_end() {
+        if (ends) ends->push_back(id);
+    }
+    void operator()() const {}
+};
+
+// n tasks at random deadlines (many equal), some cancelled, the rest pending; returns the ids of
+// the pending ones in (deadline, schedule) order, and fills hs with every handle by id.
+template <class W>
+std::vector<int> schedule_noted(typename W::wheel& w, std::vector<int>& ends,
+                                std::vector<handle>& hs, int n, unsigned seed) {
+    std::mt19937 rng(seed);
+    ends.reserve(static_cast<std::size_t>(n));  // ending a task must not allocate (out of memory)
+    std::vector<std::pair<tp, int>> pending;
+    for (int i = 0; i < n; ++i) {
+        // 0..40 s, on a grid of 100 ms: equal deadlines are common
+        const tp at = mc::now() + 100ms * std::uniform_int_distribution<int>(0, 400)(rng);
+        hs.push_back(w.schedule_at(noted_end(&ends, i), at));
+        if (i % 7 == 3) {
+            CHECK(hs.back().cancel());
+        } else {
+            pending.emplace_back(at, i);
+        }
+    }
+    std::stable_sort(pending.begin(), pending.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::vector<int> order;
+    for (const auto& p : pending) order.push_back(p.second);
+    ends.clear();  // the cancelled ones ended already
+    return order;
+}
+
+template <class W>
+std::vector<int> ids_of(const std::vector<handle>& returned, const std::vector<handle>& hs) {
+    std::vector<int> ids;
+    for (const auto& r : returned) {
+        const auto it = std::find(hs.begin(), hs.end(), r);
+        ids.push_back(it == hs.end() ? -1 : static_cast<int>(it - hs.begin()));
+    }
+    return ids;
+}
+
+}  // namespace
+
+// stop() hands back the pending tasks earliest deadline first, first in first out among equal
+// deadlines, and ends them in that order (a task whose end ends others, such as a coroutine's
+// sleep, sees the same order every time); the destructor ends them in that order too. Some tasks
+// are in the batch of a pass under way (stopped from inside a task).
+TEMPLATE_TEST_CASE("reliability: stop() returns and ends the pending tasks earliest first",
+                   "[finding]", hashed, hierarchical) {
+    using W = TestType;
+    for (int n : {5, 300, 5000}) {
+        mc::set(tp{1h});
+        std::vector<int> ends;
+        std::vector<handle> hs;
+        auto w = W::make(1ms);
+        const std::vector<int> order = schedule_noted<W>(*w, ends, hs, n, static_cast<unsigned>(n));
+        const std::vector<handle> returned = w->stop();
+        CHECK(ids_of<W>(returned, hs) == order);
+        CHECK(ends == order);
+        for (const auto& h : returned) {
+            CHECK(h.cancelled());
+            CHECK_FALSE(h.pending());
+        }
+        CHECK(w->pending() == 0);
+
+        std::vector<int> ends2;
+        std::vector<handle> hs2;
+        auto w2 = W::make(1ms);
+        const std::vector<int> order2 =
+            schedule_noted<W>(*w2, ends2, hs2, n, static_cast<unsigned>(n) + 1);
+        w2.reset();  // the destructor: the same order, no handles
+        CHECK(ends2 == order2);
+        for (const auto& h : hs2) CHECK(h.cancelled());
+    }
+    mc::reset();
+}
+
+// stop() from a task of a late pass: the tasks of that pass not yet run come back with the rest,
+// in the same order.
+TEMPLATE_TEST_CASE("reliability: stop() inside a pass returns the batch's tasks in order too",
+                   "[finding]", hashed, hierarchical) {
+    using W = TestType;
+    mc::set(tp{1h});
+    auto w = W::make(1ms);
+    std::vector<int> ends;
+    std::vector<handle> hs;
+    std::vector<handle> returned;
+    const tp base = mc::now();
+    // the stopper runs first in the pass (earliest); 50 tasks of the same pass after it, and 50
+    // that are not due in it
+    w->schedule_at([&] { returned = w->stop(); }, base + 1s);
+    std::vector<int> order;
+    for (int i = 0; i < 100; ++i) {
+        const tp at = base + 2s + 10ms * (i % 50) + (i < 50 ? 0s : 60s);
+        hs.push_back(w->schedule_at(noted_end(&ends, i), at));
+    }
+    for (int i = 0; i < 50; ++i) {
+        order.push_back(i);
+        order.push_back(i + 50);
+    }
+    std::stable_sort(order.begin(), order.end(), [](int a, int b) {
+        const auto at = [](int i) { return 10ms * (i % 50) + (i < 50 ? 0s : 60s); };
+        return at(a) < at(b);
+    });
+    mc::advance(10s);  // due: the stopper and the first 50
+    W::drive(*w);
+    CHECK(ids_of<W>(returned, hs) == order);
+    CHECK(ends == order);
+    CHECK(w->pending() == 0);
+    mc::reset();
+}
+
+// stop() out of memory: when even the handles' vector cannot be had it throws std::bad_alloc
+// and nothing has changed; when only the sort's scratch cannot be had it sorts in place, in the
+// same order.
+TEMPLATE_TEST_CASE("reliability: stop() out of memory changes nothing or sorts in place",
+                   "[finding]", hashed, hierarchical) {
+    using W = TestType;
+    for (long k = 0; k < 8; ++k) {
+        mc::set(tp{1h});
+        std::vector<int> ends;
+        std::vector<handle> hs;
+        auto w = W::make(1ms);
+        const std::vector<int> order = schedule_noted<W>(*w, ends, hs, 5000, 11);
+        const std::size_t pending = w->pending();
+        std::vector<handle> returned;
+        returned.reserve(1);
+        delayq::test::allocations_before_failure = k;
+        try {
+            returned = w->stop();
+        } catch (const std::bad_alloc&) {
+            delayq::test::allocations_before_failure = -1;
+            CHECK(ends.empty());  // nothing ended: the timer runs on
+            CHECK(w->pending() == pending);
+            returned = w->stop();
+        }
+        delayq::test::allocations_before_failure = -1;
+        CHECK(ids_of<W>(returned, hs) == order);
+        CHECK(ends == order);
+    }
+    mc::reset();
+}

@@ -36,19 +36,6 @@ struct node_list {
         n->prev = n->next = nullptr;
     }
 
-    /// Empties the list onto a chain through `next` (prev null), in front of `chain`; returns the
-    /// new chain.
-    node_links* detach_onto(node_links* chain) noexcept {
-        for (node_links* n = detach(); n;) {
-            node_links* next = n->next;
-            n->prev = nullptr;
-            n->next = chain;
-            chain = n;
-            n = next;
-        }
-        return chain;
-    }
-
     /// Empties the list and returns its nodes as a chain through `next`, ending in nullptr.
     node_links* detach() noexcept {
         if (empty()) return nullptr;
@@ -118,13 +105,6 @@ struct laned_list {
                 f(take);
             }
         }
-    }
-
-    /// Empties the list onto a chain through `next` (prepended to `chain`); returns the new chain.
-    node_links* detach_onto(node_links* chain) noexcept {
-        for (auto& l : lane) chain = l.detach_onto(chain);
-        next_lane = 0;
-        return chain;
     }
 };
 

@@ -243,21 +243,26 @@ class hashed_wheel_ring {
         return c < origin_ ? t : boundary(slot(c));
     }
 
-    /// Unlinks every node and returns them chained through `next` (prev null), in no order.
-    node_links* take_all() noexcept {
-        node_links* chain = window_.take_all(nullptr);
-        chain = staged_.detach_onto(chain);
+    /// Unlinks every node and hands each to f(node*) (prev null; f may reuse next), in no order:
+    /// a bucket's lanes in turn, so that several nodes' cache misses overlap.
+    template <class F>
+    void take_all(F&& f) noexcept {
+        auto out = [&](node_links* l) {
+            l->prev = nullptr;
+            f(node::of(l));
+        };
+        window_.take_all(f);
+        staged_.drain(out);
         std::fill(std::begin(staged_count_), std::end(staged_count_), std::size_t{0});
         staged_min_ = never;
         staged_any_ = false;
         for (std::size_t b = 0; b < buckets_.size(); ++b) {
             if (!(bits_[b >> 6] >> (b & 63) & 1)) continue;
-            chain = buckets_[b].nodes.detach_onto(chain);
+            buckets_[b].nodes.drain(out);
             clear(buckets_[b], b);
         }
         std::fill(bits_.begin(), bits_.end(), 0);
         size_ = 0;
-        return chain;
     }
 
   private:

@@ -124,20 +124,19 @@ class near_window {
         }
     }
 
-    /// Unlinks every node onto a chain through `next` (prev null), in front of `chain`.
-    node_links* take_all(node_links* chain) noexcept {
-        auto push = [&](node* n) {
+    /// Unlinks every node and hands each to f(node*) (prev null; f may reuse next).
+    template <class F>
+    void take_all(F&& f) noexcept {
+        auto out = [&](node* n) {
             n->prev = nullptr;
-            n->next = chain;
-            chain = n;
+            f(n);
         };
         for (std::size_t i = pos_; i < sorted_.size(); ++i)
-            if (sorted_[i].n) push(sorted_[i].n);
-        for (auto& r : heap_) push(r.n);
+            if (sorted_[i].n) out(sorted_[i].n);
+        for (auto& r : heap_) out(r.n);
         sorted_.clear();
         heap_.clear();
         pos_ = live_ = 0;
-        return chain;
     }
 
   private:

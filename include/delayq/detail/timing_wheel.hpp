@@ -238,15 +238,19 @@ class timing_wheel {
         return t <= origin_tp() ? t : to_time(to_ticks(t));
     }
 
-    /// Unlinks every node and returns them chained through `next` (prev null), in no order.
-    node_links* take_all() noexcept {
-        node_links* chain = window_.take_all(nullptr);
+    /// Unlinks every node and hands each to f(node*) (prev null; f may reuse next), in no order:
+    /// a bucket's lanes in turn, so that several nodes' cache misses overlap.
+    template <class F>
+    void take_all(F&& f) noexcept {
+        auto out = [&](node_links* l) {
+            l->prev = nullptr;
+            f(node::of(l));
+        };
+        window_.take_all(f);
         for (level& lv : levels_)
-            for (std::size_t i = 0; i < wheel_size_; ++i)
-                chain = lv.buckets[i].nodes.detach_onto(chain);
+            for (std::size_t i = 0; i < wheel_size_; ++i) lv.buckets[i].nodes.drain(out);
         size_ = 0;
         forget_buckets();
-        return chain;
     }
 
     /// Debug builds check after every pass: every non-empty bucket is queued, and every

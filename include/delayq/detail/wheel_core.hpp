@@ -50,6 +50,7 @@
 #include <vector>
 
 #include "../timeout.hpp"
+#include "deadline_sort.hpp"
 #include "due_batch.hpp"
 #include "spin_lock.hpp"
 #include "timer_node.hpp"
@@ -284,49 +285,61 @@ class wheel_core final : public timer_core<Clock> {
     /// Refuses further schedules and cancels every pending task (the current batch's too). With
     /// `collect`, returns their handles, earliest deadline first (may throw std::bad_alloc, then
     /// nothing has changed); else releases them and does not throw. Idempotent.
+    ///
+    /// Cost: one walk over the ring's nodes under the lock (to unlink them, a bucket's lanes in
+    /// turn so that their cache misses overlap), a radix sort of (deadline, node) records, and one
+    /// pass over the sorted records outside the lock (to end each task). With 1M pending: 64-164 ms
+    /// here, against 600-760 ms for three walks one node after the other and a std::stable_sort
+    /// of the handles comparing through their nodes (~0.45 s of it).
     std::vector<timeout<Clock>> shut(bool collect) {
         std::vector<timeout<Clock>> out;
-        node_links* chain;
+        deadline_recs<Clock> held;  // every node taken, with its deadline
         {
             std::lock_guard lk(lock_);
             if (stopped_) return out;
             try {
-                out.reserve(pending_);
+                held.reserve(pending_);
+                if (collect) out.reserve(pending_);
             } catch (...) {
                 if (collect) throw;
                 // The destructor, out of memory: end the tasks under the lock instead (a task whose
                 // destructor calls back into the timer would deadlock; better than a leak).
                 stopped_ = true;
-                end_all(take_everything(nullptr));
-                chain = nullptr;
+                take_everything([](node* n) {
+                    n->set_state(timer_state::cancelled);
+                    n->destroy_task();
+                    timer_core<Clock>::release(*n);
+                });
+                return out;
             }
-            if (!stopped_) {
-                stopped_ = true;
-                chain = take_everything(&out);
-            }
+            stopped_ = true;
+            // room reserved: pending_ counted every node
+            take_everything([&](node* n) { held.push_back(deadline_rec<Clock>::of(n)); });
         }
         wake_drivers();
-        // Outside the lock: destroying a task may call back into the timer.
-        for (auto& h : out) h.node_for_timer()->destroy_task();
-        for (node_links* l = chain; l;) {
-            node* n = node::of(l);
-            l = l->next;
+        // Outside the lock, as a task's destructor may call back into the timer: the tasks end in
+        // the order the handles come back, earliest deadline first (a coroutine resumed by the
+        // end of its sleep may end others: coro.hpp). No one else writes the state of a node
+        // stop() has taken: cancel() and the runner find it unlinked.
+        deadline_recs<Clock> scratch;
+        if (!sort_by_deadline(held, scratch)) {  // no room to sort in: compare in place
+            std::sort(held.begin(), held.end(),
+                      [](const auto& a, const auto& b) { return node::before(*a.n, *b.n); });
+        }
+        for (std::size_t i = 0; i < held.size(); ++i) {
+            if (i + 8 < held.size()) __builtin_prefetch(held[i + 8].n, 1);
+            node* n = held[i].n;
             n->next = nullptr;
+            n->set_state(timer_state::cancelled);
             n->destroy_task();
+        }
+        for (const auto& r : held) {
             if (collect) {
-                out.emplace_back(n, this);  // adopts the timer's reference
+                out.emplace_back(r.n, this);  // adopts its reference
             } else {
-                timer_core<Clock>::release(*n);
+                timer_core<Clock>::release(*r.n);
             }
         }
-        if (!collect) {
-            out.clear();
-            return out;
-        }
-        std::stable_sort(out.begin(), out.end(),
-                         [](const timeout<Clock>& a, const timeout<Clock>& b) {
-                             return node::before(*a.node_for_timer(), *b.node_for_timer());
-                         });
         return out;
     }
 
@@ -591,39 +604,22 @@ class wheel_core final : public timer_core<Clock> {
         }
     }
 
-    // Under the lock: unlinks every pending node. Nodes of the current batch go to `out` as
-    // handles holding a reference of their own (the runner drops the batch's); the ring's come
-    // back as a chain through `next`. Without `out`, batch nodes are ended here.
-    node_links* take_everything(std::vector<timeout<Clock>>* out) noexcept {
+    // Under the lock: unlinks every pending node and hands each to take(node*), which owns one
+    // reference to it: the ring's, or for a node of the current batch one of its own (the runner
+    // drops the batch's). States are still pending: take sets them.
+    template <class Take>
+    void take_everything(Take&& take) noexcept {
         if (advancing_) {
             // Nodes before next_in_batch_ are claimed or skipped (and may be freed already).
             batch_.for_each_from(next_in_batch_, [&](node* n) {
                 if (n->prev != run_marker()) return;
                 n->prev = nullptr;
-                n->set_state(timer_state::cancelled);
-                if (out) {
-                    n->acquire();
-                    out->emplace_back(n, this);
-                } else {
-                    n->destroy_task();
-                }
+                n->acquire();
+                take(n);
             });
         }
         pending_ = 0;
-        node_links* chain = ring_.take_all();
-        for (node_links* l = chain; l; l = l->next) node::of(l)->set_state(timer_state::cancelled);
-        return chain;
-    }
-
-    // Ends every node of a chain from take_everything (cancelled already).
-    void end_all(node_links* chain) noexcept {
-        while (chain) {
-            node* n = node::of(chain);
-            chain = chain->next;
-            n->next = nullptr;
-            n->destroy_task();
-            timer_core<Clock>::release(*n);
-        }
+        ring_.take_all(take);
     }
 
     mutable spin_lock lock_;  // the ring, the pool, the batch marks, the counts and the states
