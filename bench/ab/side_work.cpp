@@ -1,0 +1,3 @@
+// The working tree's side.
+#define AB_MAKE make_work
+#include "workloads.hpp"
