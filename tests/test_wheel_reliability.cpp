@@ -580,3 +580,29 @@ TEMPLATE_TEST_CASE("reliability: stop() out of memory changes nothing or sorts i
     }
     mc::reset();
 }
+
+// A driver asleep with nothing pending waits without a deadline; a task then scheduled at
+// time_point::max() itself must wake it, so that it sleeps until that deadline on the clock and
+// runs the task when manual_clock gets there. It was not woken (its deadline is not before "no
+// deadline"), and the task never ran: seen once in CI as the threaded test above timing out, when
+// the worker had started, found nothing and gone to sleep before the schedule linked the task.
+TEST_CASE("reliability: a task at time_point::max() wakes a driver asleep with nothing pending",
+          "[finding]") {
+    mc::set(tp{1h});
+    delayq::hierarchical_timing_wheel<mc>::options o;
+    o.own_thread = false;
+    delayq::hierarchical_timing_wheel<mc> w(std::move(o));
+    std::atomic<int> ran{0};
+    std::thread driver([&] {
+        while (ran.load() == 0 && w.advance_clock(dur::max())) {
+        }
+    });
+    REQUIRE(eventually([&] { return w.drivers_asleep() == 1; }));  // nothing pending: no deadline
+    w.schedule_at([&] { ++ran; }, tp::max());
+    CHECK(eventually([] { return mc::sleepers() >= 1; }, 5s));  // now on the clock, until max
+    mc::set(tp::max());
+    CHECK(eventually([&] { return ran.load() == 1; }, 5s));
+    w.stop();  // wakes the driver if the task did not run
+    driver.join();
+    mc::reset();
+}

@@ -195,6 +195,8 @@ class hierarchical_timing_wheel {
     time_point current_time() const {
         return core_->with_ring([](const auto& r) { return r.current_time(); });
     }
+    /// How many drivers (the worker, advance_clock() callers) are asleep waiting for work now.
+    std::size_t drivers_asleep() const { return core_->drivers_asleep(); }
     /// The level a pending task sits at, or -1 when it is due, overdue or no longer pending.
     int level_of(const timeout<Clock>& t) const {
         if (!t.pending()) return -1;

@@ -430,6 +430,12 @@ class wheel_core final : public timer_core<Clock> {
     }
     std::size_t wakeups() const noexcept { return wakeups_.load(std::memory_order_relaxed); }
 
+    /// How many drivers sleep (or spin) in wait_for_work() now (introspection for tests).
+    std::size_t drivers_asleep() const {
+        std::lock_guard lk(lock_);
+        return sleepers_;
+    }
+
     /// Calls f(ring) under the lock (introspection for tests).
     template <class F>
     decltype(auto) with_ring(F f) const {
@@ -556,9 +562,12 @@ class wheel_core final : public timer_core<Clock> {
     // driver must be woken: n comes out before it would wake by itself. The sleepers will look
     // again, so a later schedule before n need not notify twice. `fresh`: a new schedule (which the
     // hashed ring stages), not a node moved by reschedule() or a periodic task's next run (which
-    // it links at once: staging them measured 1.5x slower reschedules).
+    // it links at once: staging them measured 1.5x slower reschedules). wake_at_ is
+    // time_point::max() also for a driver asleep with no deadline at all (nothing was pending):
+    // a node due at time_point::max() itself must wake that one, so that it sleeps on the clock
+    // until then (manual_clock can get there); so max wakes whatever comes.
     bool link(node* n, std::uint64_t where, bool fresh) noexcept {
-        const bool wake = ring_.link(n, where, wake_at_, fresh);
+        const bool wake = ring_.link(n, where, wake_at_, fresh) || wake_at_ == time_point::max();
         if (wake) wake_at_ = n->deadline;
         return wake;
     }
