@@ -46,8 +46,9 @@ struct huge_page_allocator {
     huge_page_allocator(const huge_page_allocator<U>&) noexcept {}  // NOLINT: rebinding converts
 
     T* allocate(std::size_t n) {
-        if (n > std::numeric_limits<std::size_t>::max() / sizeof(T))
-            throw std::bad_array_new_length();
+        // at most PTRDIFF_MAX bytes once rounded up to whole huge pages
+        constexpr auto most = static_cast<std::size_t>(std::numeric_limits<std::ptrdiff_t>::max());
+        if (n > (most - huge_page_bytes) / sizeof(T)) throw std::bad_array_new_length();
         const std::size_t bytes = n * sizeof(T);
         if (bytes < huge_page_bytes)
             return static_cast<T*>(::operator new (bytes, std::align_val_t{alignof(T)}));
