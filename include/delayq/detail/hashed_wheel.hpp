@@ -100,12 +100,16 @@ class hashed_wheel_ring {
     std::size_t buckets() const noexcept { return mask_ + 1; }
     duration tick() const noexcept { return duration{tick_}; }
 
-    /// Where a node due at `deadline` goes: its slot. Throws std::bad_alloc (then nothing
-    /// changed) when it goes to the window, which may need room.
-    std::uint64_t prepare(time_point deadline) {
-        const rep d = deadline.time_since_epoch().count();
-        const std::uint64_t s = slot(d);
-        if (in_window(d, s)) window_.reserve_one();
+    /// A node due at `deadline` belongs to slot position(deadline). Depends on nothing that
+    /// changes: a scheduling thread computes it before it takes the lock.
+    std::uint64_t position(time_point deadline) const noexcept {
+        return slot(deadline.time_since_epoch().count());
+    }
+
+    /// Where a node due at `deadline` goes: its slot `s` (position(deadline)). Throws
+    /// std::bad_alloc (then nothing changed) when it goes to the window, which may need room.
+    std::uint64_t prepare(time_point deadline, std::uint64_t s) {
+        if (in_window(deadline.time_since_epoch().count(), s)) window_.reserve_one();
         return s;
     }
 

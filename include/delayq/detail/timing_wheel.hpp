@@ -137,10 +137,13 @@ class timing_wheel {
 
     std::size_t size() const noexcept { return size_; }
 
-    /// Where a node due at `deadline` goes (its tick), creating the levels it needs and room in
-    /// the window. Throws std::bad_alloc; then nothing visible has changed.
-    std::uint64_t prepare(time_point deadline) {
-        const std::uint64_t u = to_ticks(deadline);
+    /// A node due at `deadline` belongs to tick position(deadline). Depends on nothing that
+    /// changes: a scheduling thread computes it before it takes the lock.
+    std::uint64_t position(time_point deadline) const noexcept { return to_ticks(deadline); }
+
+    /// Where a node due at `deadline` goes: its tick `u` (position(deadline)); creates the levels
+    /// it needs and room in the window. Throws std::bad_alloc; then nothing visible has changed.
+    std::uint64_t prepare(time_point, std::uint64_t u) {
         while (u >= levels_.back().end) add_level();
         if (u <= levels_[0].current) window_.reserve_one();
         return u;

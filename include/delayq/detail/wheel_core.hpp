@@ -132,6 +132,7 @@ class wheel_core final : public timer_core<Clock> {
     }
 
     bool reschedule(node& n, time_point deadline) override {
+        const std::uint64_t at = ring_.position(deadline);  // before the lock: see insert()
         bool wake;
         {
             std::lock_guard lk(lock_);
@@ -143,7 +144,7 @@ class wheel_core final : public timer_core<Clock> {
                 running->moved = true;
                 return true;
             }
-            const auto where = ring_.prepare(deadline);  // may throw: nothing has changed yet
+            const auto where = ring_.prepare(deadline, at);  // may throw: nothing changed yet
             if (n.prev == run_marker()) {
                 n.prev = nullptr;  // out of the batch: the runner drops the batch's reference,
                 n.acquire();       // and the ring holds one of its own
@@ -452,6 +453,9 @@ class wheel_core final : public timer_core<Clock> {
         using fn = decltype(std::declval<Block&>().fn);
         static_assert(std::is_invocable_v<fn&>, "a task is a callable taking no arguments");
         static_assert(std::is_nothrow_destructible_v<fn>, "a task's destructor must not throw");
+        // Where the deadline belongs depends on nothing the lock guards: working it out first
+        // (a division or two) takes it off the locked part, which the next schedule waits for.
+        const std::uint64_t at = ring_.position(deadline);
         node* n;
         bool wake;
         {
@@ -459,7 +463,7 @@ class wheel_core final : public timer_core<Clock> {
             if (stopped_) throw rejected_error("delayq: timer is stopped");
             if (max_pending_ != 0 && pending_ >= max_pending_)
                 throw rejected_error("delayq: max_pending reached");
-            const auto where = ring_.prepare(deadline);
+            const auto where = ring_.prepare(deadline, at);
             void* mem = this->pool_.allocate(sizeof(Block), alignof(Block));
             Block* b;
             try {
@@ -545,7 +549,7 @@ class wheel_core final : public timer_core<Clock> {
         }
         const time_point next = next_run(every, now);
         try {
-            const auto where = ring_.prepare(next);
+            const auto where = ring_.prepare(next, ring_.position(next));
             n.store_deadline(next);
             n.seq = seq_++;
             wake = link(&n, where, false);
