@@ -167,7 +167,9 @@ class hashed_wheel {
     std::size_t pending() const { return core_->pending(); }
 
     /// Refuses further schedules, cancels every pending task and returns their handles (now
-    /// cancelled(), their cancel() false), earliest first. Idempotent: later calls return nothing.
+    /// cancelled(), their cancel() false), earliest deadline first (first in, first out among
+    /// equals); the tasks are destroyed in that order too, before it returns. Idempotent: later
+    /// calls return nothing.
     std::vector<timeout<Clock>> stop() { return core_->shut(true); }
 
   private:
@@ -241,8 +243,9 @@ class hashed_wheel_timer {
     std::optional<time_point> next_expiry() const { return core_->next_expiry(); }
 
     /// Refuses further schedules, cancels every pending task and returns their handles (now
-    /// cancelled(), their cancel() false), earliest first. Joins the worker, unless called from a
-    /// task. Idempotent: later calls return an empty vector.
+    /// cancelled(), their cancel() false), earliest deadline first (first in, first out among
+    /// equals); the tasks are destroyed in that order too, before it returns. Joins the worker,
+    /// unless called from a task. Idempotent: later calls return an empty vector.
     std::vector<timeout<Clock>> stop() {
         auto out = core_->shut(true);
         driver_.finish(*core_, false);

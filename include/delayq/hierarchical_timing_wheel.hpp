@@ -174,8 +174,9 @@ class hierarchical_timing_wheel {
     std::optional<time_point> next_expiry() const { return core_->next_expiry(); }
 
     /// Refuses further schedules, cancels every pending task and returns their handles (now
-    /// cancelled(), their cancel() false), earliest first. Joins the worker unless called from one
-    /// of its tasks. Idempotent: later calls return nothing.
+    /// cancelled(), their cancel() false), earliest deadline first (first in, first out among
+    /// equals); the tasks are destroyed in that order too, before it returns. Joins the worker
+    /// unless called from one of its tasks. Idempotent: later calls return nothing.
     std::vector<timeout<Clock>> stop() {
         auto out = core_->shut(true);
         driver_.finish(*core_, false);
