@@ -109,7 +109,7 @@ class hashed_wheel {
 
     /// Cancels what is pending; handles stay valid.
     ~hashed_wheel() {
-        core_->shut(false);
+        core_->template shut<false>();
         core_->drop_owner();
     }
 
@@ -170,7 +170,7 @@ class hashed_wheel {
     /// cancelled(), their cancel() false), earliest deadline first (first in, first out among
     /// equals); the tasks are destroyed in that order too, before it returns. Idempotent: later
     /// calls return nothing.
-    std::vector<timeout<Clock>> stop() { return core_->shut(true); }
+    std::vector<timeout<Clock>> stop() { return core_->template shut<true>(); }
 
   private:
     detail::hashed_core<Clock>* core_;
@@ -194,7 +194,7 @@ class hashed_wheel_timer {
     /// Stops (pending tasks are cancelled) and joins the worker; from inside a task, lets the
     /// worker finish by itself instead.
     ~hashed_wheel_timer() {
-        core_->shut(false);
+        core_->template shut<false>();
         driver_.finish(*core_, true);
         core_->drop_owner();
     }
@@ -247,7 +247,7 @@ class hashed_wheel_timer {
     /// equals); the tasks are destroyed in that order too, before it returns. Joins the worker,
     /// unless called from a task. Idempotent: later calls return an empty vector.
     std::vector<timeout<Clock>> stop() {
-        auto out = core_->shut(true);
+        auto out = core_->template shut<true>();
         driver_.finish(*core_, false);
         return out;
     }

@@ -92,7 +92,7 @@ class hierarchical_timing_wheel {
     /// Stops (pending tasks are cancelled) and joins the worker, unless destroyed from one of its
     /// own tasks: then the worker finishes that task and exits by itself.
     ~hierarchical_timing_wheel() {
-        core_->shut(false);
+        core_->template shut<false>();
         driver_.finish(*core_, true);
         core_->drop_owner();
     }
@@ -178,7 +178,7 @@ class hierarchical_timing_wheel {
     /// equals); the tasks are destroyed in that order too, before it returns. Joins the worker
     /// unless called from one of its tasks. Idempotent: later calls return nothing.
     std::vector<timeout<Clock>> stop() {
-        auto out = core_->shut(true);
+        auto out = core_->template shut<true>();
         driver_.finish(*core_, false);
         return out;
     }
