@@ -469,7 +469,7 @@ std::vector<int> schedule_noted(typename W::wheel& w, std::vector<int>& ends,
     return order;
 }
 
-template <class W>
+// The ids (positions in hs) of the handles stop() returned.
 std::vector<int> ids_of(const std::vector<handle>& returned, const std::vector<handle>& hs) {
     std::vector<int> ids;
     for (const auto& r : returned) {
@@ -495,7 +495,7 @@ TEMPLATE_TEST_CASE("reliability: stop() returns and ends the pending tasks earli
         auto w = W::make(1ms);
         const std::vector<int> order = schedule_noted<W>(*w, ends, hs, n, static_cast<unsigned>(n));
         const std::vector<handle> returned = w->stop();
-        CHECK(ids_of<W>(returned, hs) == order);
+        CHECK(ids_of(returned, hs) == order);
         CHECK(ends == order);
         for (const auto& h : returned) {
             CHECK(h.cancelled());
@@ -544,7 +544,7 @@ TEMPLATE_TEST_CASE("reliability: stop() inside a pass returns the batch's tasks 
     });
     mc::advance(10s);  // due: the stopper and the first 50
     W::drive(*w);
-    CHECK(ids_of<W>(returned, hs) == order);
+    CHECK(ids_of(returned, hs) == order);
     CHECK(ends == order);
     CHECK(w->pending() == 0);
     mc::reset();
@@ -575,7 +575,7 @@ TEMPLATE_TEST_CASE("reliability: stop() out of memory changes nothing or sorts i
             returned = w->stop();
         }
         delayq::test::allocations_before_failure = -1;
-        CHECK(ids_of<W>(returned, hs) == order);
+        CHECK(ids_of(returned, hs) == order);
         CHECK(ends == order);
     }
     mc::reset();
