@@ -87,6 +87,16 @@ struct laned_list {
         }
     }
 
+    /// Empties the list and calls f(node) for every node it held, unlinked (prev null), lanes in
+    /// turn as drain() does: a ring's take_all().
+    template <class F>
+    void unlink_all(F&& f) {
+        drain([&](node_links* n) {
+            n->prev = nullptr;
+            f(n);
+        });
+    }
+
     /// Empties the list, then calls f(node) for every node it held, as for_each does. f may link
     /// the node anywhere, this list included.
     template <class F>

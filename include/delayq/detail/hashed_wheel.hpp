@@ -251,18 +251,15 @@ class hashed_wheel_ring {
     /// a bucket's lanes in turn, so that several nodes' cache misses overlap.
     template <class F>
     void take_all(F&& f) noexcept {
-        auto out = [&](node_links* l) {
-            l->prev = nullptr;
-            f(node::of(l));
-        };
+        auto out = [&](node_links* l) { f(node::of(l)); };
         window_.take_all(f);
-        staged_.drain(out);
+        staged_.unlink_all(out);
         std::fill(std::begin(staged_count_), std::end(staged_count_), std::size_t{0});
         staged_min_ = never;
         staged_any_ = false;
         for (std::size_t b = 0; b < buckets_.size(); ++b) {
             if (!(bits_[b >> 6] >> (b & 63) & 1)) continue;
-            buckets_[b].nodes.drain(out);
+            buckets_[b].nodes.unlink_all(out);
             clear(buckets_[b], b);
         }
         std::fill(bits_.begin(), bits_.end(), 0);

@@ -245,13 +245,10 @@ class timing_wheel {
     /// a bucket's lanes in turn, so that several nodes' cache misses overlap.
     template <class F>
     void take_all(F&& f) noexcept {
-        auto out = [&](node_links* l) {
-            l->prev = nullptr;
-            f(node::of(l));
-        };
+        auto out = [&](node_links* l) { f(node::of(l)); };
         window_.take_all(f);
         for (level& lv : levels_)
-            for (std::size_t i = 0; i < wheel_size_; ++i) lv.buckets[i].nodes.drain(out);
+            for (std::size_t i = 0; i < wheel_size_; ++i) lv.buckets[i].nodes.unlink_all(out);
         size_ = 0;
         forget_buckets();
     }
