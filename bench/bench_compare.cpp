@@ -6,10 +6,10 @@
 // - Everything runs on manual_clock, so "due" is set by the benchmark, nothing sleeps, and reading
 //   the clock is an atomic load for every structure alike; the one workload about the clock read
 //   (schedule_vs_schedule_at) uses steady_clock.
-// - Insert workloads keep the structure at N: a batch of B inserts is timed, then (untimed) the
-// same
-//   batch is taken out again — cancelled for timers (and their handles dropped), the B earliest
-//   popped for heaps. A timer's insert is schedule_at() with its handle kept, as users do.
+// - Insert workloads keep the structure at N: a batch of B inserts is timed, then (untimed) B
+//   elements are taken out again: the B earliest popped for heaps, the B oldest timers cancelled
+//   (and their handles dropped) for the wheels, so that the new ones stay pending in both. A
+//   timer's insert is schedule_at() with its handle kept, as users do.
 // - Cancel: the structure holds N; B random handles are cancelled (timed), then re-inserted.
 //   A heap has no handles: delay_queue cancels a batch with one remove_if (O(N) per batch); the
 //   locked heap marks tombstones in a hash set, as its users do.
@@ -125,8 +125,8 @@ namespace {
 
 // ---- the structures, behind one small interface ----------------------------------------------
 // insert(slot, at): schedule something due at `at`; slot names it for cancel(slot).
-// cancel(slot); take_back(first, count): remove what insert(first..first+count) put (untimed
-// refill); expire_all(now, expected): drive until `expected` have fired.
+// cancel(slot); take_back(first, count): back to `first` pending, slots first..first+count empty
+// (untimed refill); expire_all(now, expected): drive until `expected` have fired.
 
 struct item {
     std::uint64_t slot;
@@ -245,10 +245,16 @@ class wheel_adapter {
         }
         return static_cast<std::size_t>(fired.load(std::memory_order_relaxed) - before);
     }
-    // The heap's take_back pops its elements: here the timers are cancelled and their handles
-    // dropped, so that a timed insert does not also pay for the last round's handle.
+    // The heap's take_back pops its earliest elements, and the new ones stay. Here as many timers
+    // are cancelled, the oldest in turn, and the new ones take their slots: they stay pending as
+    // the heap's do. (Cancelling the new ones would unlink most of them from their thread's
+    // staging lane before they reach a bucket, detail/staging.hpp: the timed inserts would skip
+    // the placing that is part of their cost.) The handles are dropped, so that a timed insert
+    // does not also pay for the last round's.
     void take_back(std::size_t first, std::size_t count) {
         for (std::size_t i = 0; i < count; ++i) {
+            if (oldest_ >= first) oldest_ = 0;
+            std::swap(handles_[first + i], handles_[oldest_++]);
             handles_[first + i].cancel();
             handles_[first + i] = delayq::timeout<mclock>{};
         }
@@ -297,6 +303,7 @@ class wheel_adapter {
 
     Timer timer_;
     std::vector<delayq::timeout<mclock>> handles_;
+    std::size_t oldest_ = 0;  // take_back() cancels from here on
 };
 
 struct hashed_adapter : wheel_adapter<delayq::hashed_wheel_timer<mclock>> {

@@ -126,8 +126,12 @@ class wheel_rounds final : public ab::rounds {
         return ns;
     }
 
+    // Back to n pending: as many timers cancelled, the oldest in turn, the new ones taking their
+    // slots (as bench_compare's take_back, which says why).
     void take_back(std::size_t count) {
         for (std::size_t i = 0; i < count; ++i) {
+            if (oldest_ >= n_) oldest_ = 0;
+            std::swap(h_[n_ + i], h_[oldest_++]);
             h_[n_ + i].cancel();
             h_[n_ + i] = delayq::timeout<mclock>{};
         }
@@ -175,6 +179,7 @@ class wheel_rounds final : public ab::rounds {
     std::vector<delayq::timeout<mclock>> h_;
     std::mt19937_64 rng_{3};
     std::size_t round_ = 0;
+    std::size_t oldest_ = 0;  // take_back() cancels from here on
     std::vector<char> junk_ = std::vector<char>(std::size_t{32} << 20);
 };
 
