@@ -14,6 +14,7 @@
 
 #include "catch.hpp"
 #include "support.hpp"
+#include "wheels.hpp"
 
 using namespace std::chrono_literals;
 using mc = delayq::manual_clock;
@@ -24,26 +25,8 @@ using delayq::missed_tick;
 
 namespace {
 
-struct hashed {
-    using wheel = delayq::hashed_wheel<mc>;
-    static wheel::options options() {
-        wheel::options o;
-        o.tick = 1ms;
-        o.ticks_per_wheel = 16;
-        return o;
-    }
-};
-
-struct hierarchical {
-    using wheel = delayq::hierarchical_timing_wheel<mc>;
-    static wheel::options options() {
-        wheel::options o;
-        o.tick = 1ms;
-        o.wheel_size = 8;
-        o.own_thread = false;
-        return o;
-    }
-};
+using hashed = delayq::test::hashed_core;
+using hierarchical = delayq::test::hierarchical_core;
 
 // Sets the clock and runs what is due, as an event loop would.
 template <class W>

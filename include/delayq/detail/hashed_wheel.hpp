@@ -32,17 +32,11 @@
 // pass's limit, the usual case) is emptied whole.
 //
 // Staging. A new schedule's link does not go to its bucket at once: it goes to the end of the
-// linking thread's staging lane (one list per thread, of 8), and a lane moves to the buckets
-// ("settles") once it holds 4 x W links (1 024 to 16 384), or when a pass begins: expire() settles
-// everything before it moves the cursor, so a staged node's slot is never behind it. Why: a link
-// into a random bucket writes that bucket's lines and its last node's; with two threads scheduling,
-// each such line was last written by the other core, and the wheel collapsed to 2.7x its one-thread
-// cost per schedule (two_threads_insert in bench_compare). A lane is written by one thread, and a
-// lane that settles writes each bucket it touches several times in a row. A staged node is in a
-// list like any other, so unlink() is the same; next_expiry() counts the staged nodes through
-// a lower bound of their deadlines, exact unless the earliest one was cancelled (then one
-// early wake-up, whose pass settles and looks again). A reschedule, or a periodic task's next
-// run, links at once (link(..., false)): staged, reschedules at 1M measured 1.5x slower.
+// linking thread's staging lane (staging.hpp says why), and a lane settles into the buckets once it
+// holds 4 x W links (1 024 to 16 384), or when a pass begins: expire() settles everything before
+// it moves the cursor, so a staged node's slot is never behind it. next_expiry() counts the staged
+// nodes through staging::min(). A reschedule, or a periodic task's next run, links at once
+// (link(..., false)): staged, reschedules at 1M measured 1.5x slower.
 //
 // Arithmetic is done in Clock::rep with 128-bit intermediates where it could overflow, so deadlines
 // anywhere on the time line (time_point::max() included) are placed correctly.
@@ -63,6 +57,7 @@
 
 #include "bucket.hpp"
 #include "near_window.hpp"
+#include "staging.hpp"
 #include "timer_node.hpp"
 
 namespace delayq::detail {
@@ -81,7 +76,9 @@ class hashed_wheel_ring {
 
     /// Throws std::invalid_argument for tick <= 0, ticks_per_wheel == 0 or > 2^30.
     hashed_wheel_ring(duration tick, std::size_t ticks_per_wheel, time_point origin)
-        : origin_(origin.time_since_epoch().count()), tick_(tick.count()) {
+        : origin_(origin.time_since_epoch().count()),
+          tick_(tick.count()),
+          staged_(settle_at(ticks_per_wheel)) {
         if (tick <= duration::zero()) throw std::invalid_argument("delayq: tick must be > 0");
         inv_tick_ = std::numeric_limits<std::uint64_t>::max() / static_cast<std::uint64_t>(tick_);
         if (ticks_per_wheel == 0 || ticks_per_wheel > max_ticks_per_wheel)
@@ -90,7 +87,6 @@ class hashed_wheel_ring {
         mask_ = w - 1;
         buckets_ = std::vector<bucket>(w);
         bits_.resize((w + 63) / 64);
-        stage_max_ = std::clamp<std::size_t>(4 * w, 1024, 16384);
     }
 
     hashed_wheel_ring(const hashed_wheel_ring&) = delete;
@@ -125,7 +121,7 @@ class hashed_wheel_ring {
             return n->deadline < wake_by;
         }
         if (stage) {
-            to_stage(n, d);
+            staged_.push(n, d, [this](node* m) { place(m); });
         } else {
             place(n, d, s);
         }
@@ -156,7 +152,8 @@ class hashed_wheel_ring {
             sink(node::of(n));
             ++count;
         };
-        settle_all();  // before the cursor moves: a staged node's slot is not behind it yet
+        // before the cursor moves: a staged node's slot is not behind it yet
+        staged_.settle([this](node* m) { place(m); });
         count += window_.take_due(now_tp, sink);
         if (now >= origin_) {
             const std::uint64_t t = floor_tick(now);
@@ -216,7 +213,7 @@ class hashed_wheel_ring {
         if (size_ == 0) return std::nullopt;
         const std::optional<time_point> w = window_.next();
         rep best = w ? w->time_since_epoch().count() : never;
-        best = std::min(best, staged_min_);  // exact, or early after a cancel (see "Staging")
+        best = std::min(best, staged_.min());  // exact, or early after a cancel (staging.hpp)
         const std::size_t n = mask_ + 1;
         const std::size_t start = static_cast<std::size_t>(cursor_) & mask_;
         for (std::size_t i = next_nonempty(start, n); i < n; i = next_nonempty(start, n, i + 1)) {
@@ -253,10 +250,7 @@ class hashed_wheel_ring {
     void take_all(F&& f) noexcept {
         auto out = [&](node_links* l) { f(node::of(l)); };
         window_.take_all(f);
-        staged_.unlink_all(out);
-        std::fill(std::begin(staged_count_), std::end(staged_count_), std::size_t{0});
-        staged_min_ = never;
-        staged_any_ = false;
+        staged_.take_all(f);
         for (std::size_t b = 0; b < buckets_.size(); ++b) {
             if (!(bits_[b >> 6] >> (b & 63) & 1)) continue;
             buckets_[b].nodes.unlink_all(out);
@@ -268,6 +262,13 @@ class hashed_wheel_ring {
 
   private:
     static constexpr rep never = std::numeric_limits<rep>::max();
+
+    // A lane settles at 4 links per bucket, within [1 024, 16 384].
+    static std::size_t settle_at(std::size_t ticks_per_wheel) noexcept {
+        const std::size_t w =
+            std::bit_ceil(std::clamp<std::size_t>(ticks_per_wheel, 1, max_ticks_per_wheel));
+        return std::clamp<std::size_t>(4 * w, 1024, 16384);
+    }
 
     // Whether a node due at d (slot s) belongs in the window: its tick has been opened already
     // (its slot is behind the cursor), or it is before the origin (the clock went back that far).
@@ -326,32 +327,6 @@ class hashed_wheel_ring {
         rep max = std::numeric_limits<rep>::min();
     };
 
-    // Links n (due at d, not for the window) at the end of the calling thread's staging lane;
-    // settles that lane once it holds stage_max_ nodes (see "Staging" at the top).
-    void to_stage(node* n, rep d) noexcept {
-        const std::size_t l = thread_lane() & (stage_lanes - 1);
-        staged_.push_back_to(l, n);
-        staged_any_ = true;
-        if (d < staged_min_) staged_min_ = d;
-        if (++staged_count_[l] >= stage_max_) {
-            staged_count_[l] = 0;
-            for (node_links* c = staged_.lane[l].detach(); c;) {
-                node_links* next = c->next;
-                place(node::of(c));
-                c = next;
-            }
-        }
-    }
-
-    // Moves every staged node to its bucket (the lanes in turn, each one's next node prefetched).
-    void settle_all() noexcept {
-        if (!staged_any_) return;
-        staged_.drain([&](node_links* l) { place(node::of(l)); });
-        std::fill(std::begin(staged_count_), std::end(staged_count_), std::size_t{0});
-        staged_min_ = never;
-        staged_any_ = false;
-    }
-
     // Links n (due at d, slot s) into its bucket (s is not behind the cursor).
     void place(node* n, rep d, std::uint64_t s) noexcept {
         const std::size_t b = static_cast<std::size_t>(s) & mask_;
@@ -366,14 +341,6 @@ class hashed_wheel_ring {
     void place(node* n) noexcept {
         const rep d = n->deadline.time_since_epoch().count();
         place(n, d, slot(d));
-    }
-
-    // A small number of the calling thread's own (for its staging lane), given out in turn.
-    static std::size_t thread_lane() noexcept {
-        static std::atomic<std::size_t> given{0};
-        thread_local std::size_t mine = 0;  // 0: none yet
-        if (mine == 0) mine = given.fetch_add(1, std::memory_order_relaxed) + 1;
-        return mine;
     }
 
     void clear(bucket& k, std::size_t b) noexcept {
@@ -454,12 +421,7 @@ class hashed_wheel_ring {
     near_window<Clock> window_;  // the opened tick's nodes, and any linked behind the cursor
     std::vector<bucket> buckets_;
     std::vector<std::uint64_t> bits_;  // bit b: buckets_[b] is non-empty
-    static constexpr std::size_t stage_lanes = 8;
-    laned_list<stage_lanes> staged_;  // nodes linked since the last pass, one lane per thread
-    std::size_t staged_count_[stage_lanes] = {};  // links into each lane since it was settled
-    rep staged_min_ = never;   // <= the earliest staged deadline (exact but after a cancel)
-    bool staged_any_ = false;  // something was staged since the last settle_all()
-    std::size_t stage_max_;    // a lane is settled when it holds this many
+    staging<Clock> staged_;            // nodes linked since the last pass, one lane per thread
 };
 
 }  // namespace delayq::detail
