@@ -41,7 +41,8 @@ std::atomic<bool> g_counting{false};
 std::atomic<std::int64_t> g_requested{0}, g_usable{0};
 }  // namespace
 
-void* operator new(std::size_t n) {
+// Not inlined: g++ would then see a free() of what `new` returned (-Wmismatched-new-delete).
+[[gnu::noinline]] void* operator new(std::size_t n) {
     void* p = std::malloc(n ? n : 1);
     if (!p) throw std::bad_alloc();
     if (g_counting.load(std::memory_order_relaxed)) {
@@ -51,7 +52,7 @@ void* operator new(std::size_t n) {
     }
     return p;
 }
-void operator delete(void* p) noexcept {
+[[gnu::noinline]] void operator delete(void* p) noexcept {
     if (p && g_counting.load(std::memory_order_relaxed))
         g_usable.fetch_sub(static_cast<std::int64_t>(malloc_usable_size(p)) + 8,
                            std::memory_order_relaxed);
