@@ -28,8 +28,7 @@ struct hashed {
     using wheel = delayq::test::hashed_core::wheel;
     static wheel::options options() { return delayq::test::hashed_core::options(4); }
 };
-// Too many buckets to settle bucket by bucket (hashed_wheel_ring::place_run): node by node, and
-// its lanes settle at 16 384 links, so here only when a pass begins.
+// A large ring: its lanes settle at 16 384 links, so here only when a pass begins.
 struct hashed_large {
     using wheel = delayq::test::hashed_core::wheel;
     static wheel::options options() { return delayq::test::hashed_core::options(8192); }

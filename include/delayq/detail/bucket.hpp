@@ -64,13 +64,6 @@ struct laned_list {
         next_lane = (next_lane + 1) & (Lanes - 1);
     }
 
-    /// The lane whose turn it is; the turn moves on, as if push_back() had linked a node.
-    node_list& take_turn() noexcept {
-        node_list& l = lane[next_lane];
-        next_lane = (next_lane + 1) & (Lanes - 1);
-        return l;
-    }
-
     /// Links n at the end of lane i (mod Lanes) rather than the next lane in turn.
     void push_back_to(std::size_t i, node_links* n) noexcept { lane[i & (Lanes - 1)].push_back(n); }
 

@@ -35,12 +35,8 @@
 // linking thread's staging lane (staging.hpp says why), and a lane settles into the buckets once it
 // holds 4 x W links (1 024 to 16 384), or when a pass begins: expire() settles everything before
 // it moves the cursor, so a staged node's slot is never behind it. next_expiry() counts the staged
-// nodes through staging::min(). A settling lane goes to the buckets bucket by bucket (place_run):
-// its nodes are strung onto a chain per bucket first, then each chain is linked into one lane of
-// its bucket in a row, so that only a chain's first link waits for a cold lane tail (scripts/ab
-// hashed insert 1000000 150: 0.93x, monotonic 0.93x; 10M 0.97x). A reschedule, or a periodic
-// task's next run, links at once (link(..., false)): staged, reschedules at 1M measured 1.5x
-// slower.
+// nodes through staging::min(). A reschedule, or a periodic task's next run, links at once
+// (link(..., false)): staged, reschedules at 1M measured 1.5x slower.
 //
 // Arithmetic is done in Clock::rep with 128-bit intermediates where it could overflow, so deadlines
 // anywhere on the time line (time_point::max() included) are placed correctly.
@@ -91,7 +87,6 @@ class hashed_wheel_ring {
         mask_ = w - 1;
         buckets_ = std::vector<bucket>(w);
         bits_.resize((w + 63) / 64);
-        if (w <= max_binned) bins_.assign(w, nullptr);
     }
 
     hashed_wheel_ring(const hashed_wheel_ring&) = delete;
@@ -126,7 +121,7 @@ class hashed_wheel_ring {
             return n->deadline < wake_by;
         }
         if (stage) {
-            staged_.push(n, d, [this](node_links* run) { place_run(run); });
+            staged_.push(n, d, [this](node* m) { place(m); });
         } else {
             place(n, d, s);
         }
@@ -158,7 +153,7 @@ class hashed_wheel_ring {
             ++count;
         };
         // before the cursor moves: a staged node's slot is not behind it yet
-        staged_.settle([this](node_links* run) { place_run(run); });
+        staged_.settle([this](node* m) { place(m); });
         count += window_.take_due(now_tp, sink);
         if (now >= origin_) {
             const std::uint64_t t = floor_tick(now);
@@ -342,46 +337,10 @@ class hashed_wheel_ring {
         if (d > k.max) k.max = d;
     }
 
-    // A settling lane's nodes (a chain through `next`) to their buckets, their slots computed
-    // again from their deadlines. With at most max_binned buckets, bucket by bucket: the nodes are
-    // first strung onto one chain per bucket (through `prev`, in bins_), then each bucket's chain
-    // goes to one of its lanes in a row, so that only its first link waits for that lane's last
-    // node, out of cache when the wheel is large; the others follow the node linked just before.
-    void place_run(node_links* c) noexcept {
-        if (bins_.empty()) {
-            while (c) {
-                node_links* next = c->next;
-                if (next) __builtin_prefetch(next);
-                node* n = node::of(c);
-                const rep d = n->deadline.time_since_epoch().count();
-                place(n, d, slot(d));
-                c = next;
-            }
-            return;
-        }
-        for (; c; c = c->next) {
-            const std::size_t b =
-                static_cast<std::size_t>(slot(node::of(c)->deadline.time_since_epoch().count())) &
-                mask_;
-            c->prev = bins_[b];
-            bins_[b] = c;
-        }
-        for (std::size_t b = 0; b <= mask_; ++b) {
-            node_links* g = bins_[b];
-            if (!g) continue;
-            bins_[b] = nullptr;
-            bucket& k = buckets_[b];
-            bits_[b >> 6] |= std::uint64_t{1} << (b & 63);
-            node_list& lane = k.nodes.take_turn();
-            while (g) {
-                node_links* up = g->prev;
-                const rep d = node::of(g)->deadline.time_since_epoch().count();
-                lane.push_back(g);
-                if (d < k.min) k.min = d;
-                if (d > k.max) k.max = d;
-                g = up;
-            }
-        }
+    // A staged node: its slot, computed again from its deadline.
+    void place(node* n) noexcept {
+        const rep d = n->deadline.time_since_epoch().count();
+        place(n, d, slot(d));
     }
 
     void clear(bucket& k, std::size_t b) noexcept {
@@ -461,10 +420,8 @@ class hashed_wheel_ring {
     std::size_t size_ = 0;
     near_window<Clock> window_;  // the opened tick's nodes, and any linked behind the cursor
     std::vector<bucket> buckets_;
-    std::vector<std::uint64_t> bits_;                // bit b: buckets_[b] is non-empty
-    static constexpr std::size_t max_binned = 4096;  // buckets, for place_run()'s bins
-    std::vector<node_links*> bins_;  // place_run(): a chain per bucket; all null between calls
-    staging<Clock> staged_;          // nodes linked since the last pass, one lane per thread
+    std::vector<std::uint64_t> bits_;  // bit b: buckets_[b] is non-empty
+    staging<Clock> staged_;            // nodes linked since the last pass, one lane per thread
 };
 
 }  // namespace delayq::detail

@@ -8,11 +8,10 @@
 // collapsed to 2.7x its one-thread cost per schedule (two_threads_insert in bench_compare). So a
 // schedule links its node at the end of the calling thread's lane instead (the lane's last node is
 // the one this thread linked just before: in its cache), and a lane moves to the buckets
-// ("settles") once it holds `settle_at` nodes: the wheel gets the lane's nodes as one chain and
-// places them in bulk, where the CPU overlaps the misses of independent links and the wheel can
-// order the links by bucket (hashed_wheel_ring::place_run). The wheel settles everything before a
-// pass moves its time (a staged node's place depends on it), when it has it all handed over
-// (take_all), and that is all it needs to do.
+// ("settles") once it holds `settle_at` nodes, in one loop whose iterations do not depend on each
+// other: the CPU overlaps their misses, and the next node of each lane is prefetched. The wheel
+// settles everything before a pass moves its time (a staged node's place depends on it), when it
+// has it all handed over (take_all), and that is all it needs to do.
 //
 // Only the hashed wheel stages. The hierarchical one tried it and lost: with Kafka's 20 buckets a
 // level, the few bucket tails its schedules write stay in cache anyway, and settling re-reads each
@@ -53,26 +52,29 @@ class staging {
     rep min() const noexcept { return min_; }
 
     /// Links n (due at d, in no list) at the end of the calling thread's lane. When that lane
-    /// then holds settle_at nodes, empties it and hands its nodes to settle_run(first): a chain
-    /// through `next`, in link order, ending in nullptr (their `prev` is stale).
-    template <class SettleRun>
-    void push(node* n, rep d, SettleRun&& settle_run) noexcept {
+    /// then holds settle_at nodes, hands each of them, unlinked, to place(node*), in link order.
+    template <class Place>
+    void push(node* n, rep d, Place&& place) noexcept {
         const std::size_t l = thread_lane() & (lanes - 1);
         nodes_.push_back_to(l, n);
         any_ = true;
         if (d < min_) min_ = d;
         if (++count_[l] >= settle_at_) {
             count_[l] = 0;
-            settle_run(nodes_.lane[l].detach());
+            for (node_links* c = nodes_.lane[l].detach(); c;) {
+                node_links* next = c->next;
+                place(node::of(c));
+                c = next;
+            }
         }
     }
 
-    /// Empties every lane, handing each one's nodes to settle_run(first) as push() does.
-    template <class SettleRun>
-    void settle(SettleRun&& settle_run) noexcept {
+    /// Hands every staged node, unlinked, to place(node*): the lanes in turn, each one's next
+    /// node prefetched. place may link the node anywhere.
+    template <class Place>
+    void settle(Place&& place) noexcept {
         if (!any_) return;
-        for (node_list& lane : nodes_.lane)
-            if (node_links* first = lane.detach()) settle_run(first);
+        nodes_.drain([&](node_links* l) { place(node::of(l)); });
         reset();
     }
 
