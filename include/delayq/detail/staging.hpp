@@ -45,10 +45,7 @@ class staging {
     /// A lane settles when it holds settle_at nodes (>= 1).
     explicit staging(std::size_t settle_at) noexcept : settle_at_(settle_at) {}
 
-    /// Whether a node was staged since the last settle (it may have been unlinked since).
-    bool touched() const noexcept { return any_; }
-
-    /// A lower bound of the staged deadlines (never when !touched(); a deadline may be never too).
+    /// A lower bound of the staged deadlines (never when none was staged since the last settle).
     rep min() const noexcept { return min_; }
 
     /// Links n (due at d, in no list) at the end of the calling thread's lane. When that lane
