@@ -128,3 +128,32 @@ TEMPLATE_TEST_CASE("staging: the next expiry counts a staged task, and a pass ru
     CHECK(w.stop().size() == 10);
     CHECK(ran == 1);
 }
+
+TEMPLATE_TEST_CASE(
+    "staging: 400 000 timers for one instant, scheduled hours apart, run first in, "
+    "first out",
+    "", hashed, hashed_large, hierarchical) {
+    // Half scheduled at 0, half one second before they are all due, in a wheel of 4 buckets (or
+    // levels of 4): what a pass gathers of one deadline, bucket by bucket and list by list, need
+    // not be in schedule order, and the pass must put it back in order (the sort of equal
+    // deadlines, quadratic before: test_due_batch) without taking longer than a sort.
+    mc::reset();
+    typename TestType::wheel w(TestType::options());
+    const std::size_t half = 200'000;
+    const tp at = tp{} + 2h;
+    std::vector<std::uint32_t> order;
+    order.reserve(2 * half);
+    std::uint32_t next = 0;
+    auto schedule_half = [&] {
+        for (std::size_t i = 0; i < half; ++i)
+            w.schedule_at([&order, k = next++] { order.push_back(k); }, at);
+    };
+    schedule_half();
+    mc::set(tp{} + 1h + 59min + 59s);  // the first half has cascaded, or sits in its bucket
+    CHECK(w.advance(mc::now()) == 0);
+    schedule_half();
+    mc::set(at);
+    CHECK(w.advance(mc::now()) == 2 * half);
+    REQUIRE(order.size() == 2 * half);
+    CHECK(std::is_sorted(order.begin(), order.end()));
+}

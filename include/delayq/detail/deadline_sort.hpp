@@ -75,19 +75,32 @@ Rec* lsd_sort(Rec* a, Rec* scratch, std::size_t n, unsigned bits) noexcept {
 
 // Equal deadlines (equal keys) of v[0..n), sorted by key: sequence order. The radix passes kept
 // the input order, which a bucket's lanes and a hierarchical wheel's levels do not make the
-// schedule order.
+// schedule order. A few equal deadlines are insertion-sorted; many (timers all set for one
+// instant) are sorted by their seqs in O(k log k): insertion-sorted, 300 000 of them in reverse
+// took n^2 / 4 moves, hours (test_due_batch).
 template <class Clock>
 void order_equal_deadlines(deadline_rec<Clock>* v, std::size_t n) noexcept {
     using rec = deadline_rec<Clock>;
+    using node = timer_node<Clock>;
     for (std::size_t i = 0; i < n;) {
         std::size_t j = i + 1;
         while (j < n && v[j].key == v[i].key) ++j;
-        for (std::size_t a = i + 1; a < j; ++a) {
-            const rec r = v[a];
-            std::size_t b = a;
-            for (; b > i && timer_node<Clock>::seq_before(r.n->seq, v[b - 1].n->seq); --b)
-                v[b] = v[b - 1];
-            v[b] = r;
+        if (j - i <= 16) {
+            for (std::size_t a = i + 1; a < j; ++a) {
+                const rec r = v[a];
+                std::size_t b = a;
+                for (; b > i && node::seq_before(r.n->seq, v[b - 1].n->seq); --b) v[b] = v[b - 1];
+                v[b] = r;
+            }
+        } else {
+            // Seqs compare mod 2^32 (seq_before); counted from the run's first in, as numbers.
+            const std::uint64_t key = v[i].key;
+            std::uint32_t first = v[i].n->seq;
+            for (std::size_t a = i + 1; a < j; ++a)
+                if (node::seq_before(v[a].n->seq, first)) first = v[a].n->seq;
+            for (std::size_t a = i; a < j; ++a) v[a].key = v[a].n->seq - first;
+            std::sort(v + i, v + j, [](const rec& x, const rec& y) { return x.key < y.key; });
+            for (std::size_t a = i; a < j; ++a) v[a].key = key;
         }
         i = j;
     }
