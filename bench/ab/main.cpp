@@ -11,7 +11,7 @@
 //
 // usage (scripts/ab builds it): ab STRUCTURE WORKLOAD [N=1000000] [ROUNDS=200]
 //   STRUCTURE: hashed | hierarchical | both (the thread-free cores)
-//   WORKLOAD:  insert | insert_monotonic | insert_cold | cancel | expire | stop
+//   WORKLOAD:  insert | insert_monotonic | insert_cold | cancel | expire | expire_monotonic | stop
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -80,7 +80,8 @@ int main(int argc, char** argv) {
     if (argc < 3) {
         std::fprintf(stderr,
                      "usage: %s hashed|hierarchical|both "
-                     "insert|insert_monotonic|insert_cold|cancel|expire|stop [N] [ROUNDS]\n",
+                     "insert|insert_monotonic|insert_cold|cancel|expire|expire_monotonic|stop [N] "
+                     "[ROUNDS]\n",
                      argv[0]);
         return 2;
     }

@@ -81,7 +81,8 @@ class wheel_rounds final : public ab::rounds {
         if (workload_ == "insert_monotonic") return insert(true);
         if (workload_ == "insert_cold") return insert_cold();
         if (workload_ == "cancel") return cancel();
-        if (workload_ == "expire") return expire();
+        if (workload_ == "expire") return expire(false);
+        if (workload_ == "expire_monotonic") return expire(true);
         if (workload_ == "stop") return stop();
         return -1;
     }
@@ -149,12 +150,20 @@ class wheel_rounds final : public ab::rounds {
         return ns;
     }
 
-    // A fresh wheel with n timers (untimed), then one late pass past all of them.
-    double expire() {
+    // A fresh wheel with n timers (untimed), then one late pass past all of them. Monotonic:
+    // scheduled in deadline order, evenly over the same 60 s (one timeout for every request).
+    double expire(bool monotonic) {
         mclock::set(base());
         W w(options<W>());
         std::vector<delayq::timeout<mclock>> h(n_);
-        for (std::size_t i = 0; i < n_; ++i) h[i] = w.schedule_at(tick_task{&fired}, at_[i]);
+        for (std::size_t i = 0; i < n_; ++i) {
+            const mtp at = monotonic ? base() + 10s +
+                                           std::chrono::microseconds(60'000'000) *
+                                               static_cast<std::int64_t>(i) /
+                                               static_cast<std::int64_t>(n_)
+                                     : at_[i];
+            h[i] = w.schedule_at(tick_task{&fired}, at);
+        }
         const mtp now = base() + 71s;
         mclock::set(now);
         const auto t0 = std::chrono::steady_clock::now();
