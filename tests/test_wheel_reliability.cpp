@@ -606,3 +606,38 @@ TEST_CASE("reliability: a task at time_point::max() wakes a driver asleep with n
     driver.join();
     mc::reset();
 }
+
+TEST_CASE("reliability: a tick opened without room to sort its window still sorts in O(n log n)",
+          "[finding]") {
+    // A 1 s tick opened 100 ms in: its 200 000 nodes, none due yet, move to the near window,
+    // which sorts them by deadline. When the sort's scratch array could not be had, the window
+    // sorted in place by insertion: O(n^2), hours for nodes linked in reverse deadline order, as
+    // here. Each round fails one more allocation of the pass (k), until the pass makes no more.
+    constexpr std::size_t n = 200'000;
+    for (long k = 0; k < 256; ++k) {
+        CAPTURE(k);
+        mc::set(tp{1h});
+        delayq::hashed_wheel<mc>::options o;
+        o.tick = 1s;
+        o.ticks_per_wheel = 16;
+        delayq::hashed_wheel<mc> w(std::move(o));
+        std::vector<tp> ran;
+        ran.reserve(n);
+        for (std::size_t i = 0; i < n; ++i) {
+            const tp at = tp{1h} + 900ms - std::chrono::microseconds(i);
+            w.schedule_at([&ran, at] { ran.push_back(at); }, at);
+        }
+        mc::advance(100ms);
+        delayq::test::allocations_before_failure = k;
+        w.advance(mc::now());  // a failure here is absorbed: the window or its sort makes do
+        const bool failed = delayq::test::allocations_before_failure == -1;
+        delayq::test::allocations_before_failure = -1;
+        CHECK(ran.empty());
+        mc::set(tp{1h} + 1s);
+        w.advance(mc::now());
+        REQUIRE(ran.size() == n);
+        CHECK(std::is_sorted(ran.begin(), ran.end()));
+        if (!failed) break;  // the pass made fewer than k + 1 allocations: all were tried
+    }
+    mc::reset();
+}
