@@ -140,6 +140,7 @@ TEST_CASE("due_batch: large runs of wide deadlines and deadlines anywhere on the
     nodes ns(d);
     CHECK((batch_of(ns, shuffled_runs(d.size(), 7, rng)) == heap_order(ns)));
 }
+
 TEST_CASE("due_batch: 300 000 equal deadlines out of seq order are put in order in O(n log n)") {
     // One deadline for all (timers set for midnight), in a bucket or a level whose walk does not
     // give the schedule order: in reverse within one run, and as two runs in the wrong order.

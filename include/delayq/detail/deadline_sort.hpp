@@ -217,4 +217,14 @@ bool sort_by_deadline(deadline_recs<Clock>& v, deadline_recs<Clock>& scratch) no
     return true;
 }
 
+/// Sorts v by (deadline, seq): as sort_by_deadline(), or, when its scratch cannot be had, in
+/// place by comparing the nodes (O(n log n) still, no allocation).
+template <class Clock>
+void sort_by_deadline_or_in_place(deadline_recs<Clock>& v, deadline_recs<Clock>& scratch) noexcept {
+    if (sort_by_deadline(v, scratch)) return;
+    std::sort(v.begin(), v.end(), [](const deadline_rec<Clock>& a, const deadline_rec<Clock>& b) {
+        return timer_node<Clock>::before(*a.n, *b.n);
+    });
+}
+
 }  // namespace delayq::detail

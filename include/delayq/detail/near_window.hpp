@@ -19,7 +19,6 @@
 // the wheel then keeps that node where it was (its tick is then rounded, as without a window).
 #pragma once
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -76,14 +75,12 @@ class near_window {
         return true;
     }
 
-    /// Ends a pass's staging: sorts what was staged (in place, comparing nodes, if the scratch
-    /// cannot be had: O(n log n) still; by insertion it was O(n^2), hours for 200 000).
+    /// Ends a pass's staging: sorts what was staged (in place if the scratch cannot be had; by
+    /// insertion, as it once was, 200 000 nodes took hours).
     void end_stage() noexcept {
         if (!staging_) return;
         staging_ = false;
-        if (!sort_by_deadline(sorted_, scratch_))
-            std::sort(sorted_.begin(), sorted_.end(),
-                      [](const rec& a, const rec& b) { return node::before(*a.n, *b.n); });
+        sort_by_deadline_or_in_place(sorted_, scratch_);
         for (std::size_t i = 0; i < sorted_.size(); ++i) set_index(sorted_[i].n, i);
     }
 

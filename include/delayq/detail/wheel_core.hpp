@@ -326,10 +326,7 @@ class wheel_core final : public timer_core<Clock> {
         // end of its sleep may end others: coro.hpp). No one else writes the state of a node
         // stop() has taken: cancel() and the runner find it unlinked.
         deadline_recs<Clock> scratch;
-        if (!sort_by_deadline(held, scratch)) {  // no room to sort in: compare in place
-            std::sort(held.begin(), held.end(),
-                      [](const auto& a, const auto& b) { return node::before(*a.n, *b.n); });
-        }
+        sort_by_deadline_or_in_place(held, scratch);
         for (std::size_t i = 0; i < held.size(); ++i) {
             if (i + 8 < held.size()) __builtin_prefetch(held[i + 8].n, 1);
             node* n = held[i].n;
