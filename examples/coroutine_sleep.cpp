@@ -115,8 +115,11 @@ detached on_the_executor(delayq::hashed_wheel_timer<>& timer, run_queue& rq, int
     finished.fetch_add(1);
 }
 
-detached until_stopped(delayq::hashed_wheel_timer<>& timer, std::stop_token st, bool& slept) {
-    slept = co_await delayq::sleep_for(timer, 1h, std::move(st));
+// Sleeps an hour unless `st` cuts it short; `slept` becomes 1 (the hour passed) or 0 (cut short).
+detached until_stopped(delayq::hashed_wheel_timer<>& timer, std::stop_token st,
+                       std::atomic<int>& slept) {
+    const bool ok = co_await delayq::sleep_for(timer, 1h, std::move(st));
+    slept.store(ok ? 1 : 0);
 }
 
 }  // namespace
@@ -157,10 +160,13 @@ int main() {
         on_main.load());
 
     std::stop_source stop;
-    bool slept = true;
+    std::atomic<int> slept{-1};
     until_stopped(timer, stop.get_token(), slept);
-    stop.request_stop();  // cuts the hour-long sleep short: the coroutine resumes, here, with false
+    // Cuts the hour-long sleep short: the worker resumes the coroutine at once, with false (not
+    // request_stop(), which could not report what the coroutine throws).
+    stop.request_stop();
+    while (slept.load() < 0) std::this_thread::sleep_for(1ms);
     std::printf("a one-hour sleep cut short by its stop_token: co_await gave %s; %zu timers left\n",
-                slept ? "true" : "false", timer.pending());
-    return on_worker.load() == sleepers && on_main.load() == sleepers && !slept ? 0 : 1;
+                slept.load() == 1 ? "true" : "false", timer.pending());
+    return on_worker.load() == sleepers && on_main.load() == sleepers && slept.load() == 0 ? 0 : 1;
 }

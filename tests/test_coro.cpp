@@ -27,11 +27,15 @@
 #include <random>
 #include <stdexcept>
 #include <stop_token>
+#include <string>
 #include <thread>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "catch.hpp"
 #include "support.hpp"
+#include "wheels.hpp"
 
 using namespace std::chrono_literals;
 using mc = delayq::manual_clock;
@@ -50,20 +54,29 @@ struct detached {
 };
 
 // A coroutine that starts at once and whose frame its owner destroys (also while it sleeps).
-struct owned {
+// With Rethrow, what its body throws leaves it for whoever resumed it (as with many task types'
+// promises); the frame is then at its final suspend point, and the owner still destroys it.
+template <bool Rethrow>
+struct owned_coro {
     struct promise_type {
-        owned get_return_object() noexcept {
-            return owned{std::coroutine_handle<promise_type>::from_promise(*this)};
+        owned_coro get_return_object() noexcept {
+            return owned_coro{std::coroutine_handle<promise_type>::from_promise(*this)};
         }
         std::suspend_never initial_suspend() noexcept { return {}; }
         std::suspend_always final_suspend() noexcept { return {}; }
         void return_void() noexcept {}
-        void unhandled_exception() noexcept { std::terminate(); }
+        void unhandled_exception() noexcept(!Rethrow) {
+            if constexpr (Rethrow) {
+                throw;
+            } else {
+                std::terminate();
+            }
+        }
     };
-    explicit owned(std::coroutine_handle<promise_type> h) : h_(h) {}
-    owned(owned&& o) noexcept : h_(std::exchange(o.h_, {})) {}
-    owned& operator=(owned&&) = delete;
-    ~owned() {
+    explicit owned_coro(std::coroutine_handle<promise_type> h) : h_(h) {}
+    owned_coro(owned_coro&& o) noexcept : h_(std::exchange(o.h_, {})) {}
+    owned_coro& operator=(owned_coro&&) = delete;
+    ~owned_coro() {
         if (h_) h_.destroy();
     }
     bool done() const { return h_.done(); }
@@ -71,6 +84,8 @@ struct owned {
   private:
     std::coroutine_handle<promise_type> h_;
 };
+using owned = owned_coro<false>;
+using rethrowing = owned_coro<true>;
 
 delayq::hashed_wheel_options<mc> wheel_opts(mc::duration tick = 1ms) {
     delayq::hashed_wheel_options<mc> o;
@@ -125,6 +140,56 @@ struct post_to {
         rq->q.push_back(r);
     }
 };
+
+// What a coroutine threw after its sleep.
+struct thrown_after_sleep : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+// Sleeps `d`, notes how the sleep ended, then throws (a rethrowing promise passes it on).
+template <class Timer>
+rethrowing throws_after_sleep(Timer& t, mc::duration d, outcome& out, std::stop_token st = {}) {
+    const bool ok = co_await delayq::sleep_for(t, d, std::move(st));
+    out.ok = ok;
+    out.thread = std::this_thread::get_id();
+    ++out.resumed;
+    throw thrown_after_sleep(ok ? "woke" : "cut short");
+}
+
+// An on_error that keeps what it is given.
+struct error_log {
+    std::mutex m;
+    std::vector<std::string> what;
+    std::function<void(std::exception_ptr)> handler() {
+        return [this](std::exception_ptr e) {
+            std::string w;
+            try {
+                std::rethrow_exception(std::move(e));
+            } catch (const thrown_after_sleep& x) {
+                w = x.what();
+            } catch (...) {
+                w = "something else";
+            }
+            std::lock_guard lk(m);
+            what.push_back(std::move(w));
+        };
+    }
+    std::vector<std::string> seen() {
+        std::lock_guard lk(m);
+        return what;
+    }
+};
+
+using hashed = delayq::test::hashed_core;
+using hierarchical = delayq::test::hierarchical_core;
+
+// A thread-free wheel (TestType of wheels.hpp) whose on_error writes to `log`.
+template <class W>
+typename W::wheel::options options_with(error_log& log) {
+    auto o = W::options(std::is_same_v<W, hashed> ? 64 : 8);
+    o.on_error = log.handler();
+    return o;
+}
 
 }  // namespace
 
@@ -238,17 +303,22 @@ TEST_CASE("coro: the hierarchical wheel without a thread, driven by advance_cloc
     CHECK(b.at >= mc::time_point{} + 2s);
 }
 
-TEST_CASE("coro: a stop request resumes the sleeper at once with false and frees its timer",
-          "[coro]") {
+TEST_CASE(
+    "coro: a stop request resumes the sleeper with false in the timer's next pass and frees its "
+    "timer",
+    "[coro]") {
     mc::reset();
     std::stop_source src;
     outcome o;
     delayq::hashed_wheel<mc> w(wheel_opts());
     sleeper(w, 1h, o, src.get_token());
     CHECK(w.pending() == 1);
-    src.request_stop();  // resumes it here, inside request_stop()
+    src.request_stop();  // moves its task to now: not resumed inside request_stop()
+    CHECK(o.resumed == 0);
+    CHECK(w.advance() == 1);  // no time has passed
     CHECK(o.resumed == 1);
     CHECK(o.ok == false);
+    CHECK(o.at == mc::time_point{});
     CHECK(w.pending() == 0);
     mc::advance(2h);
     w.advance();
@@ -372,7 +442,8 @@ TEST_CASE("coro: with an executor the coroutine resumes where the executor runs 
     CHECK(rq.size() == 1);
     CHECK(rq.run_all() == 1);
     CHECK(resumed == 1);
-    src.request_stop();  // a cut-short sleep goes through the executor too
+    src.request_stop();  // a cut-short sleep goes through the next pass and the executor too
+    CHECK(w.advance() == 1);
     CHECK(resumed == 1);
     CHECK(rq.run_all() == 1);
     CHECK(resumed == 2);
@@ -536,9 +607,126 @@ TEST_CASE("coro: a stop request resumes a parent that destroys its sleeping chil
     };
     parent();
     src.request_stop();
+    CHECK_FALSE(parent_done);
+    CHECK(w.advance() == 1);  // the parent's sleep, moved to now by the stop request
     CHECK(parent_done);
     CHECK(w.pending() == 0);
     mc::advance(1h);
     w.advance();
     CHECK(children_resumed == 0);
+}
+
+// A promise that rethrows hands what the coroutine throws to whoever resumed it. After a sleep
+// that ran its course that is the timer's pass, which gives it to on_error; a sleep cut short must
+// end the same way, or at least never inside a noexcept frame (std::terminate).
+
+TEMPLATE_TEST_CASE(
+    "coro: a rethrowing coroutine that throws after its sleep ends: on_error hears it",
+    "[coro][throw]", hashed, hierarchical) {
+    mc::reset();
+    error_log log;
+    outcome o;
+    typename TestType::wheel w(options_with<TestType>(log));
+    rethrowing c = throws_after_sleep(w, 5ms, o);
+    mc::advance(5ms);
+    CHECK(w.advance() == 1);
+    CHECK(o.resumed == 1);
+    CHECK(o.ok == true);
+    CHECK(c.done());
+    CHECK(log.seen() == std::vector<std::string>{"woke"});
+}
+
+TEMPLATE_TEST_CASE(
+    "coro: a stop request cuts a sleep short: the coroutine resumes in the next pass, with false, "
+    "and what it throws goes to on_error",
+    "[coro][throw]", hashed, hierarchical) {
+    mc::reset();
+    error_log log;
+    std::stop_source src;
+    outcome o, other;
+    typename TestType::wheel w(options_with<TestType>(log));
+    rethrowing c = throws_after_sleep(w, 1h, o, src.get_token());
+    rethrowing d = throws_after_sleep(w, 1h, other);
+    CHECK(w.pending() == 2);
+    src.request_stop();  // must not resume the coroutine in here: it could not report a throw
+    CHECK(o.resumed == 0);
+    REQUIRE(w.next_expiry());
+    CHECK(*w.next_expiry() <= mc::now());  // due at once
+    CHECK(w.advance() == 1);
+    CHECK(o.resumed == 1);
+    CHECK(o.ok == false);
+    CHECK(o.thread == std::this_thread::get_id());
+    CHECK(c.done());
+    CHECK(log.seen() == std::vector<std::string>{"cut short"});
+    CHECK(w.pending() == 1);  // the other sleep is untouched
+    CHECK(other.resumed == 0);
+    mc::advance(2h);
+    CHECK(w.advance() == 1);
+    CHECK(o.resumed == 1);  // once
+    CHECK(other.ok == true);
+    CHECK(log.seen() == std::vector<std::string>{"cut short", "woke"});
+}
+
+TEMPLATE_TEST_CASE(
+    "coro: stop() cuts a sleep short: a rethrowing coroutine that then throws does not terminate "
+    "the process",
+    "[coro][throw]", hashed, hierarchical) {
+    mc::reset();
+    error_log log;
+    std::vector<outcome> outs(3);
+    typename TestType::wheel w(options_with<TestType>(log));
+    std::vector<rethrowing> cs;
+    for (std::size_t i = 0; i < outs.size(); ++i)
+        cs.push_back(throws_after_sleep(w, std::chrono::hours(i + 1), outs[i]));
+    const auto left = w.stop();  // resumes each (false); each throws
+    CHECK(left.size() == 3);
+    for (std::size_t i = 0; i < outs.size(); ++i) {
+        CHECK(outs[i].resumed == 1);
+        CHECK(outs[i].ok == false);
+        CHECK(cs[i].done());
+    }
+    CHECK(w.pending() == 0);
+    CHECK(log.seen().empty());  // no pass ran them: what they threw is dropped (coro.hpp)
+}
+
+TEMPLATE_TEST_CASE(
+    "coro: the timer's destructor cuts a sleep short: a rethrowing coroutine that then throws "
+    "does not terminate the process",
+    "[coro][throw]", hashed, hierarchical) {
+    mc::reset();
+    error_log log;
+    std::vector<outcome> outs(3);
+    std::vector<rethrowing> cs;
+    {
+        typename TestType::wheel w(options_with<TestType>(log));
+        for (std::size_t i = 0; i < outs.size(); ++i)
+            cs.push_back(throws_after_sleep(w, std::chrono::hours(i + 1), outs[i]));
+    }  // resumes each (false); each throws
+    for (std::size_t i = 0; i < outs.size(); ++i) {
+        CHECK(outs[i].resumed == 1);
+        CHECK(outs[i].ok == false);
+        CHECK(cs[i].done());
+    }
+    CHECK(log.seen().empty());  // no pass ran them: what they threw is dropped (coro.hpp)
+}
+
+TEST_CASE(
+    "coro: on a hashed_wheel_timer a stop request resumes the coroutine on the worker, and what "
+    "it throws goes to on_error",
+    "[coro][throw]") {
+    mc::reset();
+    error_log log;
+    std::stop_source src;
+    outcome o;
+    auto opts = wheel_opts();
+    opts.on_error = log.handler();
+    delayq::hashed_wheel_timer<mc> t(opts);
+    rethrowing c = throws_after_sleep(t, 1h, o, src.get_token());
+    src.request_stop();
+    REQUIRE(delayq::test::eventually([&] { return log.seen().size() == 1; }));
+    CHECK(log.seen() == std::vector<std::string>{"cut short"});
+    CHECK(o.resumed == 1);
+    CHECK(o.ok == false);
+    CHECK(o.thread != std::this_thread::get_id());
+    CHECK(t.pending() == 0);
 }

@@ -18,8 +18,9 @@
 // Why this is in the library and not an example: the task, the stop_token and the resumption race
 // each other across threads, and getting that right is the whole difficulty. The awaiter settles it
 // with one atomic state word: `suspended` (await_suspend() is done with the frame) and `done` (the
-// sleep ended, with ok_ written). Whichever of the two is set second resumes the coroutine, so it
-// is resumed exactly once and never while await_suspend() is still using the frame.
+// sleep ended, with ok_ written); `cut` says a stop request came first. Whichever of the two is set
+// second resumes the coroutine, so it is resumed exactly once and never while await_suspend() is
+// still using the frame.
 //
 // A frame destroyed while it sleeps (its owner called destroy(), e.g. a parent task dropping a
 // child) sets `abandoned` and cancels the task, and the coroutine is not resumed. When the task can
@@ -28,9 +29,21 @@
 // stop() of the timer resumed a coroutine (inline) that now destroys this one — where waiting would
 // never end: then the destructor detaches the task, which is still alive below it, from the frame.
 //
-// Where a cut-short sleep resumes: with an executor, on the executor; without one, on the thread
-// that cut it short — inside request_stop(), or inside the timer's stop() or destructor. A
-// coroutine resumed there must not destroy that timer; name an executor when that matters.
+// Where a cut-short sleep resumes, and where what the coroutine then throws goes. A promise whose
+// unhandled_exception() rethrows hands what the coroutine throws to whoever resumed it; after a
+// sleep that ran its course that is the timer's pass, which gives it to on_error. A stop request
+// ends the sleep the same way: it marks the sleep `cut` and moves its task to now, and the timer's
+// next pass (its worker; the next advance() of a thread-free wheel) resumes the coroutine with
+// false, so a throw reaches on_error too. Never inside request_stop(), which is noexcept: a throw
+// there would be std::terminate. (A stop requested before the co_await: the coroutine goes on at
+// once, with false, without sleeping. Out of memory for the move, the sleep ends with false at its
+// deadline.) The timer's stop() and destructor end every sleep unrun, inside the noexcept end of
+// its task: the coroutine resumes there (false), on that thread, so that it is never left
+// suspended or lost; but no pass runs it and the timer's on_error cannot be reached from here, so
+// what it throws is caught and dropped rather than calling std::terminate. With an executor the
+// coroutine resumes, and throws, wherever the executor runs it; name one when what a coroutine
+// throws after stop() matters, or when it would destroy that timer (it must not, resumed inline
+// inside the timer's stop() or destructor).
 #pragma once
 
 #include <atomic>
@@ -102,7 +115,9 @@ concept sleep_timer = requires(T& t, typename T::time_point tp) {
 
 /// The awaitable of sleep_for() and sleep_until(); `co_await` it once, at once (it is neither
 /// copyable nor movable). `co_await` yields true when the deadline has passed, false when the sleep
-/// was cut short (stop_token, or the timer stopped or destroyed). Throws rejected_error from the
+/// was cut short (stop_token: in the timer's next pass; or the timer stopped or destroyed: inside
+/// stop() or the destructor, where what the coroutine throws is dropped; see the top of the
+/// header). Throws rejected_error from the
 /// co_await when the timer refuses the task (stopped, or max_pending reached), or what scheduling
 /// throws (std::bad_alloc); the coroutine then did not sleep.
 template <sleep_timer Timer, executor Executor = resume_inline>
@@ -123,9 +138,9 @@ class [[nodiscard]] sleep_awaiter {
     /// already decided to) is a race, as for any coroutine.
     ~sleep_awaiter() {
         if (!handle_) return;  // never suspended
+        stop_cb_.reset();      // waits for a stop callback running on another thread: it uses us
         const std::uint8_t prev = state_.fetch_or(abandoned, std::memory_order_acq_rel);
         if (prev & done) return;       // the usual case: resumed, nothing left to do
-        stop_cb_.reset();              // waits for a stop callback running on another thread
         if (handle_.cancel()) return;  // the task ended here, unrun, and saw `abandoned`
         // The task's end is under way. Below us on this thread (a stop() of the timer resumed the
         // coroutine that destroys this one), the task is alive and will not end before we return:
@@ -139,6 +154,7 @@ class [[nodiscard]] sleep_awaiter {
 
     /// Schedules the wake-up. Throws what the timer's schedule_at() throws (nothing scheduled).
     bool await_suspend(std::coroutine_handle<> h) {
+        if (stop_.stop_requested()) return false;  // cut short before it began: go on at once
         h_ = h;
         task t(this);
         try {
@@ -166,6 +182,7 @@ class [[nodiscard]] sleep_awaiter {
     static constexpr std::uint8_t suspended = 1;  // await_suspend() no longer touches the frame
     static constexpr std::uint8_t done = 2;       // the sleep ended; ok_ is written
     static constexpr std::uint8_t abandoned = 4;  // the frame is being destroyed: do not resume
+    static constexpr std::uint8_t cut = 8;        // a stop request cut the sleep short
 
     // The wheel's task: ends the sleep when it runs (true) or when it is destroyed unrun (false:
     // cancelled by the stop_token, by stop(), by the timer's destructor, or by ~sleep_awaiter).
@@ -200,17 +217,44 @@ class [[nodiscard]] sleep_awaiter {
         std::atomic<sleep_awaiter*> a_;
     };
 
+    // A stop request does not end the sleep where it is made: request_stop() is noexcept, and
+    // the coroutine, resumed in there, could not report what it throws. It marks the sleep cut
+    // short and moves its task to now, so that the timer's next pass ends it (false) as it ends
+    // any sleep: what the coroutine then throws goes to on_error. Out of memory for that move,
+    // the sleep still ends with false, at its deadline.
     struct on_stop {
         sleep_awaiter* a;
-        void operator()() const noexcept { (void)a->handle_.cancel(); }
+        void operator()() const noexcept {
+            const std::uint8_t prev = a->state_.fetch_or(cut, std::memory_order_acq_rel);
+            if (prev & (done | cut)) return;
+            try {
+                (void)a->handle_.reschedule_at(clock::now());  // false: it ran, or is ending
+            } catch (...) {                                    // std::bad_alloc: see above
+            }
+        }
     };
 
-    // The sleep ended. The frame is touched only before the fetch_or, unless this call is the one
-    // that resumes the coroutine.
-    void end(bool ok) {
-        ok_ = ok;
+    // The sleep ended: `ran`, its task ran (in a pass: the deadline came, or a stop request moved
+    // it); else the task was ended unrun (the timer's stop() or destructor). The frame is touched
+    // only before the fetch_or, unless this call is the one that resumes the coroutine.
+    void end(bool ran) {
+        ok_ = ran && !(state_.load(std::memory_order_acquire) & cut);
         const std::uint8_t prev = state_.fetch_or(done, std::memory_order_acq_rel);
         if ((prev & abandoned) || !(prev & suspended)) return;
+        if (ran) {
+            go_on();  // what the coroutine throws leaves the task: the pass gives it to on_error
+            return;
+        }
+        // Inside the timer's stop() or destructor, under a task's noexcept destructor: what the
+        // coroutine throws has nowhere to go (no pass runs it, and the timer does not let its
+        // on_error be reached from outside), and letting it out would call std::terminate.
+        try {
+            go_on();
+        } catch (...) {  // dropped; see the top of this header
+        }
+    }
+
+    void go_on() {
         if constexpr (std::is_same_v<Executor, resume_inline>) {
             h_.resume();
         } else {
