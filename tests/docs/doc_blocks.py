@@ -3,11 +3,12 @@
 
 A block's fence says what it is:
   ```cpp            a whole translation unit: compiled exactly as written.
-  ```cpp fragment   statements: its #include lines go to the top of a file that first includes
-                    <delayq/delayq.hpp> and says `using namespace std::chrono_literals;`, and the
-                    rest becomes the body of a function. Every fragment is wrapped the same way, so
-                    a fragment must declare whatever else it uses (the reader's own types and
-                    objects) itself.
+  ```cpp fragment   statements, wrapped the same way every time: its #include lines go to the top
+                    of a file (a fragment without any gets <delayq/delayq.hpp>), and the rest
+                    becomes the body of a function. Nothing else is added, `using namespace
+                    std::chrono_literals;` neither: a fragment declares whatever else it uses (the
+                    reader's own types and objects, the literals), so that a reader who copies it
+                    into a function of their own has all it needs.
 Any other word after `cpp` (or a `c++`/`cxx` fence) fails the block, so that no C++ block goes
 untested by accident.
 
@@ -18,10 +19,10 @@ untested by accident.
   doc_blocks.py check --root SRC --block FILE:LINE --cxx COMPILER... --include DIR...
                       [--have hiredis] [--have boost]
       compiles that block with each compiler (-std=c++20 -Wall -Wextra -Wpedantic -Werror
-      -fsyntax-only). Diagnostics name the markdown file and its line (#line). A block that needs
+      -fsyntax-only). Diagnostics name the markdown file and its line. A block that needs
       hiredis (<delayq/redis/...>) or Boost (<boost/...>) is skipped (exit 77) when it is missing.
 """
-import argparse, os, re, subprocess, sys
+import argparse, os, re, subprocess, sys, tempfile
 
 SKIP = 77
 KINDS = ("", "fragment")
@@ -80,12 +81,11 @@ def source_of(rel, line, rest, body):
                          "use ```cpp (a whole file) or ```cpp fragment (statements)")
     first = line + 1
     if kind == "":
-        return f'#line {first} "{rel}"\n' + "\n".join(body) + "\n"
+        return f"#line {first}\n" + "\n".join(body) + "\n"
     includes = [(first + k, b) for k, b in enumerate(body) if b.lstrip().startswith("#include")]
-    out = ["#include <delayq/delayq.hpp>"]
-    out += [f'#line {n} "{rel}"\n{b}' for n, b in includes]
-    out += ["using namespace std::chrono_literals;", "void delayq_docs_fragment() {",
-            f'#line {first} "{rel}"']
+    out = [] if includes else ["#include <delayq/delayq.hpp>"]
+    out += [f"#line {n}\n{b}" for n, b in includes]
+    out += ["void delayq_docs_fragment() {", f"#line {first}"]
     out += ["" if b.lstrip().startswith("#include") else b for b in body]
     out += ["}"]
     return "\n".join(out) + "\n"
@@ -147,8 +147,15 @@ def cmd_check(args):
     for cxx in args.cxx:
         cmd = [cxx, "-std=c++20", "-Wall", "-Wextra", "-Wpedantic", "-Werror", "-fsyntax-only",
                "-fdiagnostics-color=never"]
-        cmd += [f"-I{d}" for d in (args.include or [])] + ["-x", "c++", "-"]
-        r = subprocess.run(cmd, input=src, text=True, capture_output=True, cwd=args.root)
+        cmd += [f"-I{os.path.abspath(d)}" for d in (args.include or [])] + ["-x", "c++", rel]
+        with tempfile.TemporaryDirectory() as tmp:
+            # The source is written under the markdown file's own name, so that diagnostics name
+            # it; #line (without a file name, which would make g++ take the block for a header:
+            # -Wsubobject-linkage) maps their lines to the markdown file's.
+            os.makedirs(os.path.join(tmp, os.path.dirname(rel)), exist_ok=True)
+            with open(os.path.join(tmp, rel), "w", encoding="utf-8") as f:
+                f.write(src)
+            r = subprocess.run(cmd, text=True, capture_output=True, cwd=tmp)
         status = "ok" if r.returncode == 0 else f"FAILED (exit {r.returncode})"
         print(f"{os.path.basename(cxx)}: {rel}:{line}: {status}")
         if r.returncode != 0:
