@@ -176,7 +176,7 @@ class hashed_wheel {
     detail::hashed_core<Clock>* core_;
 };
 
-/// Netty's HashedWheelTimer, and better: see the top of this header and SPEC.md.
+/// Netty's HashedWheelTimer, and better: see the top of this header and README.md.
 template <class Clock = std::chrono::steady_clock>
 class hashed_wheel_timer {
   public:
