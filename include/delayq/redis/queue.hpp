@@ -9,11 +9,18 @@
 // ack (not a nack) of a job that take() handed out also leases the next due job of its shard, in
 // the same script call, and keeps it for the object's next take(), which then needs no round trip:
 // the loop costs the consumer one call per job while jobs are due (BullMQ's worker does the same
-// when it completes a job). A job kept that way is leased to nobody in particular, so the object
-// keeps at most one per job that take() handed out and that is not yet acked or nacked (one per
-// consumer thread in the loop above), and gives a kept job back (release: its attempt not counted)
-// when no take() came for it within min(100 ms, lease / 4), and when the object is destroyed.
-// `options::prefetch = false` turns it off.
+// when it completes a job). A job kept that way is handed to no user code yet, so the server holds
+// it for a short `hold`, min(400 ms, lease / 4), its attempt not counted (the "kept" state of
+// scripts.hpp): an object that never calls again (stopped, killed, or done taking) cannot keep it
+// any longer, and it is never dead-lettered for a delivery nobody saw. take() hands a kept job out
+// only within a quarter of the hold after the ack was sent, min(100 ms, lease / 16); an ack or nack
+// of it proves the hand-over by itself, and if none came within half that window the object's
+// keeper thread extends it (scripts.hpp's "extend": the whole lease, the attempt counted), long
+// before the hold ends. So a loop whose jobs take under 50 ms costs no extra call. The keeper also
+// gives back (release) the kept jobs that no take() came for within the window, and the destructor
+// the rest. The object keeps at most one per job that take() handed out and that is not yet acked
+// or nacked (one per consumer thread in the loop above). `options::prefetch = false` turns it off;
+// so does a lease under 16 ms.
 //
 // Waiting without polling. When nothing is due, take() waits on the queue's pub/sub channel (see
 // "Wake-ups" in scripts.hpp): every script reports how far off its shard's next event is, and
@@ -137,13 +144,16 @@ class queue_base {
     queue_base& operator=(const queue_base&) = delete;
 
     // Gives back the jobs that acks leased for a take() that never came: without this
-    // they would wait for their lease to end. Best effort: if it fails, the lease ends anyway.
+    // they would wait for their hold to end. Best effort: if it fails, the hold ends anyway.
     ~queue_base() {
         std::vector<held> left;
         {
             std::lock_guard lk(m_);
             left.swap(stash_);
+            stopping_ = true;
         }
+        keeper_cv_.notify_all();
+        if (keeper_.joinable()) keeper_.join();
         try {
             release(left);
         } catch (...) {  // the server is gone: the leases end by themselves
@@ -203,6 +213,7 @@ class queue_base {
         {
             std::lock_guard lk(m_);  // a kept job that is cancelled must not be handed out
             std::erase_if(stash_, [&](const held& h) { return h.j.id == id; });
+            std::erase_if(handed_, [&](const handed& h) { return h.id == id; });
         }
         const std::array<std::string_view, 1> args{id};
         return integer(eval(s, s_cancel, args)) == 1;
@@ -232,7 +243,7 @@ class queue_base {
     }
 
     /// Done with the job: it is gone for good. False if the lease was lost (ended, or cancelled).
-    bool ack(const job& j) { return settle_one(j, "a", opt_.prefetch); }
+    bool ack(const job& j) { return settle_one(j, "a", prefetch_); }
 
     /// ack for many jobs, one script call per shard and 500 jobs; element i is what ack(jobs[i])
     /// would have returned. Leases nothing for later.
@@ -241,13 +252,16 @@ class queue_base {
         std::vector<std::string> tokens(jobs.size());
         for (std::size_t i = 0; i < jobs.size(); ++i) tokens[i] = std::to_string(jobs[i].token);
         std::vector<std::string_view> args;
-        return by_shard(
+        auto out = by_shard(
             jobs.size(), [&](std::size_t i) { return jobs[i].id; },
             [&](shard& s, std::span<const std::size_t> idx) {
                 args.clear();
                 for (std::size_t i : idx) args.insert(args.end(), {"a", jobs[i].id, tokens[i]});
                 return consume_and_learn(s, args).ok;
             });
+        std::lock_guard lk(m_);
+        for (const auto& j : jobs) forget_handed(j);
+        return out;
     }
 
     /// Back to the queue, due `retry_after` from now (or dead-lettered after max_attempts).
@@ -305,7 +319,10 @@ class queue_base {
         lease_ms_ = std::to_string(opt_.lease.count());
         max_attempts_ = std::to_string(opt_.max_attempts);
         batch_ = std::to_string(opt_.reclaim_batch);
-        hold_ = std::min(milliseconds(100), opt_.lease / 4);
+        hold_ = std::min(milliseconds(400), opt_.lease / 4);
+        window_ = hold_ / 4;
+        hold_ms_ = std::to_string(hold_.count());
+        prefetch_ = opt_.prefetch && window_ >= milliseconds(1);
     }
 
     std::size_t shard_count() const noexcept { return shards_.size(); }
@@ -323,10 +340,17 @@ class queue_base {
         bool backlog = false;  // the last answer said more is due now: every thread may look
     };
 
-    struct held {  // a job that an ack leased for the next take()
+    struct held {  // a job that an ack kept for the next take()
         job j;
         shard* from;
-        clock::time_point at;
+        clock::time_point sent;  // the ack was sent then: the server's hold began after that
+    };
+
+    struct handed {  // a kept job that take() handed out: its lease is to be extended
+        std::string id;
+        std::uint64_t token = 0;
+        shard* from = nullptr;
+        clock::time_point at;  // extend it then, unless an ack or nack of it came first
     };
 
     struct consumed {
@@ -425,14 +449,17 @@ class queue_base {
         return out;
     }
 
-    // The consume script: settles `settle` ((how, id, token)*), then leases up to `take` jobs.
-    // The caller passes what it says about the shard's next event to learn().
-    consumed consume(shard& s, std::span<const std::string_view> settle, std::size_t take) {
+    // The consume script: settles `settle` ((how, id, token)*), then leases up to `take` jobs
+    // (with `keep`, kept for hold_ only: see "One round trip per job"). The caller passes what it
+    // says about the shard's next event to learn().
+    consumed consume(shard& s, std::span<const std::string_view> settle, std::size_t take,
+                     bool keep = false) {
         std::vector<std::string_view> args;
-        args.reserve(4 + settle.size());
+        args.reserve(5 + settle.size());
         const std::string count = std::to_string(take);
         args.insert(args.end(), {std::string_view(lease_ms_), std::string_view(max_attempts_),
-                                 std::string_view(batch_), std::string_view(count)});
+                                 std::string_view(batch_), std::string_view(count),
+                                 keep ? std::string_view(hold_ms_) : std::string_view("0")});
         args.insert(args.end(), settle.begin(), settle.end());
         auto r = eval(s, s_consume, args);
         const std::size_t k = settle.size() / 3;
@@ -539,19 +566,110 @@ class queue_base {
         bool fetch = false;
         {
             std::lock_guard lk(m_);
-            fetch = prefetch && in_hand_ > stash_.size();
+            fetch = prefetch && in_hand_ > stash_.size() && start_keeper();
             if (in_hand_ > 0) --in_hand_;
         }
         const std::string token = std::to_string(j.token);
         const std::array<std::string_view, 3> args{how, j.id, token};
-        consumed c = consume(s, args, fetch ? 1 : 0);
+        const auto sent = clock::now();
+        consumed c = consume(s, args, fetch ? 1 : 0, fetch);
         std::lock_guard lk(m_);
         learn(s, c.next);
+        forget_handed(j);  // settled (or lost): nothing to extend
         if (!c.jobs.empty()) {
-            stash_.push_back(held{std::move(c.jobs.front()), &s, clock::now()});
+            stash_.push_back(held{std::move(c.jobs.front()), &s, sent});
             wake_one();  // a thread waiting in take() may have it
+            wake_keeper(sent + window_);
         }
         return c.ok.front();
+    }
+
+    // Under m_: the keeper thread runs (started now if need be); false if it cannot be started,
+    // and then nothing is kept.
+    bool start_keeper() {
+        if (keeper_.joinable()) return true;
+        if (stopping_) return false;
+        try {
+            keeper_ = std::thread([this] { keep(); });
+        } catch (const std::system_error&) {
+            return false;
+        }
+        return true;
+    }
+
+    // Under m_: the keeper has something to do at `t`.
+    void wake_keeper(clock::time_point t) {
+        if (t < keeper_until_) keeper_cv_.notify_one();
+    }
+
+    // Under m_: `j` was acked or nacked: the ack or nack proved the hand-over by itself.
+    void forget_handed(const job& j) {
+        std::erase_if(handed_, [&](const handed& h) { return h.token == j.token && h.id == j.id; });
+    }
+
+    // The keeper thread: extends the kept jobs that take() handed out and that no ack or nack
+    // settled within half the window, and gives back the kept jobs that no take() came for within
+    // the window. Failures are left alone: a hold that is not extended or given back ends by itself
+    // (the holder of an unextended job then finds its lease lost, as after any lost lease).
+    void keep() noexcept {
+        std::unique_lock lk(m_);
+        std::vector<handed> extend;
+        std::vector<held> stale;
+        while (!stopping_) {
+            try {
+                const auto now = clock::now();
+                auto next = clock::time_point::max();
+                extend.reserve(handed_.size());  // the moves below then cannot throw
+                stale.reserve(stash_.size());
+                std::erase_if(handed_, [&](handed& h) {
+                    if (h.at > now) {
+                        next = std::min(next, h.at);
+                        return false;
+                    }
+                    extend.push_back(std::move(h));
+                    return true;
+                });
+                std::erase_if(stash_, [&](held& h) {
+                    if (h.sent + window_ > now) {
+                        next = std::min(next, h.sent + window_);
+                        return false;
+                    }
+                    stale.push_back(std::move(h));
+                    return true;
+                });
+                if (extend.empty() && stale.empty()) {
+                    keeper_until_ = next;
+                    if (next == clock::time_point::max())
+                        keeper_cv_.wait(lk);
+                    else
+                        keeper_cv_.wait_until(lk, next);
+                    keeper_until_ = clock::time_point::min();  // awake: it looks again anyway
+                    continue;
+                }
+                lk.unlock();
+                extend_all(extend);
+                release(stale);
+            } catch (...) {  // the server is gone, or no memory: the holds end by themselves
+            }
+            extend.clear();
+            stale.clear();
+            if (!lk.owns_lock()) lk.lock();
+        }
+    }
+
+    // Makes the leases of handed-out kept jobs whole, one script call per shard.
+    void extend_all(const std::vector<handed>& hs) {
+        for (auto& s : shards_) {
+            std::vector<std::string> tokens;
+            for (const auto& h : hs)
+                if (h.from == &s) tokens.push_back(std::to_string(h.token));
+            if (tokens.empty()) continue;
+            std::vector<std::string_view> args;
+            std::size_t k = 0;
+            for (const auto& h : hs)
+                if (h.from == &s) args.insert(args.end(), {"x", h.id, tokens[k++]});
+            consume_and_learn(s, args);
+        }
     }
 
     // Gives kept jobs back to their shards, as they were before an ack leased them.
@@ -576,20 +694,32 @@ class queue_base {
     }
 
     // Under lk: up to `want` kept jobs that are still fresh; stale ones go back to the queue.
+    // The keeper extends the ones handed out, unless an ack or nack of them comes first.
     std::vector<job> from_stash(std::unique_lock<std::mutex>& lk, std::size_t want) {
         std::vector<job> out;
         if (stash_.empty()) return out;
         const auto now = clock::now();
         std::vector<held> stale;
+        std::vector<handed> extend;
+        out.reserve(std::min(want, stash_.size()));  // the moves below then cannot throw
+        stale.reserve(stash_.size());
+        extend.reserve(out.capacity());
         std::erase_if(stash_, [&](held& h) {
-            if (now - h.at >= hold_) {
+            if (now - h.sent >= window_) {
                 stale.push_back(std::move(h));
                 return true;
             }
             if (out.size() >= want) return false;
+            extend.push_back(handed{{}, h.j.token, h.from, std::max(now, h.sent + window_ / 2)});
             out.push_back(std::move(h.j));
             return true;
         });
+        for (std::size_t i = 0; i < out.size(); ++i) {
+            extend[i].id = out[i].id;
+            wake_keeper(extend[i].at);
+        }
+        handed_.insert(handed_.end(), std::make_move_iterator(extend.begin()),
+                       std::make_move_iterator(extend.end()));
         if (!stale.empty()) {
             lk.unlock();
             try {
@@ -712,7 +842,10 @@ class queue_base {
     router router_;
     std::vector<shard> shards_;
     std::string channel_, lease_ms_, max_attempts_, batch_;
-    milliseconds hold_{};
+    milliseconds hold_{};    // how long the server keeps a job an ack kept (see "One round trip")
+    milliseconds window_{};  // how long after its ack take() may hand out a kept job
+    std::string hold_ms_;
+    bool prefetch_ = false;  // options::prefetch, unless the lease is too short for a window
     std::mutex sha_m_;
     std::array<std::string, s_count> sha_;
     std::array<std::atomic<bool>, s_count> sha_ready_{};
@@ -726,7 +859,12 @@ class queue_base {
     std::array<int, 2> poke_{-1, -1};  // a pipe: a byte in it brings the reader back
     int waiting_ = 0;                  // threads in wait_until()
     std::vector<held> stash_;
-    std::size_t in_hand_ = 0;  // jobs take() handed out, not yet acked or nacked
+    std::size_t in_hand_ = 0;     // jobs take() handed out, not yet acked or nacked
+    std::vector<handed> handed_;  // kept jobs take() handed out, to extend
+    std::condition_variable keeper_cv_;
+    clock::time_point keeper_until_ = clock::time_point::max();  // when the keeper wakes by itself
+    bool stopping_ = false;                                      // the destructor has begun
+    std::thread keeper_;  // last: it starts after, and is joined before, everything it uses
 };
 
 }  // namespace detail

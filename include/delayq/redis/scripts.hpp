@@ -6,6 +6,9 @@
 // clang-format off
 //   waiting  in `due` (score: due ms); its payload in its bucket ("p" field), "m" once delivered
 //   leased   in `leased` (score: lease end ms); "m" field = "attempts:token:lease end"
+//   kept     leased by the take inside an ack, for a take() to come (see queue.hpp): in `leased`
+//            (score: hold end ms, a short lease); "m" = "attempts:token:hold end:lease end", its
+//            attempts not counting this delivery
 //   dead     in `dead` (id -> payload)
 //   gone     nowhere: the id may be put again
 //
@@ -13,16 +16,22 @@
 // |---------|---------|----------------------------------------------------------------------|
 // | gone    | waiting | put (refused while the id is waiting or leased)                      |
 // | waiting | waiting | reschedule                                                           |
-// | waiting | leased  | take, or the take inside an ack: attempts + 1, a new token           |
+// | waiting | leased  | take: attempts + 1, a new token                                      |
+// | waiting | kept    | the take inside an ack: a new token, a lease of `hold` ms            |
+// | kept    | leased  | extend (take() handed it to user code): attempts + 1, the whole lease|
 // | waiting | gone    | cancel                                                               |
-// | leased  | gone    | ack; cancel                                                          |
-// | leased  | waiting | nack; the lease ending (reclaimed by the next consume call); release |
-// |         |         | (a job kept for a take() that did not come: its attempt not counted) |
+// | leased  | gone    | ack; cancel (and so kept: the ack proves it was handed out)          |
+// | leased  | waiting | nack (kept: attempts + 1 first); the lease ending (reclaimed by the  |
+// |         |         | next consume call); release (kept: not counted; leased: attempts - 1)|
+// | kept    | waiting | release, or its hold ending: its attempt never counted               |
 // | leased  | dead    | nack, or the lease ending, once attempts reach max_attempts          |
 // clang-format on
 //
-// ack, nack and release need the job's current token while its lease holds (lease end > now), so
-// a holder whose lease ended, or whose job was cancelled or delivered again, is refused.
+// ack, nack, release and extend need the job's current token while its lease holds (lease end, or
+// hold end for a kept job, > now), so a holder whose lease ended, or whose job was cancelled or
+// delivered again, is refused. A kept job's hold is short so that it comes back by the server's
+// clock alone when the object that kept it never calls again (stopped, killed, or simply done
+// taking); only a job handed to user code gets the whole lease and counts as an attempt.
 //
 // The idea. Keys of a queue shard with hash tag T (`{name}`, or `{name#i}` for a sharded queue)
 // are `dq:v2:T:<part>`. Every script gets the same five KEYS, in this order:
@@ -61,8 +70,9 @@
 // (the earliest due time or lease end) earlier publishes "<shard> <ms until then>": put and
 // reschedule when the job comes before the earliest waiting one, consume when a nack or a release
 // makes the next event earlier than it was. Nothing else can make it earlier (acks, cancels and
-// takes remove events; a take leases a job that was due, so its lease ends after the event it
-// replaces; a reclaim turns a lease end into a due time at the same moment). So a consumer that
+// takes remove events; a take leases a job that was due, so its lease (or hold) ends after the
+// event it replaces; an extend moves a hold end later; a reclaim turns a lease end into a due time
+// at the same moment). So a consumer that
 // knows a time before which nothing is due (from its last script) and hears every message since
 // never sleeps past a due job.
 #pragma once
@@ -125,17 +135,20 @@ if earliest and (not first or earliest < first) then publish(earliest) end
 return out
 )lua";
 
-// ARGV channel shard lease_ms max_attempts reclaim_batch take_count (how id token)*
+// ARGV channel shard lease_ms max_attempts reclaim_batch take_count hold_ms (how id token)*
 // Settles the listed leases (how: 'a' ack, 'n<ms>' nack due ms from now, 'r<ms>' release back
-// to its due time ms, its delivery not counted), reclaims up to reclaim_batch ended leases, then
-// leases up to take_count due jobs, earliest first. meta holds "attempts:token:lease_end", so one
-// HGET proves a lease; a settled lease's token is cleared (0), so it cannot settle again.
+// to its due time ms, its delivery not counted, 'x' extend a kept job to its whole lease), reclaims
+// up to reclaim_batch ended leases, then leases up to take_count due jobs, earliest first: for the
+// whole lease when hold_ms is 0, else kept for hold_ms (the reply still gives the attempts and
+// the lease end the job has once extended). meta holds "attempts:token:lease_end" (kept:
+// "attempts:token:hold_end:lease_end"), so one HGET proves a lease; a settled lease's token is
+// cleared (0), so it cannot settle again.
 // Returns {next, ok*, n, (id, payload, due, attempts, token, lease_end)*n}: next is the ms until
 // the next event after all that (0: more is due now; -1: nothing is queued), possibly earlier
 // than the truth (a lease end that went away during the call), never later; one ok (1 settled,
 // 0 the lease was lost) per settlement.
 inline constexpr const char* consume_lua = DELAYQ_REDIS_PRELUDE R"lua(
-local lease_ms, max_attempts = tonumber(ARGV[3]), tonumber(ARGV[4])
+local lease_ms, max_attempts, hold_ms = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[7])
 local out, before = {0}, false
 local first_lease = head(leased)
 local function attempts_of(m) return m and tonumber(string.match(m, '^(%d+)')) or 0 end
@@ -151,33 +164,45 @@ local function requeue(id, at)
   end
   redis.call('ZADD', due, at, id)
 end
-for i = 7, #ARGV, 3 do
+for i = 8, #ARGV, 3 do
   local how, id, ok = ARGV[i], ARGV[i + 1], 0
   local b = bucket(id)
   local m = redis.call('HGET', b, 'm' .. id)
-  local a, token, lease_end
-  if m then a, token, lease_end = string.match(m, '^(%d+):(%d+):(%d+)$') end
+  local a, token, lease_end, whole
+  if m then a, token, lease_end, whole = string.match(m, '^(%d+):(%d+):(%d+):?(%d*)$') end
   if token == ARGV[i + 2] and tonumber(lease_end) > now then
     ok = 1
-    redis.call('ZREM', leased, id)
     local kind, ms = string.sub(how, 1, 1), tonumber(string.sub(how, 2))
+    local kept = whole ~= ''
     a = tonumber(a)
-    if kind == 'a' then
-      redis.call('HDEL', b, 'p' .. id, 'm' .. id)
-    elseif kind == 'r' then
-      if a > 1 then redis.call('HSET', b, 'm' .. id, string.format('%d:0:0', a - 1)) else redis.call('HDEL', b, 'm' .. id) end
-      requeue(id, ms)
-    elseif max_attempts > 0 and a >= max_attempts then
-      bury(id, b)
+    -- A kept job that is acked, nacked or extended was handed to user code: its attempt counts.
+    if kept and kind ~= 'r' then a = a + 1 end
+    if kind == 'x' then  -- the lease becomes the whole lease; an extended one stays as it is
+      if kept then
+        redis.call('HSET', b, 'm' .. id, string.format('%d:%s:%s', a, token, whole))
+        redis.call('ZADD', leased, whole, id)
+      end
     else
-      redis.call('HSET', b, 'm' .. id, string.format('%d:0:0', a))
-      requeue(id, due_at(ms))
+      redis.call('ZREM', leased, id)
+      if kind == 'a' then
+        redis.call('HDEL', b, 'p' .. id, 'm' .. id)
+      elseif kind == 'r' then
+        if not kept then a = a - 1 end
+        if a > 0 then redis.call('HSET', b, 'm' .. id, string.format('%d:0:0', a)) else redis.call('HDEL', b, 'm' .. id) end
+        requeue(id, ms)
+      elseif max_attempts > 0 and a >= max_attempts then
+        bury(id, b)
+      else
+        redis.call('HSET', b, 'm' .. id, string.format('%d:0:0', a))
+        requeue(id, due_at(ms))
+      end
     end
   end
   out[#out + 1] = ok
 end
 if first_lease and first_lease <= now then
   -- Ended leases: back to waiting at their lease end (or dead). The next event stays where it was.
+  -- A kept job's attempts do not count its kept delivery: it is never buried for that.
   local ended = redis.call('ZRANGEBYSCORE', leased, '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[5]))
   for i = 1, #ended, 2 do
     local id = ended[i]
@@ -198,6 +223,7 @@ while n < want and heads[2 * n + 2] and tonumber(heads[2 * n + 2]) <= now do n =
 out[#out + 1] = n
 local next_due = heads[2 * n + 2] and tonumber(heads[2 * n + 2])
 local lease_end = math.min(now + lease_ms, 99999999999999)
+local hold_end = hold_ms > 0 and math.min(now + hold_ms, lease_end) or lease_end
 if n > 0 then
   local token = redis.call('INCRBY', seq, n) - n
   local ids, leases = {}, {}
@@ -207,9 +233,13 @@ if n > 0 then
     local pm = redis.call('HMGET', b, 'p' .. id, 'm' .. id)
     local attempts = attempts_of(pm[2]) + 1
     token = token + 1
-    redis.call('HSET', b, 'm' .. id, string.format('%d:%d:%d', attempts, token, lease_end))
+    if hold_ms > 0 then
+      redis.call('HSET', b, 'm' .. id, string.format('%d:%d:%d:%d', attempts - 1, token, hold_end, lease_end))
+    else
+      redis.call('HSET', b, 'm' .. id, string.format('%d:%d:%d', attempts, token, lease_end))
+    end
     ids[k] = id
-    leases[2 * k - 1], leases[2 * k] = lease_end, id
+    leases[2 * k - 1], leases[2 * k] = hold_end, id
     out[#out + 1] = id
     out[#out + 1] = pm[1] or ''
     out[#out + 1] = tonumber(heads[2 * k])
@@ -219,7 +249,7 @@ if n > 0 then
   end
   redis.call('ZREM', due, unpack(ids))
   redis.call('ZADD', leased, unpack(leases))
-  if not first_lease or lease_end < first_lease then first_lease = lease_end end
+  if not first_lease or hold_end < first_lease then first_lease = hold_end end
 end
 local after = next_due
 if first_lease and (not after or first_lease < after) then after = first_lease end
