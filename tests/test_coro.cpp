@@ -710,17 +710,18 @@ TEMPLATE_TEST_CASE(
     CHECK(log.seen().empty());  // no pass ran them: what they threw is dropped (coro.hpp)
 }
 
-TEST_CASE(
-    "coro: on a hashed_wheel_timer a stop request resumes the coroutine on the worker, and what "
-    "it throws goes to on_error",
-    "[coro][throw]") {
+TEMPLATE_TEST_CASE(
+    "coro: on a threaded timer a stop request resumes the coroutine on the worker, and what it "
+    "throws goes to on_error",
+    "[coro][throw]", delayq::hashed_wheel_timer<mc>, delayq::hierarchical_timing_wheel<mc>) {
     mc::reset();
     error_log log;
     std::stop_source src;
     outcome o;
-    auto opts = wheel_opts();
+    typename TestType::options opts;
+    opts.tick = 1ms;
     opts.on_error = log.handler();
-    delayq::hashed_wheel_timer<mc> t(opts);
+    TestType t(opts);
     rethrowing c = throws_after_sleep(t, 1h, o, src.get_token());
     src.request_stop();
     REQUIRE(delayq::test::eventually([&] { return log.seen().size() == 1; }));
