@@ -117,9 +117,9 @@ concept sleep_timer = requires(T& t, typename T::time_point tp) {
 /// copyable nor movable). `co_await` yields true when the deadline has passed, false when the sleep
 /// was cut short (stop_token: in the timer's next pass; or the timer stopped or destroyed: inside
 /// stop() or the destructor, where what the coroutine throws is dropped; see the top of the
-/// header). Throws rejected_error from the
-/// co_await when the timer refuses the task (stopped, or max_pending reached), or what scheduling
-/// throws (std::bad_alloc); the coroutine then did not sleep.
+/// header). Throws rejected_error from the co_await when the timer refuses the task (stopped, or
+/// max_pending reached), or what scheduling throws (std::bad_alloc); the coroutine then did not
+/// sleep.
 template <sleep_timer Timer, executor Executor = resume_inline>
 class [[nodiscard]] sleep_awaiter {
   public:
@@ -184,8 +184,8 @@ class [[nodiscard]] sleep_awaiter {
     static constexpr std::uint8_t abandoned = 4;  // the frame is being destroyed: do not resume
     static constexpr std::uint8_t cut = 8;        // a stop request cut the sleep short
 
-    // The wheel's task: ends the sleep when it runs (true) or when it is destroyed unrun (false:
-    // cancelled by the stop_token, by stop(), by the timer's destructor, or by ~sleep_awaiter).
+    // The wheel's task: ends the sleep when it runs (true, unless a stop request moved it) or when
+    // it is destroyed unrun (false: by stop(), by the timer's destructor, or by ~sleep_awaiter).
     // Whoever takes the awaiter pointer out of it first owns the ending: the task, or a destructor
     // that detaches it.
     class task {
