@@ -184,3 +184,142 @@ TEST_CASE("a kept job that take() hands out and user code nacks at once counts i
     CHECK(q.size() == 0);
     CHECK_FALSE(q.ack(*y));
 }
+
+namespace {
+
+// Every command the queue sends, and every command its scripts run (Redis 7 checks those against
+// the user too): docs/redis.md, "ACL", lists the same.
+const std::vector<std::string> acl_commands{
+    "+evalsha", "+eval",   "+script|load",   "+subscribe", "+hlen", "+cluster|slots", "+asking",
+    "+time",    "+zrange", "+zrangebyscore", "+zadd",      "+zrem", "+zscore",        "+zcard",
+    "+hget",    "+hmget",  "+hset",          "+hsetnx",    "+hdel", "+incrby",        "+publish"};
+
+// Creates the ACL user `dq` (password s3cret) that holds exactly the documented permissions.
+void add_queue_user(const redis_server& srv) {
+    std::vector<std::string> cmd{"ACL", "SETUSER", "dq",       "reset",
+                                 "on",  ">s3cret", "~dq:v2:*", "&dq:v2:*"};
+    cmd.insert(cmd.end(), acl_commands.begin(), acl_commands.end());
+    auto r = srv.command(cmd);
+    REQUIRE(r->type == REDIS_REPLY_STATUS);
+}
+
+// How many connections are logged in as `user` (CLIENT LIST's "user=" field).
+int connections_of(const redis_server& srv, const std::string& user) {
+    const std::string list = srv.text({"CLIENT", "LIST"});
+    int n = 0;
+    for (std::size_t at = list.find(" user=" + user + " "); at != std::string::npos;
+         at = list.find(" user=" + user + " ", at + 1))
+        ++n;
+    return n;
+}
+
+}  // namespace
+
+// Issue 26, item 15: the list docs/redis.md gave lacked every command the scripts run, so such a
+// user's first put failed with "The user executing the script can't run this command".
+TEST_CASE("an ACL user with exactly the documented permissions can use every call of the queue") {
+    redis_server srv;
+    add_queue_user(srv);
+    auto o = opts(srv);
+    o.user = "dq";
+    o.password = "s3cret";
+    o.lease = 60s;
+    o.max_attempts = 2;
+    delay_queue q(o), consumer(o);
+
+    // The wake-up subscription: a waiting take hears a put (the scripts PUBLISH to it).
+    auto waiting = std::async(std::launch::async, [&] { return consumer.take(20s); });
+    const auto ended = [&] { return waiting.wait_for(0s) == std::future_status::ready; };
+    REQUIRE(eventually([&] { return srv.waiting_objects() == 1 || ended(); }));
+    if (ended()) {
+        (void)waiting.get();  // its error, in the report
+        FAIL("take returned before any put");
+    }
+    REQUIRE(q.put_after("w", "pw", 0ms));
+    auto w = waiting.get();
+    REQUIRE(w);
+    CHECK(w->payload == "pw");
+    CHECK(consumer.ack(*w));
+
+    // put, reschedule, take, ack (which keeps the next job), nack, dead letters, cancel.
+    REQUIRE(q.put("a", "", past));
+    REQUIRE(q.put("b", "pb", past));
+    REQUIRE(q.put_after("c", "", 1h));
+    CHECK(q.reschedule("c", 2h));
+    auto a = q.take(1s);
+    REQUIRE(a);
+    CHECK(q.ack(*a));  // keeps b
+    auto b = q.take(0ms);
+    REQUIRE(b);
+    CHECK(b->id == "b");
+    CHECK(q.nack(*b, 0ms));
+    auto b2 = q.take(1s);
+    REQUIRE(b2);
+    CHECK(b2->attempts == 2);
+    CHECK(q.nack(*b2, 0ms));  // its last attempt: dead
+    CHECK(q.dead_size() == 1);
+    CHECK(q.cancel("c"));
+    CHECK(q.size() == 0);
+
+    // The batches, after SCRIPT FLUSH: the scripts come back through EVAL.
+    srv.command({"SCRIPT", "FLUSH"});
+    std::vector<std::string> ids;
+    for (int i = 0; i < 10; ++i) ids.push_back("m" + std::to_string(i));
+    std::vector<delay_queue::put_request> many;
+    for (const auto& id : ids) many.push_back({id, "p", 0ms});
+    CHECK(q.put_many(many) == std::vector<bool>(ids.size(), true));
+    std::vector<delayq::redis::job> got;
+    while (got.size() < ids.size()) {
+        auto more = q.take_many(ids.size(), 5s);
+        REQUIRE_FALSE(more.empty());
+        got.insert(got.end(), more.begin(), more.end());
+    }
+    CHECK(q.ack_many(got) == std::vector<bool>(ids.size(), true));
+
+    // An ended lease, reclaimed by the next take.
+    auto short_lease = o;
+    short_lease.lease = 300ms;
+    delay_queue s(short_lease);
+    REQUIRE(s.put("r", "", past));
+    auto r1 = s.take(1s);
+    REQUIRE(r1);
+    auto r2 = s.take(10s);
+    REQUIRE(r2);
+    CHECK(r2->attempts == 2);
+    CHECK(s.ack(*r2));
+
+    // A sharded queue: its own channel and keys, under the same patterns.
+    delayq::redis::sharded_delay_queue sh(o, 3);
+    for (const auto& id : ids) REQUIRE(sh.put(id, "", past));
+    int taken = 0;
+    while (auto j = sh.take(0ms)) {
+        CHECK(sh.ack(*j));
+        ++taken;
+    }
+    CHECK(taken == static_cast<int>(ids.size()));
+
+    CHECK(q.size() == 0);
+    CHECK(sh.size() == 0);
+    CHECK(q.dead_size() == 1);
+    CHECK(connections_of(srv, "dq") >= 3);       // each object's link, the subscription
+    CHECK(connections_of(srv, "default") == 1);  // CLIENT LIST's own
+}
+
+TEST_CASE("a refused login is delayq::redis::error naming AUTH and the server's words") {
+    redis_server srv;
+    add_queue_user(srv);
+    auto o = opts(srv);
+    o.user = "dq";
+    o.password = "not-the-s3cret";
+    delay_queue q(o);
+    try {
+        (void)q.put("a", "", past);
+        FAIL("no error");
+    } catch (const delayq::redis::error& e) {
+        const std::string what = e.what();
+        CHECK(what.find("AUTH as 'dq' refused") != std::string::npos);
+        CHECK(what.find("WRONGPASS") != std::string::npos);
+        CHECK(what.find("not-the-s3cret") == std::string::npos);  // never the password
+    }
+    CHECK(srv.command({"DBSIZE"})->integer == 0);
+}

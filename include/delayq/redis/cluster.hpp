@@ -169,7 +169,7 @@ class router {
         const auto colon = t.rfind(':');
         if (at == std::string_view::npos || colon == std::string_view::npos || colon < at)
             throw error("delayq::redis: cannot read the redirection '" + std::string(t) + "'");
-        endpoint e{std::string(t.substr(at + 1, colon - at - 1)), 0};
+        endpoint e{std::string(t.substr(at + 1, colon - at - 1)), 0, asked.user, asked.password};
         const auto port = t.substr(colon + 1);
         std::from_chars(port.data(), port.data() + port.size(), e.port);
         if (e.host.empty()) e.host = asked.host;
@@ -227,7 +227,7 @@ class router {
                     continue;
                 const redisReply* master = range->element[2];
                 endpoint m{std::string(text_of(master->element[0])),
-                           static_cast<int>(master->element[1]->integer)};
+                           static_cast<int>(master->element[1]->integer), e.user, e.password};
                 if (m.host.empty() || m.host == "?") m.host = e.host;
                 node* n = &node_at(m);
                 const auto first = static_cast<std::size_t>(range->element[0]->integer);

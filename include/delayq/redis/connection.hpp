@@ -116,11 +116,15 @@ inline std::string name_of(command args) {
     return n;
 }
 
+// Where to connect, and as whom: the credentials travel with the address, so that every
+// connection (the links, the subscriber, a reconnect, every node of a cluster) logs in the same
+// way.
 struct endpoint {
     std::string host;
     int port = 0;
+    std::string user, password;  // both empty: no AUTH
     bool operator==(const endpoint&) const = default;
-    std::string str() const { return host + ":" + std::to_string(port); }
+    std::string str() const { return host + ":" + std::to_string(port); }  // never the password
 };
 
 // One hiredis context, used by one thread at a time. Any I/O error leaves the context unusable:
@@ -140,6 +144,14 @@ class connection {
         }
         redisSetTimeout(ctx_, to_timeval(io_timeout));
         redisEnableKeepAlive(ctx_);
+        if (!at.user.empty() || !at.password.empty()) {
+            try {
+                login(at);
+            } catch (...) {
+                redisFree(ctx_);
+                throw;
+            }
+        }
     }
     connection(const connection&) = delete;
     connection& operator=(const connection&) = delete;
@@ -209,6 +221,29 @@ class connection {
     }
 
   private:
+    // AUTH [user] password, before anything else: with ACLs, every other command needs it. A
+    // refusal is unsent_error-like: none of the caller's commands reached the server.
+    void login(const endpoint& at) {
+        std::array<std::string_view, 3> args{"AUTH", at.user, at.password};
+        command cmd(args);
+        if (at.user.empty()) {  // the `default` user, or a server with requirepass
+            args[1] = at.password;
+            cmd = cmd.first(2);
+        }
+        reply_ptr r;
+        try {
+            r = command_reply(cmd);
+        } catch (const io_failure& e) {
+            throw io_failure("logging in to " + at.str(), e.why(), true);
+        }
+        if (r->type == REDIS_REPLY_ERROR)
+            throw io_failure("logging in to " + at.str(),
+                             ": AUTH" +
+                                 (at.user.empty() ? std::string() : " as '" + at.user + "'") +
+                                 " refused: " + std::string(text_of(r.get())),
+                             true);
+    }
+
     reply_ptr checked(void* r) {
         reply_ptr reply(static_cast<redisReply*>(r));
         // The server closes the connection right after a protocol error (e.g. a payload beyond

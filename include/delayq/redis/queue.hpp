@@ -87,6 +87,10 @@ struct options {
     std::chrono::milliseconds max_block = std::chrono::seconds(5);
     std::size_t reclaim_batch = 100;  ///< ended leases reclaimed per script call, > 0
     bool prefetch = true;             ///< ack also leases the next due job for the next take()
+    /// The Redis ACL user to log in as (AUTH user password); empty: `default`, or no AUTH at all
+    /// when `password` is empty too. docs/redis.md lists the permissions the user needs.
+    std::string user;
+    std::string password;  ///< its password (or the server's requirepass, with no user)
 };
 
 /// One delivery of a job, as take() hands it out: what ack() and nack() need to prove that the
@@ -291,7 +295,8 @@ class queue_base {
 
   protected:
     queue_base(options o, std::size_t shards, bool sharded)
-        : opt_(std::move(o)), router_(endpoint{opt_.host, opt_.port}, opt_.io_timeout) {
+        : opt_(std::move(o)),
+          router_(endpoint{opt_.host, opt_.port, opt_.user, opt_.password}, opt_.io_timeout) {
         const std::string type =
             sharded ? "delayq::redis::sharded_delay_queue: " : "delayq::redis::delay_queue: ";
         const auto check = [&](bool ok, const char* what) {
