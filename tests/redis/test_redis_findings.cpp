@@ -102,7 +102,7 @@ TEST_CASE("two idle consumers: while one works on the first job the other takes 
             return b.has_value();
         },
         8s));
-    CHECK(lateness(*b, o.lease) < 500ms);
+    CHECK(lateness(*b, o.lease) < 2s);  // not a max_block late
     const bool same = c1.find("A").has_value() == c1.find("B").has_value();
     CHECK_FALSE(same);  // the idle consumer took B, not the busy one after its work
     stop_all(producer, stop, 2);
@@ -130,7 +130,7 @@ TEST_CASE("a take that runs out of max_wait after being woken hands the watch on
     t1.join();
     std::optional<delayq::redis::job> a;
     REQUIRE(eventually([&] { return (a = c2.find("A")).has_value(); }, 8s));
-    CHECK(lateness(*a, o.lease) < 500ms);
+    CHECK(lateness(*a, o.lease) < 2s);  // not a max_block late
     stop_all(producer, stop, 1);
     CHECK(c2.errors.empty());
 }
@@ -141,7 +141,7 @@ TEST_CASE("fencing tokens of 10^14 and beyond still match: ack, nack and redeliv
     // "1e+14", so no ack or nack matched it again.
     redis_server srv;
     auto o = opts(srv);
-    o.lease = 300ms;
+    o.lease = 2s;  // the acks and nacks below come within it, on a loaded machine too
     delay_queue q(o);
     REQUIRE(q.put_after("warm", "", 0ms));
     auto w = q.take(1s);  // creates the keys and loads the scripts
@@ -168,7 +168,7 @@ TEST_CASE("fencing tokens of 10^14 and beyond still match: ack, nack and redeliv
     REQUIRE(q.put_after("j2", "", 0ms));
     auto c = q.take(1s);
     REQUIRE(c);
-    auto c2 = q.take(5s);
+    auto c2 = q.take(10s);
     REQUIRE(c2);
     CHECK(c2->id == c->id);
     CHECK(c2->attempts == 2);

@@ -82,7 +82,8 @@ TEST_CASE(
     redis_server srv;
     delay_queue q(opts(srv));
     REQUIRE(q.put_after("victim", "p", 0ms));
-    child consumer({DELAYQ_REDIS_CONSUMER_HELPER, std::to_string(srv.port()), "q", "300"});
+    // A lease of 2 s: the take(0ms) below comes within it, on a loaded machine too.
+    child consumer({DELAYQ_REDIS_CONSUMER_HELPER, std::to_string(srv.port()), "q", "2000"});
     REQUIRE(consumer.line(10s) == "victim");
     consumer.kill9();
     CHECK_FALSE(q.take(0ms));  // leased to the dead consumer until its lease ends
