@@ -282,7 +282,8 @@ void reschedule_racing_expiry() {
                 if (clk::now() < hs[static_cast<std::size_t>(i)].deadline()) ++early;
                 ++runs[static_cast<std::size_t>(i)];
             },
-            std::chrono::microseconds(5000 + (i * 7919) % 20000));
+            // due over a second: the movers, however late they start, find tasks to move
+            std::chrono::microseconds(5000 + (i * 7919) % 1000000));
     started = 1;
     std::atomic<int> moved{0};
     std::vector<std::thread> movers;

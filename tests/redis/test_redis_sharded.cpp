@@ -91,7 +91,7 @@ TEST_CASE("sharded: a waiting take listens on one connection and wakes for a put
         CHECK(j->id == id);
         const auto taken_at = j->lease_deadline - 30s;
         CHECK(taken_at >= j->deadline);
-        CHECK(taken_at - j->deadline < 1s);
+        CHECK(taken_at - j->deadline < 2s);  // not a max_block (5 s) late
         CHECK(consumer.ack(*j));
     }
 }
