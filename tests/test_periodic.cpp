@@ -7,6 +7,7 @@
 #include <delayq/hierarchical_timing_wheel.hpp>
 #include <delayq/manual_clock.hpp>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <stdexcept>
 #include <thread>
@@ -111,8 +112,8 @@ TEMPLATE_TEST_CASE("periodic: each missed-tick policy with a driver back late by
         CHECK_FALSE(h.expired());
         CHECK(h.deadline() == t0 + 20ms);
         CHECK(w.pending() == 1);
-        // late: the run due at 20 ms happens at 45 ms
-        CHECK(at(w, t0 + 45ms) == 1);
+        // late: the run due at 20 ms happens at 45 ms (with burst, those due at 30 and 40 too)
+        CHECK(at(w, t0 + 45ms) == (policy == missed_tick::burst ? 3U : 1U));
         switch (policy) {
             case missed_tick::skip:  // the runs due at 30 and 40 are dropped; the grid stays
                 CHECK(h.deadline() == t0 + 50ms);
@@ -120,11 +121,7 @@ TEMPLATE_TEST_CASE("periodic: each missed-tick policy with a driver back late by
                 CHECK(at(w, t0 + 50ms) == 1);
                 CHECK(h.deadline() == t0 + 60ms);
                 break;
-            case missed_tick::burst:  // the runs due at 30 and 40 happen at once, one per pass
-                CHECK(h.deadline() == t0 + 30ms);
-                CHECK(at(w, t0 + 45ms) == 1);
-                CHECK(h.deadline() == t0 + 40ms);
-                CHECK(at(w, t0 + 45ms) == 1);
+            case missed_tick::burst:  // the runs due at 30 and 40 happened too, in that pass
                 CHECK(h.deadline() == t0 + 50ms);
                 CHECK(at(w, t0 + 45ms) == 0);
                 CHECK(at(w, t0 + 50ms) == 1);
@@ -147,8 +144,7 @@ TEMPLATE_TEST_CASE("periodic: each missed-tick policy with a driver back late by
     mc::reset();
 }
 
-TEMPLATE_TEST_CASE("periodic: fixed-rate deadlines do not drift, and saturate at the end of time",
-                   "", hashed, hierarchical) {
+TEMPLATE_TEST_CASE("periodic: fixed-rate deadlines do not drift", "", hashed, hierarchical) {
     mc::set(t0);
     typename TestType::wheel w(TestType::options());
     std::vector<tp> runs;
@@ -160,15 +156,318 @@ TEMPLATE_TEST_CASE("periodic: fixed-rate deadlines do not drift, and saturate at
         CHECK(runs[static_cast<std::size_t>(k)] == t0 + 1ms + k * period);
     CHECK(h.deadline() == t0 + 1ms + 1000 * period);
     CHECK(h.cancel());
+    mc::reset();
+}
 
-    // near time_point::max(): the next run saturates to "never"
-    std::size_t late = 0;
-    handle e = w.schedule_every_at([&] { ++late; }, tp::max() - 1ms, std::chrono::hours(1));
+// Period 10 ms, first due at 10 ms, the driver back at 45 ms: the runs due at 20, 30 and 40 all
+// happen in that one advance(), back to back, each seeing its own due time as deadline().
+TEMPLATE_TEST_CASE("periodic burst: one late advance runs every missed run, back to back", "",
+                   hashed, hierarchical) {
+    mc::set(t0);
+    typename TestType::wheel w(TestType::options());
+    std::vector<tp> runs, due;
+    handle h;
+    h = w.schedule_every(
+        [&] {
+            runs.push_back(mc::now());
+            due.push_back(h.deadline());
+        },
+        10ms, missed_tick::burst);
+    CHECK(at(w, t0 + 10ms) == 1);
+    CHECK(at(w, t0 + 45ms) == 3);
+    CHECK(runs == std::vector<tp>{t0 + 10ms, t0 + 45ms, t0 + 45ms, t0 + 45ms});
+    CHECK(due == std::vector<tp>{t0 + 10ms, t0 + 20ms, t0 + 30ms, t0 + 40ms});
+    CHECK(h.deadline() == t0 + 50ms);  // back on the grid
+    CHECK(h.pending());
+    CHECK(w.pending() == 1);
+    CHECK(at(w, t0 + 45ms) == 0);
+    CHECK(at(w, t0 + 50ms) == 1);
+    CHECK(runs.size() == 5);
+    CHECK(h.cancel());
+    CHECK(w.pending() == 0);
+    mc::reset();
+}
+
+// A burst task's missed runs run at its place in the pass; a one-shot task due in the same pass
+// runs once, and a task scheduled by a run waits for the next pass, as any task scheduled by a
+// task.
+TEMPLATE_TEST_CASE("periodic burst: many missed runs in one pass, other tasks once, none lost", "",
+                   hashed, hierarchical) {
+    mc::set(t0);
+    typename TestType::wheel w(TestType::options());
+    std::size_t bursts = 0, once = 0, spawned = 0;
+    handle h = w.schedule_every_at(
+        [&] {
+            if (++bursts == 2) w.schedule_at([&] { ++spawned; }, t0);
+        },
+        t0 + 1ms, 1us, missed_tick::burst);
+    w.schedule_at([&] { ++once; }, t0 + 5ms);
+    // due at 1 ms + k us for k = 0 .. 9000: 9001 runs, and the one-shot task
+    CHECK(at(w, t0 + 10ms) == 9002);
+    CHECK(bursts == 9001);
+    CHECK(once == 1);
+    CHECK(spawned == 0);
+    CHECK(h.deadline() == t0 + 10ms + 1us);
+    CHECK(w.pending() == 2);
+    CHECK(at(w, t0 + 10ms) == 1);  // the task a run scheduled
+    CHECK(spawned == 1);
+    CHECK(bursts == 9001);
+    CHECK(h.cancel());
+    CHECK(w.pending() == 0);
+    mc::reset();
+}
+
+// hierarchical_timing_wheel's other driver without a thread: advance_clock().
+TEST_CASE("periodic burst: advance_clock runs every missed run in one call") {
+    mc::set(t0);
+    delayq::hierarchical_timing_wheel<mc> w(hierarchical::options());
+    std::vector<tp> due;
+    handle h;
+    h = w.schedule_every([&] { due.push_back(h.deadline()); }, 10ms, missed_tick::burst);
+    mc::set(t0 + 10ms);
+    CHECK(w.advance_clock(0ms));
+    mc::set(t0 + 45ms);
+    CHECK(w.advance_clock(0ms));
+    CHECK(due == std::vector<tp>{t0 + 10ms, t0 + 20ms, t0 + 30ms, t0 + 40ms});
+    CHECK(h.deadline() == t0 + 50ms);
+    CHECK_FALSE(w.advance_clock(0ms));
+    CHECK(due.size() == 4);
+    CHECK(h.cancel());
+    mc::reset();
+}
+
+// The threaded timers on manual_clock: the worker runs the same three runs at 45 ms, and no more.
+template <class Timer>
+void burst_on_worker() {
+    mc::set(t0);
+    typename Timer::options o;
+    o.tick = 1ms;
+    Timer t(std::move(o));
+    std::mutex m;
+    std::vector<tp> due;
+    std::atomic<std::size_t> count{0};
+    handle h;
+    {
+        std::lock_guard lk(m);  // h is assigned before the first run reads it
+        h = t.schedule_every(
+            [&] {
+                std::lock_guard l(m);
+                due.push_back(h.deadline());
+                ++count;
+            },
+            10ms, missed_tick::burst);
+    }
+    mc::set(t0 + 10ms);
+    CHECK(delayq::test::eventually([&] { return count.load() == 1; }));
+    mc::set(t0 + 45ms);
+    CHECK(delayq::test::eventually([&] { return count.load() == 4; }));
+    CHECK(delayq::test::eventually([&] { return h.deadline() == t0 + 50ms; }));
+    CHECK(h.cancel());
+    t.stop();
+    std::lock_guard lk(m);
+    CHECK(due == std::vector<tp>{t0 + 10ms, t0 + 20ms, t0 + 30ms, t0 + 40ms});
+    mc::reset();
+}
+
+TEST_CASE("periodic burst: the threaded timers run every missed run at 45 ms") {
+    burst_on_worker<delayq::hashed_wheel_timer<mc>>();
+    burst_on_worker<delayq::hierarchical_timing_wheel<mc>>();
+}
+
+// A run whose successor would lie past time_point::max() is the last: the task ends (expired, no
+// longer pending) instead of running again at every pass once the clock reads time_point::max().
+TEMPLATE_TEST_CASE("periodic: the run whose successor lies past time_point::max() is the last", "",
+                   hashed, hierarchical) {
+    for (const missed_tick policy : {missed_tick::skip, missed_tick::burst, missed_tick::delay}) {
+        CAPTURE(static_cast<int>(policy));
+        mc::set(tp::max() - 1h);
+        typename TestType::wheel w(TestType::options());
+        auto alive = std::make_shared<int>(0);
+        std::vector<tp> due;
+        handle h;
+        h = w.schedule_every_at([&, alive] { due.push_back(h.deadline()); }, tp::max() - 25ms, 10ms,
+                                policy);
+        CHECK(at(w, tp::max() - 25ms) == 1);
+        CHECK(h.deadline() == tp::max() - 15ms);
+        // the clock reaches the end of time: due at max - 15 (and, burst, max - 5); max + 5 is not
+        const std::size_t last = policy == missed_tick::burst ? 2U : 1U;
+        CHECK(at(w, tp::max()) == last);
+        CHECK(due.size() == 1 + last);
+        CHECK(due.back() == (policy == missed_tick::burst ? tp::max() - 5ms : tp::max() - 15ms));
+        CHECK(at(w, tp::max()) == 0);
+        CHECK(at(w, tp::max()) == 0);
+        CHECK(due.size() == 1 + last);
+        CHECK(h.expired());
+        CHECK_FALSE(h.pending());
+        CHECK_FALSE(h.cancel());
+        CHECK(w.pending() == 0);
+        CHECK(alive.use_count() == 1);  // the task was destroyed after its last run
+
+        // a run due at time_point::max() itself runs, and is the last
+        mc::set(tp::max() - 1h);
+        typename TestType::wheel w2(TestType::options());
+        std::size_t runs = 0;
+        handle e = w2.schedule_every_at([&] { ++runs; }, tp::max() - 20ms, 10ms, policy);
+        CHECK(at(w2, tp::max() - 20ms) == 1);
+        CHECK(at(w2, tp::max() - 10ms) == 1);
+        CHECK(e.deadline() == tp::max());
+        CHECK(at(w2, tp::max()) == 1);
+        CHECK(at(w2, tp::max()) == 0);
+        CHECK(runs == 3);
+        CHECK(e.expired());
+        CHECK(w2.pending() == 0);
+
+        // a period far past the end: the first run is the last
+        mc::set(tp::max() - 1h);
+        typename TestType::wheel w3(TestType::options());
+        handle f =
+            w3.schedule_every_at([&] { ++runs; }, tp::max() - 1ms, std::chrono::hours(1), policy);
+        CHECK(at(w3, tp::max() - 1ms) == 1);
+        CHECK(f.expired());
+        CHECK(f.deadline() == tp::max() - 1ms);
+        CHECK(at(w3, tp::max()) == 0);
+        CHECK(runs == 4);
+        CHECK(w3.pending() == 0);
+    }
+    mc::reset();
+}
+
+// The widest lateness there is: first due at time_point::min(), period 1 ns, run when the clock
+// reads time_point::max(). Skip's next run is the (2^64)-th: past the end, so that run was the last
+// (the count of periods must not wrap to 0 and put the next run back in the past).
+TEMPLATE_TEST_CASE("periodic skip late by the whole time line: that run is the last", "", hashed,
+                   hierarchical) {
+    mc::set(tp::max() - 1h);
+    typename TestType::wheel w(TestType::options());
+    std::size_t runs = 0;
+    handle h = w.schedule_every_at([&] { ++runs; }, tp::min(), 1ns, missed_tick::skip);
+    CHECK(at(w, tp::max()) == 1);
+    CHECK(at(w, tp::max()) == 0);
+    CHECK(runs == 1);
+    CHECK(h.expired());
+    CHECK(h.deadline() == tp::min());
+    CHECK(w.pending() == 0);
+    mc::reset();
+}
+
+// A burst with a 1 us period, late by a millisecond at the end of time: its thousand missed runs
+// happen in one pass, and the one due at time_point::max() is the last; no pass runs it again.
+TEMPLATE_TEST_CASE("periodic burst at time_point::max(): every missed run once, then it ends", "",
+                   hashed, hierarchical) {
+    mc::set(tp::max() - 1h);
+    typename TestType::wheel w(TestType::options());
+    std::size_t runs = 0;
+    handle h = w.schedule_every_at([&] { ++runs; }, tp::max() - 1ms, 1us, missed_tick::burst);
     CHECK(at(w, tp::max() - 1ms) == 1);
-    CHECK(e.deadline() == tp::max());
-    CHECK(at(w, tp::max() - 1ns) == 0);
-    CHECK(late == 1);
-    CHECK(e.cancel());
+    CHECK(at(w, tp::max()) == 1000);  // due at max - 1 ms + k us, k = 1 .. 1000
+    CHECK(at(w, tp::max()) == 0);
+    CHECK(runs == 1001);
+    CHECK(h.expired());
+    CHECK(h.deadline() == tp::max());
+    CHECK(w.pending() == 0);
+    mc::reset();
+}
+
+// The contract of reschedule() during a run: it returns whether the task is pending(). A one-shot
+// task stops being pending when it is handed to run: false, nothing moves. A periodic task is
+// pending during its runs: true, and its next run moves there (its later runs follow from it).
+TEMPLATE_TEST_CASE(
+    "reschedule of itself during its run: a periodic task moves its next run, a "
+    "one-shot task does not",
+    "", hashed, hierarchical) {
+    mc::set(t0);
+    typename TestType::wheel w(TestType::options());
+    std::vector<tp> periodic_runs;
+    handle p;
+    bool p_moved = false, p_pending = false;
+    tp p_seen{};
+    p = w.schedule_every(
+        [&] {
+            periodic_runs.push_back(mc::now());
+            if (periodic_runs.size() == 1) {
+                p_pending = p.pending();
+                p_moved = p.reschedule_at(t0 + 25ms);
+                p_seen = p.deadline();
+            }
+        },
+        10ms);
+    int once_runs = 0;
+    handle o;
+    bool o_moved = true, o_expired = false;
+    o = w.schedule_at(
+        [&] {
+            ++once_runs;
+            o_expired = o.expired();
+            o_moved = o.reschedule_at(t0 + 30ms);
+        },
+        t0 + 10ms);
+    CHECK(at(w, t0 + 10ms) == 2);
+    CHECK(p_pending);
+    CHECK(p_moved);
+    CHECK(p_seen == t0 + 25ms);
+    CHECK(p.deadline() == t0 + 25ms);
+    CHECK(o_expired);
+    CHECK_FALSE(o_moved);
+    CHECK(o.deadline() == t0 + 10ms);
+    CHECK(o.expired());
+    CHECK(w.pending() == 1);
+    CHECK(at(w, t0 + 20ms) == 0);  // its old next run is gone
+    CHECK(at(w, t0 + 25ms) == 1);
+    CHECK(at(w, t0 + 30ms) == 0);  // the one-shot task did not come back
+    CHECK(at(w, t0 + 35ms) == 1);  // the grid starts again at 25
+    CHECK(periodic_runs == std::vector<tp>{t0 + 10ms, t0 + 25ms, t0 + 35ms});
+    CHECK(once_runs == 1);
+    CHECK(p.cancel());
+    CHECK(w.pending() == 0);
+    mc::reset();
+}
+
+// Rescheduled during a burst run, a periodic task's remaining missed runs are dropped (the grid
+// starts again where it was moved); moved to a time already passed, it runs at the next pass, as
+// any task rescheduled into the past, not again in this one.
+TEMPLATE_TEST_CASE("reschedule of itself during a burst run ends the burst there", "", hashed,
+                   hierarchical) {
+    mc::set(t0);
+    typename TestType::wheel w(TestType::options());
+    std::vector<tp> due;
+    handle h;
+    tp move_to = t0 + 100ms;
+    bool moved = false;
+    h = w.schedule_every(
+        [&] {
+            due.push_back(h.deadline());
+            if (due.size() == 2) moved = h.reschedule_at(move_to);
+        },
+        10ms, missed_tick::burst);
+    CHECK(at(w, t0 + 10ms) == 1);
+    CHECK(at(w, t0 + 45ms) == 1);  // the run due at 20 moved the next one to 100: 30, 40 dropped
+    CHECK(moved);
+    CHECK(h.deadline() == t0 + 100ms);
+    CHECK(at(w, t0 + 100ms) == 1);
+    CHECK(h.deadline() == t0 + 110ms);
+    CHECK(due == std::vector<tp>{t0 + 10ms, t0 + 20ms, t0 + 100ms});
+    CHECK(h.cancel());
+
+    // into the past: not run again in the same pass
+    due.clear();
+    moved = false;
+    move_to = t0;
+    h = w.schedule_every_at(
+        [&] {
+            due.push_back(h.deadline());
+            if (due.size() == 2) moved = h.reschedule_at(move_to);
+        },
+        t0 + 200ms, 10ms, missed_tick::burst);
+    CHECK(at(w, t0 + 200ms) == 1);
+    CHECK(at(w, t0 + 235ms) == 1);
+    CHECK(moved);
+    CHECK(h.deadline() == t0);
+    // the next pass: the grid from t0, 24 runs due at t0 + 0 .. 230 ms, burst
+    CHECK(at(w, t0 + 235ms) == 24);
+    CHECK(h.deadline() == t0 + 240ms);
+    CHECK(due.size() == 2 + 24);
+    CHECK(h.cancel());
+    CHECK(w.pending() == 0);
     mc::reset();
 }
 

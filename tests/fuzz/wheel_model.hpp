@@ -14,7 +14,9 @@
 // - cancel() returns true exactly for a pending task (one not started, also from a task of the same
 //   pass), and that task never runs;
 // - reschedule() moves exactly the pending tasks; periodic tasks (every missed-tick policy) run at
-//   start + k * period as the model computes it, stay pending, and stop when cancelled;
+//   start + k * period as the model computes it, stay pending, and stop when cancelled, or after
+//   the run whose successor would lie past time_point::max() (then they read expired()); a burst's
+//   missed runs all happen in the advance that finds it late, right after its first run there;
 // - stop() returns the still-pending tasks, earliest deadline first, and then every schedule
 //   throws rejected_error, leaving the task untouched; so does a schedule at max_pending;
 // - a task that throws reaches on_error, and the wheel carries on.
@@ -43,18 +45,26 @@ struct task_rec {
     std::uint64_t born = 0;  // tasks born in advance k are checked for lateness after advance k+1
     bool throws = false;
     std::uint64_t seq = 0;  // schedule order (again at a reschedule or a periodic task's re-link)
-    bool periodic = false;  // a periodic task stays pending until cancelled
+    bool periodic = false;  // a periodic task stays pending until cancelled or its last run
     time_point start{};     // its grid: the k-th run is due at start + k * period
     rep period = 0;
     std::uint64_t k = 0;
     delayq::missed_tick policy = delayq::missed_tick::skip;
+    delayq::timeout<mclock> keep;  // a burst's: a handle never dropped, to end a runaway burst
 };
 
-// The model's own arithmetic for a periodic task's next run after a run in a pass at `now`.
-inline time_point model_next_run(task_rec& t, time_point now) {
+// A burst whose period is tiny beside a jump of the clock has billions of missed runs, all due in
+// one advance: such a task cancels itself (through `keep`) after this many runs in a row.
+inline constexpr std::size_t burst_cap = 64;
+
+// The model's own arithmetic for a periodic task's next run after a run in a pass at `now`;
+// nullopt past time_point::max() (that run was the last).
+inline std::optional<time_point> model_next_run(task_rec& t, time_point now) {
     __extension__ typedef __int128 wide;
-    std::uint64_t k = t.k + 1;
+    const wide hi = std::numeric_limits<rep>::max();
+    wide k = static_cast<wide>(t.k) + 1;  // 2^64 after a run late by the whole time line
     if (t.policy == delayq::missed_tick::delay) {
+        if (static_cast<wide>(now.time_since_epoch().count()) + t.period > hi) return std::nullopt;
         t.start = sat_add(now, t.period);
         t.k = 0;
         return t.start;
@@ -62,26 +72,26 @@ inline time_point model_next_run(task_rec& t, time_point now) {
     if (t.policy == delayq::missed_tick::skip) {
         const wide late =
             static_cast<wide>(now.time_since_epoch().count()) - t.start.time_since_epoch().count();
-        if (late >= 0)
-            k = std::max<std::uint64_t>(k, static_cast<std::uint64_t>(late / t.period) + 1);
+        if (late >= 0) k = std::max<wide>(k, late / t.period + 1);
     }
-    t.k = k;
-    const wide v =
-        static_cast<wide>(t.start.time_since_epoch().count()) + static_cast<wide>(k) * t.period;
-    const wide hi = std::numeric_limits<rep>::max();
-    return time_point{duration{static_cast<rep>(v > hi ? hi : v)}};
+    const wide v = static_cast<wide>(t.start.time_since_epoch().count()) + k * t.period;
+    if (v > hi) return std::nullopt;
+    t.k = static_cast<std::uint64_t>(k);
+    return time_point{duration{static_cast<rep>(v)}};
 }
 
 struct ran_rec {
     std::uint64_t id;
     time_point deadline;
     std::uint64_t seq;
+    bool rerun;  // a burst's missed run, right after the same task's run before it
 };
 
 struct world {
     std::vector<task_rec> tasks;
     std::vector<delayq::timeout<mclock>> handles;  // by task id; an empty handle once dropped
     std::vector<ran_rec> log;                      // what ran in the current advance
+    std::size_t runs_in_a_row = 0;                 // of the task that ran last
     std::uint64_t next_seq = 0;
     std::uint64_t advances = 0;
     bool in_advance = false;
@@ -126,16 +136,27 @@ inline void fuzz_task::operator()() {
     FZ_CHECK(w->tasks[id].state == st::pending);    // runs once, never after a cancel
     FZ_CHECK(w->tasks[id].deadline <= w->adv_now);  // never early
     task_rec& me = w->tasks[id];
-    w->log.push_back(ran_rec{id, me.deadline, me.seq});
+    const bool rerun = !w->log.empty() && w->log.back().id == id;
+    w->log.push_back(ran_rec{id, me.deadline, me.seq, rerun});
+    w->runs_in_a_row = rerun ? w->runs_in_a_row + 1 : 1;
     if (!me.periodic) me.state = st::ran;
     const bool throws = me.throws;
     if (cancel_target >= 0) the_hooks().cancel(id, cancel_target);
     if (spawn) the_hooks().spawn(child_delay);
-    task_rec& again = w->tasks[id];                      // the hooks may have grown the table
+    task_rec& again = w->tasks[id];  // the hooks may have grown the table
+    if (again.keep && again.state == st::pending && w->runs_in_a_row >= burst_cap) {
+        FZ_CHECK(again.keep.cancel());  // from inside its run: it runs no more
+        again.state = st::cancelled;
+    }
     if (again.periodic && again.state == st::pending) {  // re-linked at its next run
-        again.deadline = model_next_run(again, w->adv_now);
-        again.seq = w->next_seq++;
-        again.born = w->advances;
+        if (const std::optional<time_point> next = model_next_run(again, w->adv_now)) {
+            again.deadline = *next;
+            again.seq = w->next_seq++;
+            // checked after this advance: a run due at it (a burst's) happens in it
+            again.born = w->advances - 1;
+        } else {
+            again.state = st::ran;  // its last run
+        }
     }
     if (throws) {
         ++w->errors_expected;
@@ -211,7 +232,10 @@ void run_wheel(FuzzedDataProvider& in) {
             FZ_CHECK(!stopped && !full);
             FZ_CHECK(h.deadline() == deadline);
             FZ_CHECK(h.pending());
-            task_rec rec{deadline, st::pending, w.advances, throws};
+            task_rec rec{};
+            rec.deadline = deadline;
+            rec.born = w.advances;
+            rec.throws = throws;
             rec.seq = w.next_seq++;
             w.tasks.push_back(rec);
             w.handles.push_back(std::move(h));
@@ -253,10 +277,20 @@ void run_wheel(FuzzedDataProvider& in) {
         w.in_advance = true;
         A::advance(*wh, w);
         w.in_advance = false;
-        for (std::size_t i = 1; i < w.log.size(); ++i) {  // the heap's order
-            const ran_rec& a = w.log[i - 1];
+        // the heap's order, among each task's first run of the advance; a burst's further runs
+        // follow its first, on its grid
+        const ran_rec* prev = nullptr;
+        for (std::size_t i = 0; i < w.log.size(); ++i) {
             const ran_rec& b = w.log[i];
-            FZ_CHECK(a.deadline < b.deadline || (a.deadline == b.deadline && a.seq < b.seq));
+            if (b.rerun) {
+                FZ_CHECK(w.tasks[b.id].policy == delayq::missed_tick::burst);
+                FZ_CHECK(w.log[i - 1].deadline < b.deadline);
+                continue;
+            }
+            if (prev)
+                FZ_CHECK(prev->deadline < b.deadline ||
+                         (prev->deadline == b.deadline && prev->seq < b.seq));
+            prev = &b;
         }
         for (std::size_t i = 0; i < w.tasks.size(); ++i) {
             task_rec& t = w.tasks[i];
@@ -422,12 +456,16 @@ void run_wheel(FuzzedDataProvider& in) {
                         wh->schedule_every_at(std::move(t), first, duration{period}, policy);
                     FZ_CHECK(!stopped && !full);
                     FZ_CHECK(h.deadline() == first && h.pending());
-                    task_rec rec{first, st::pending, w.advances, flags == 1};
+                    task_rec rec{};
+                    rec.deadline = first;
+                    rec.born = w.advances;
+                    rec.throws = flags == 1;
                     rec.seq = w.next_seq++;
                     rec.periodic = true;
                     rec.start = first;
                     rec.period = period;
                     rec.policy = policy;
+                    if (policy == delayq::missed_tick::burst) rec.keep = h;
                     w.tasks.push_back(rec);
                     w.handles.push_back(std::move(h));
                 } catch (const delayq::rejected_error&) {

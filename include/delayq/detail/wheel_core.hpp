@@ -272,10 +272,17 @@ class wheel_core final : public timer_core<Clock> {
             if (every) {
                 bool wake = false;
                 std::exception_ptr error;
-                const bool ended = repeat(*n, *every, now, wake, error);
+                after_run next;
+                // A burst's missed runs are due at `now` too: they run here, back to back. Each
+                // one moves the task one period on, and the run whose successor would lie past
+                // time_point::max() is its last, so this ends even at the end of time.
+                while ((next = repeat(*n, *every, now, wake, error)) == after_run::again) {
+                    run_reporting(*n, on_error_);
+                    ++p.ran;
+                }
                 if (wake) wake_drivers();
                 if (error) report_error(on_error_, error);
-                if (!ended) continue;  // the batch's reference is the ring's now
+                if (next == after_run::relinked) continue;  // the batch's reference is the ring's
             }
             n->destroy_task();
             if (n->drop()) done = n;
@@ -507,58 +514,86 @@ class wheel_core final : public timer_core<Clock> {
         n.store_deadline(first);
     }
 
-    // When a periodic task's next run is due, after a run that a pass started at `now`. Moves
-    // the task's grid (k, or start for missed_tick::delay).
-    static time_point next_run(periodic_part<Clock>& every, time_point now) noexcept {
+    // When a periodic task's next run is due, after a run that a pass started at `now`; nullopt
+    // when it would lie past time_point::max() (that run was the last). Moves the task's grid (k,
+    // or start for missed_tick::delay). Only a burst, or a reschedule during the run, gives a
+    // time <= now: skip and delay always land after `now`.
+    static std::optional<time_point> next_run(periodic_part<Clock>& every,
+                                              time_point now) noexcept {
         if (every.moved) {  // rescheduled during the run
             every.moved = false;
             return every.start;
         }
+        constexpr wide_rep end = time_point::max().time_since_epoch().count();
         const wide_rep p = every.period.count();
         const wide_rep s = every.start.time_since_epoch().count();
-        std::uint64_t k = every.k + 1;
+        const wide_rep t = now.time_since_epoch().count();
+        // In 128 bits: k may be 2^64 (the run after one late by the whole time line), and
+        // s + k * p still fits (p < 2^63).
+        wide_rep k = static_cast<wide_rep>(every.k) + 1;
         switch (every.policy) {
             case missed_tick::burst:
                 break;
             case missed_tick::skip: {
-                const wide_rep late = static_cast<wide_rep>(now.time_since_epoch().count()) - s;
-                if (late >= 0)
-                    k = std::max<std::uint64_t>(k, static_cast<std::uint64_t>(late / p) + 1);
+                if (t >= s) k = std::max(k, (t - s) / p + 1);
                 break;
             }
             case missed_tick::delay:
-                every.start = saturating_add(now, every.period);
+                if (t + p > end) return std::nullopt;
+                every.start = time_point{duration{static_cast<typename duration::rep>(t + p)}};
                 every.k = 0;
                 return every.start;
         }
-        every.k = k;
-        return time_point{
-            duration{clamp_count<typename duration::rep>(s + static_cast<wide_rep>(k) * p)}};
+        const wide_rep next = s + k * p;
+        if (next > end) return std::nullopt;
+        every.k = static_cast<std::uint64_t>(k);  // < 2^64: k * p <= end - s < 2^64
+        return time_point{duration{static_cast<typename duration::rep>(next)}};
     }
 
-    // After a periodic task's run: re-links it at its next run, or ends it (cancelled during the
-    // run, the timer stopped, or no room to re-link it). Returns whether the runner must drop the
-    // batch's reference (the task ended).
-    bool repeat(node& n, periodic_part<Clock>& every, time_point now, bool& wake,
-                std::exception_ptr& error) noexcept {
+    // What becomes of a periodic task after a run (repeat()).
+    enum class after_run : std::uint8_t {
+        relinked,  // in the ring at its next run: the batch's reference is the ring's now
+        again,     // its next run is due in this pass too (a burst): the runner runs it now
+        ended,     // the runner ends it and drops the batch's reference
+    };
+
+    // After a periodic task's run: keeps it running when its next run is due at `now` already
+    // (missed_tick::burst; not one that reschedule() moved there, which waits for the next pass as
+    // any rescheduled task), else re-links it at its next run, or ends it: cancelled during the
+    // run, the timer stopped, its last run (the next would lie past time_point::max()), or no
+    // room to re-link it.
+    after_run repeat(node& n, periodic_part<Clock>& every, time_point now, bool& wake,
+                     std::exception_ptr& error) noexcept {
         std::lock_guard lk(lock_);
-        every.running = false;
         if (every.stopping || stopped_) {
+            every.running = false;
             n.set_state(timer_state::cancelled);  // stop() counted it out already; cancel() too
-            return true;
+            return after_run::ended;
         }
-        const time_point next = next_run(every, now);
+        const bool moved = every.moved;
+        const std::optional<time_point> next = next_run(every, now);
+        if (!next) {
+            every.running = false;
+            --pending_;
+            n.set_state(timer_state::expired);  // ran its last run
+            return after_run::ended;
+        }
+        if (!moved && *next <= (precise_ ? now : ring_.floor_to_grid(now))) {
+            n.store_deadline(*next);
+            return after_run::again;  // still running: cancel() and stop() act as during a run
+        }
+        every.running = false;
         try {
-            const auto where = ring_.prepare(next, ring_.position(next));
-            n.store_deadline(next);
+            const auto where = ring_.prepare(*next, ring_.position(*next));
+            n.store_deadline(*next);
             n.seq = seq_++;
             wake = link(&n, where, false);
-            return false;
+            return after_run::relinked;
         } catch (...) {
             error = std::current_exception();  // out of memory: the task ends, on_error hears why
             --pending_;
             n.set_state(timer_state::cancelled);
-            return true;
+            return after_run::ended;
         }
     }
 
