@@ -72,18 +72,23 @@ class timeout {
     /// The task was cancelled (by cancel(), or by the timer's stop()) and will not run (again).
     bool cancelled() const noexcept { return is(detail::timer_state::cancelled); }
 
-    /// The task has been handed to the worker to run (it may still be running). Never true of a
-    /// periodic task: it is pending until cancelled.
+    /// The task has been handed to the worker to run (it may still be running). A periodic task:
+    /// only once its last run is over (the one whose successor would lie past
+    /// time_point::max()); until then it is pending, during its runs too.
     bool expired() const noexcept { return is(detail::timer_state::expired); }
 
     /// Neither run nor cancelled yet.
     bool pending() const noexcept { return is(detail::timer_state::pending); }
 
-    /// Moves the task, if it is still pending, to run once `delay` (saturating; <= 0: due now)
-    /// has passed on Clock; keeps the task and this handle. O(1) (a task in the tick under way:
-    /// O(log n) of that tick), no allocation but, rarely, room for the tick under way. Returns
-    /// false, changing nothing, when the task ran, runs, or was cancelled. A periodic task's next
-    /// run moves, and its later runs follow from there. Thread-safe, like cancel(). Throws
+    /// Moves the task, if it is still pending(), to run once `delay` (saturating; <= 0: due now,
+    /// at the next pass) has passed on Clock; keeps the task and this handle. O(1) (a task in the
+    /// tick under way: O(log n) of that tick), no allocation but, rarely, room for the tick under
+    /// way. Returns whether it was pending: false, changing nothing, once a one-shot task ran or
+    /// runs (it stops being pending when handed to run), a periodic task's last run is over, or
+    /// the task was cancelled. A periodic task's next run moves, and its later runs follow from
+    /// there; a periodic task is pending during its runs, so a reschedule() during one (from the
+    /// task itself too) returns true and sets when the next run is due (a burst's missed runs
+    /// that were still to come in that pass are dropped). Thread-safe, like cancel(). Throws
     /// std::bad_alloc (then nothing changed).
     template <class Rep, class Period>
     bool reschedule(std::chrono::duration<Rep, Period> delay) {

@@ -45,11 +45,13 @@
 namespace delayq {
 
 /// What a periodic task does after a run that came late, past one or more of its due times
-/// (schedule_every). With period P, first due at S, the k-th run is due at S + k * P.
+/// (schedule_every). With period P, first due at S, the k-th run is due at S + k * P. Whatever the
+/// policy, a run whose successor would lie past time_point::max() is the task's last.
 enum class missed_tick : std::uint8_t {
     skip,   ///< the default: the next run is due at the first S + k * P after the late run (the
             ///< missed ones are dropped; the grid is kept)
-    burst,  ///< every missed run happens, one after the other, at once (then back on the grid)
+    burst,  ///< every missed run happens, back to back in the same pass (then back on the grid):
+            ///< one run per period missed, so a tiny period after a long stall makes a long pass
     delay,  ///< the next run is due P after the late run (the grid moves with it)
 };
 
@@ -160,15 +162,15 @@ struct timer_node : node_links {
 };
 
 /// What a periodic task keeps besides its callable. The k-th run is due at start + k * period
-/// (saturating: no drift from adding periods up); `policy` says what a late run does to the next.
-/// Touched only under the core's lock.
+/// (computed, not summed: no drift); a run whose successor would lie past time_point::max() is the
+/// last. `policy` says what a late run does to the next. Touched only under the core's lock.
 template <class Clock>
 struct periodic_part {
     typename Clock::time_point start;
     typename Clock::duration period;
     std::uint64_t k = 0;  // the run now scheduled is the k-th
     missed_tick policy;
-    bool running = false;   // handed to run: between the claim and the re-link
+    bool running = false;   // handed to run: from the claim to the re-link (a burst's runs too)
     bool stopping = false;  // cancelled while running: no re-link, the runner ends it
     bool moved = false;     // rescheduled while running: the next run is at `start`
 };
