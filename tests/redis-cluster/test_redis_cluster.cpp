@@ -1,12 +1,19 @@
 // delayq::redis on a Redis Cluster of 3 masters and 3 replicas that each test starts: a failover
 // and a reshard of the queue's slot while producers and consumers run, and the sharded queue
 // spread over the masters. Every job is counted in and out.
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <delayq/redis/delay_queue.hpp>
 #include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
 #include <set>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "catch.hpp"
@@ -63,7 +70,251 @@ void check(const delayq_test::flow_result& r, during d) {
     if (d == during::puts_and_acks) CHECK(r.acked_during_midway > 0);
 }
 
+// Consumer threads on one queue object that take and ack until stopped, recording every
+// delivery (when, which shard), every ack that went through and every error.
+class consumers {
+  public:
+    using clock = std::chrono::steady_clock;
+    struct delivery {
+        std::string id;
+        std::size_t shard;
+        clock::time_point at;
+    };
+
+    consumers(sharded_delay_queue& q, int threads) : q_(q) {
+        for (int i = 0; i < threads; ++i) ts_.emplace_back([this] { run(); });
+    }
+    consumers(const consumers&) = delete;
+    consumers& operator=(const consumers&) = delete;
+    ~consumers() { stop(); }
+
+    void stop() {
+        stop_ = true;
+        for (auto& t : ts_)
+            if (t.joinable()) t.join();
+    }
+
+    std::size_t shard_of(const std::string& id) const {
+        return delayq::redis::detail::fnv1a(id) % q_.shards();
+    }
+
+    // Deliveries of shards that `pick` accepts, in the time window (after, before).
+    template <class Pick>
+    std::size_t delivered(Pick pick, clock::time_point after, clock::time_point before) const {
+        std::lock_guard lk(m_);
+        std::size_t n = 0;
+        for (const auto& d : deliveries_)
+            if (pick(d.shard) && d.at > after && d.at < before) ++n;
+        return n;
+    }
+    std::size_t delivered_id(const std::string& id) const {
+        std::lock_guard lk(m_);
+        std::size_t n = 0;
+        for (const auto& d : deliveries_) n += d.id == id;
+        return n;
+    }
+    std::size_t delivered() const {
+        std::lock_guard lk(m_);
+        return deliveries_.size();
+    }
+    std::map<std::string, int> acked() const {
+        std::lock_guard lk(m_);
+        return acked_;
+    }
+    std::vector<std::string> take_errors() const {
+        std::lock_guard lk(m_);
+        return take_errors_;
+    }
+    std::vector<std::string> ack_errors() const {
+        std::lock_guard lk(m_);
+        return ack_errors_;
+    }
+    // The ids whose ack threw: it may have run (the reply was lost) or not (then the job comes
+    // again).
+    std::set<std::string> unsure() const {
+        std::lock_guard lk(m_);
+        return unsure_;
+    }
+
+  private:
+    void run() {
+        while (!stop_) {
+            std::optional<delayq::redis::job> j;
+            try {
+                j = q_.take(200ms);
+            } catch (const std::exception& e) {
+                std::lock_guard lk(m_);
+                take_errors_.emplace_back(e.what());
+                continue;
+            }
+            if (!j) continue;
+            {
+                std::lock_guard lk(m_);
+                deliveries_.push_back({j->id, shard_of(j->id), clock::now()});
+            }
+            try {
+                const bool ok = q_.ack(*j);  // false: the lease ended, it comes again
+                std::lock_guard lk(m_);
+                if (ok) ++acked_[j->id];
+            } catch (const std::exception& e) {  // its master is down
+                std::lock_guard lk(m_);
+                ack_errors_.emplace_back(e.what());
+                unsure_.insert(j->id);
+            }
+        }
+    }
+
+    sharded_delay_queue& q_;
+    std::atomic<bool> stop_{false};
+    mutable std::mutex m_;
+    std::vector<delivery> deliveries_;
+    std::map<std::string, int> acked_;
+    std::set<std::string> unsure_;
+    std::vector<std::string> take_errors_, ack_errors_;
+    std::vector<std::thread> ts_;
+};
+
+// `count` jobs "j0".. put with put_many, due spread evenly over `over` from now.
+std::vector<std::string> put_spread(sharded_delay_queue& q, int count,
+                                    std::chrono::milliseconds over) {
+    std::vector<std::string> ids;
+    for (int i = 0; i < count; ++i) ids.push_back("j" + std::to_string(i));
+    std::vector<sharded_delay_queue::put_request> reqs;
+    for (int i = 0; i < count; ++i) reqs.push_back({ids[i], ids[i], over * i / count});
+    const auto queued = q.put_many(reqs);
+    for (std::size_t i = 0; i < queued.size(); ++i)
+        if (!queued[i]) throw std::runtime_error("put refused: " + ids[i]);
+    return ids;
+}
+
 }  // namespace
+
+TEST_CASE(
+    "a sharded queue whose shard's master is killed: the live shards keep delivering, and the "
+    "dead shard's jobs come once its replica took over; none lost") {
+    redis_cluster c;  // cluster-require-full-coverage yes: the cluster is down for a moment
+    const std::string name = "orders";
+    const int victim = c.master_of_key("{" + name + "#0}");
+    auto o = delayq_test::queue_options(victim, name);
+    for (int m : c.masters())
+        if (m != victim) o.port = m;  // the options name a node that stays up
+    o.lease = 5s;                     // a lease that the dead master took with it ends soon
+    o.io_timeout = 2s;                // an ack that its master's death holds up gives up sooner
+    sharded_delay_queue q(o, 12);
+    std::set<std::size_t> dead;  // the shards of the master that is killed
+    for (std::size_t i = 0; i < 12; ++i)
+        if (c.master_of_key("{" + name + "#" + std::to_string(i) + "}") == victim) dead.insert(i);
+    REQUIRE(!dead.empty());
+    REQUIRE(dead.size() < 12);
+    const auto is_dead = [&](std::size_t s) { return dead.count(s) == 1; };
+    const auto is_live = [&](std::size_t s) { return dead.count(s) == 0; };
+
+    // Every job is put before the kill and reaches the replica: a put that an asynchronous
+    // replication loses with its master is a documented loss, not what this test is about.
+    const auto ids = put_spread(q, 600, 6s);
+    c.wait_replicated(victim);
+    const int replica = c.replica_of(victim);
+    const std::uint16_t slot = slot_of("{" + name + "#" + std::to_string(*dead.begin()) + "}");
+
+    using clock = consumers::clock;
+    consumers cs(q, 8);
+    REQUIRE(delayq_test::eventually([&] { return cs.delivered() >= 40; }, 30s));
+    const auto killed_at = clock::now();
+    c.kill9(victim);
+    // A replica takes over no sooner than the node timeout (2 s) after its master went silent:
+    // until then the cluster serves every slot but the dead master's. From 1 s after the kill
+    // every consumer has met a dead shard; the live shards must keep delivering all the same.
+    REQUIRE(delayq_test::eventually([&] { return c.all_name_master(slot, replica); }, 60s));
+    const auto over_at = clock::now();
+    const std::size_t live_while_down =
+        cs.delivered(is_live, killed_at + 1s, std::min(over_at, killed_at + 2s));
+    INFO("deliveries from the live shards from 1 s to 2 s after the kill: " << live_while_down);
+    CHECK(live_while_down >= 10);
+
+    // Every job comes out: acked, or delivered and then its ack threw (the master died with the
+    // ack in flight: it may have run; if it did not, the job comes again). And nothing is left.
+    const auto missing = [&] {
+        const auto acked = cs.acked();
+        const auto unsure = cs.unsure();
+        std::vector<std::string> out;
+        for (const auto& id : ids)
+            if (acked.count(id) == 0 && unsure.count(id) == 0) out.push_back(id);
+        return out;
+    };
+    const auto drained = [&] {
+        try {
+            return missing().empty() && q.size() == 0;
+        } catch (const delayq::redis::error&) {  // the shard's master is not back yet
+            return false;
+        }
+    };
+    const bool done = delayq_test::eventually(drained, 60s);
+    cs.stop();
+    for (const auto& e : cs.take_errors()) UNSCOPED_INFO("take: " << e);
+    for (const auto& e : cs.ack_errors()) UNSCOPED_INFO("ack: " << e);
+    for (const auto& id : missing())
+        UNSCOPED_INFO("never acked: " << id << " (shard " << cs.shard_of(id) << ", delivered "
+                                      << cs.delivered_id(id) << " times)");
+    CHECK(done);
+    CHECK(missing().empty());
+    CHECK(q.size() == 0);
+    CHECK(cs.delivered(is_dead, over_at, clock::time_point::max()) > 0);
+}
+
+TEST_CASE(
+    "a sharded queue with a shard gone for good: every job of the live shards is delivered and "
+    "take() reports no error (master and replica killed, full coverage not required)") {
+    redis_cluster c({"--cluster-require-full-coverage", "no"});
+    const std::string name = "orders";
+    const int victim = c.master_of_key("{" + name + "#0}");
+    const int replica = c.replica_of(victim);
+    auto o = delayq_test::queue_options(victim, name);
+    for (int m : c.masters())
+        if (m != victim) o.port = m;
+    o.io_timeout = 1s;
+    std::set<std::size_t> dead;
+    for (std::size_t i = 0; i < 12; ++i)
+        if (c.master_of_key("{" + name + "#" + std::to_string(i) + "}") == victim) dead.insert(i);
+    REQUIRE(!dead.empty());
+    REQUIRE(dead.size() < 12);
+
+    std::vector<std::string> ids;
+    {
+        sharded_delay_queue producer(o, 12);
+        ids = put_spread(producer, 480, 1s);
+    }
+    c.kill9(victim);
+    c.kill9(replica);
+    std::set<std::string> live;  // the jobs that can still be had
+    for (const auto& id : ids)
+        if (dead.count(delayq::redis::detail::fnv1a(id) % 12) == 0) live.insert(id);
+
+    sharded_delay_queue q(o, 12);
+    consumers cs(q, 4);
+    const auto live_acked = [&] {
+        std::size_t n = 0;
+        for (const auto& [id, times] : cs.acked()) n += live.count(id);
+        return n;
+    };
+    const bool all = delayq_test::eventually([&] { return live_acked() == live.size(); }, 30s);
+    cs.stop();
+    INFO("live jobs acked: " << live_acked() << " of " << live.size());
+    CHECK(all);
+    const auto errors = cs.take_errors();
+    INFO("take errors: " << errors.size() << (errors.empty() ? "" : ", the first: " + errors[0]));
+    CHECK(errors.empty());
+    std::size_t stray = 0, twice = 0;
+    for (const auto& [id, times] : cs.acked()) {
+        stray += 1 - live.count(id);  // nothing can come from the dead shards
+        twice += times > 1 ? 1 : 0;   // nothing failed: nothing comes twice
+    }
+    CHECK(stray == 0);
+    CHECK(twice == 0);
+    CHECK(cs.ack_errors().empty());
+    std::optional<delayq::redis::job> none;
+    CHECK_NOTHROW(none = q.take(300ms));  // drained: no job, and no error either
+    CHECK_FALSE(none);
+}
 
 TEST_CASE(
     "a failover of the queue's master in the middle of a run: every job acked exactly once, none "

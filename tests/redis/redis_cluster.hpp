@@ -81,8 +81,9 @@ class redis_cluster {
         throw std::runtime_error("no node on port " + std::to_string(port));
     }
 
-    // The port of the master that serves `slot`, as node `asking` sees it.
-    int master_of(std::uint16_t slot, std::size_t asking = 0) const {
+    // The port of the master that serves `slot`, as node `asking` (else a running node) sees it.
+    int master_of(std::uint16_t slot) const { return master_of(slot, running()); }
+    int master_of(std::uint16_t slot, std::size_t asking) const {
         auto r = nodes_[asking]->command({"CLUSTER", "SLOTS"});
         for (std::size_t i = 0; i < r->elements; ++i) {
             const redisReply* range = r->element[i];
@@ -93,7 +94,7 @@ class redis_cluster {
     }
     // The lowest slot that the master on `port` serves.
     std::uint16_t first_slot_of(int port) const {
-        auto r = nodes_[0]->command({"CLUSTER", "SLOTS"});
+        auto r = nodes_[running()]->command({"CLUSTER", "SLOTS"});
         long long first = 16384;
         for (std::size_t i = 0; i < r->elements; ++i)
             if (r->element[i]->element[2]->element[1]->integer == port)
@@ -108,7 +109,7 @@ class redis_cluster {
 
     std::vector<int> masters() const {
         std::vector<int> out;
-        auto r = nodes_[0]->command({"CLUSTER", "SLOTS"});
+        auto r = nodes_[running()]->command({"CLUSTER", "SLOTS"});
         for (std::size_t i = 0; i < r->elements; ++i) {
             const int p = static_cast<int>(r->element[i]->element[2]->element[1]->integer);
             if (std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
@@ -121,6 +122,7 @@ class redis_cluster {
     // A replica of the master on `port`.
     int replica_of(int master_port) {
         for (auto& n : nodes_) {
+            if (killed(n->port())) continue;
             auto r =
                 n->command({"ROLE"});  // a replica: ["slave", host, master port, state, offset]
             if (std::string(r->element[0]->str) == "slave" &&
@@ -176,6 +178,42 @@ class redis_cluster {
         wait_stable("the cluster after the reshard");
     }
 
+    // Kills the node on `port` the hard way (SIGKILL: no goodbye to the cluster). The others
+    // flag it as failing after the node timeout (2 s), and a replica of a killed master takes
+    // over a moment later, unless it was killed too.
+    void kill9(int port) {
+        at_port(port).kill9();
+        killed_.push_back(port);
+    }
+    bool killed(int port) const {
+        return std::find(killed_.begin(), killed_.end(), port) != killed_.end();
+    }
+
+    // Whether every node still running names `port` as the master of `slot`.
+    bool all_name_master(std::uint16_t slot, int port) const {
+        for (std::size_t i = 0; i < nodes_.size(); ++i)
+            if (!killed(nodes_[i]->port()) && master_of(slot, i) != port) return false;
+        return true;
+    }
+
+    // Waits until the replicas of the master on `port` have every write it took so far (Redis
+    // replicates asynchronously: a master killed before that loses those writes).
+    void wait_replicated(int port) {
+        wait_until("the replicas of " + std::to_string(port), [&] {
+            const std::string info = at_port(port).text({"INFO", "replication"});
+            const auto field = [&](const std::string& name, std::size_t from = 0) {
+                const auto at = info.find(name, from);
+                if (at == std::string::npos) return std::string();
+                const auto begin = at + name.size();
+                return info.substr(begin, info.find_first_of(",\r\n", begin) - begin);
+            };
+            const std::string master = field("master_repl_offset:");
+            const auto replica = info.find("slave0:");
+            return !master.empty() && replica != std::string::npos &&
+                   field("offset=", replica) == master;
+        });
+    }
+
     // Every node says cluster_state:ok and sees 3 masters and 3 replicas.
     void wait_stable(const std::string& what) {
         wait_until(what, [&] {
@@ -199,6 +237,12 @@ class redis_cluster {
     }
 
   private:
+    std::size_t running() const {  // a node to ask: the first that was not killed
+        for (std::size_t i = 0; i < nodes_.size(); ++i)
+            if (!killed(nodes_[i]->port())) return i;
+        throw std::runtime_error("every node of the cluster was killed");
+    }
+
     template <class F>
     void wait_until(const std::string& what, F ready) {
         const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
@@ -210,6 +254,7 @@ class redis_cluster {
     }
 
     std::vector<std::unique_ptr<redis_server>> nodes_;
+    std::vector<int> killed_;  // ports of the nodes kill9() killed
 };
 
 // redis_server's interface over one cluster that the whole test process shares, so that a suite

@@ -87,10 +87,13 @@ class router {
     router& operator=(const router&) = delete;
 
     // Runs `c` on the master of `slot`, following the cluster's redirections (see "The idea").
-    // Error replies other than those come back as replies; I/O failures are thrown.
-    reply_ptr call(std::uint16_t slot, command c) {
+    // Error replies other than those come back as replies; I/O failures are thrown. Not
+    // `patient`: no waiting at all: a node that cannot be reached, TRYAGAIN, CLUSTERDOWN or
+    // LOADING end the call at once (for a caller that has elsewhere to go meanwhile: a sharded
+    // take with other shards to serve it).
+    reply_ptr call(std::uint16_t slot, command c, bool patient = true) {
         using clock = std::chrono::steady_clock;
-        const auto give_up = clock::now() + io_timeout_;
+        const auto give_up = patient ? clock::now() + io_timeout_ : clock::now();
         milliseconds pause(10);
         const auto wait = [&] {
             if (clock::now() + pause > give_up) return false;
@@ -112,8 +115,9 @@ class router {
                     r = target->l.call(c);
                 }
             } catch (const unsent_error&) {
-                if (!clustered() || !wait()) throw;
+                if (!clustered()) throw;
                 invalidate();  // that node is gone: someone else serves the slot, or will soon
+                if (!wait()) throw;
                 target = nullptr;
                 asking = false;
                 continue;

@@ -100,7 +100,9 @@ struct job {
     std::string payload;                             ///< its payload, binary-safe
     std::chrono::system_clock::time_point deadline;  ///< when this delivery was due (server clock)
     unsigned attempts = 0;                           ///< 1 at the first delivery
-    std::uint64_t token = 0;                         ///< fencing token of this lease
+    /// Fencing token of this lease: greater at each lease of the job, unique within its shard
+    /// only (see sharded_delay_queue).
+    std::uint64_t token = 0;
     std::chrono::system_clock::time_point lease_deadline;  ///< the lease ends then (server clock)
 };
 
@@ -343,6 +345,10 @@ class queue_base {
         clock::time_point next = clock::time_point::min();
         int takers = 0;        // threads running a consume script here now
         bool backlog = false;  // the last answer said more is due now: every thread may look
+        // Under m_: consumes here that failed in a row; while there are any, the shard is set
+        // aside until `aside_until` (see set_aside()).
+        unsigned failures = 0;
+        clock::time_point aside_until = clock::time_point::min();
     };
 
     struct held {  // a job that an ack kept for the next take()
@@ -386,10 +392,10 @@ class queue_base {
     }
 
     // SHA1s come from SCRIPT LOAD (no SHA-1 code here), once per object; they never change.
-    std::string_view sha(const shard& s, script_id id) {
+    std::string_view sha(const shard& s, script_id id, bool patient = true) {
         if (sha_ready_[id].load(std::memory_order_acquire)) return sha_[id];
         const std::array<std::string_view, 3> args{"SCRIPT", "LOAD", scripts[id]};
-        auto r = router_.call(s.slot, args);
+        auto r = router_.call(s.slot, args, patient);
         if (r->type != REDIS_REPLY_STRING) bad_reply("SCRIPT LOAD", r.get());
         std::lock_guard lk(sha_m_);
         if (!sha_ready_[id].load(std::memory_order_relaxed)) {
@@ -401,20 +407,22 @@ class queue_base {
 
     // Runs script `id` on shard `s` with ARGV = channel, shard number, `args`. A node that has
     // not seen the script (restarted, SCRIPT FLUSH, a new master) answers NOSCRIPT without running
-    // anything; EVAL with the source then runs it and teaches it the script.
-    reply_ptr eval(shard& s, script_id id, std::span<const std::string_view> args) {
+    // anything; EVAL with the source then runs it and teaches it the script. `patient`: see
+    // router::call.
+    reply_ptr eval(shard& s, script_id id, std::span<const std::string_view> args,
+                   bool patient = true) {
         std::vector<std::string_view> argv;
         argv.reserve(5 + k_count + args.size());
-        argv.insert(argv.end(), {"EVALSHA", sha(s, id), "5"});
+        argv.insert(argv.end(), {"EVALSHA", sha(s, id, patient), "5"});
         static_assert(k_count == 5);
         argv.insert(argv.end(), s.keys.begin(), s.keys.end());
         argv.insert(argv.end(), {std::string_view(channel_), std::string_view(s.index)});
         argv.insert(argv.end(), args.begin(), args.end());
-        auto r = router_.call(s.slot, argv);
+        auto r = router_.call(s.slot, argv, patient);
         if (error_starts_with(r.get(), "NOSCRIPT")) {
             argv[0] = "EVAL";
             argv[1] = scripts[id];
-            r = router_.call(s.slot, argv);
+            r = router_.call(s.slot, argv, patient);
         }
         if (r->type == REDIS_REPLY_ERROR)
             bad_reply(std::string(script_names[id]) + " script", r.get());
@@ -456,9 +464,9 @@ class queue_base {
 
     // The consume script: settles `settle` ((how, id, token)*), then leases up to `take` jobs
     // (with `keep`, kept for hold_ only: see "One round trip per job"). The caller passes what it
-    // says about the shard's next event to learn().
+    // says about the shard's next event to learn(). `patient`: see router::call.
     consumed consume(shard& s, std::span<const std::string_view> settle, std::size_t take,
-                     bool keep = false) {
+                     bool keep = false, bool patient = true) {
         std::vector<std::string_view> args;
         args.reserve(5 + settle.size());
         const std::string count = std::to_string(take);
@@ -466,7 +474,7 @@ class queue_base {
                                  std::string_view(batch_), std::string_view(count),
                                  keep ? std::string_view(hold_ms_) : std::string_view("0")});
         args.insert(args.end(), settle.begin(), settle.end());
-        auto r = eval(s, s_consume, args);
+        auto r = eval(s, s_consume, args, patient);
         const std::size_t k = settle.size() / 3;
         if (r->type != REDIS_REPLY_ARRAY || r->elements < 2 + k) bad_reply("consume", r.get());
         consumed c;
@@ -501,6 +509,8 @@ class queue_base {
     // so the distance may be short by less than a millisecond), and at most max_block.
     void learn(shard& s, long long next_ms) {
         const auto now = clock::now();
+        s.failures = 0;  // it answered: no longer set aside
+        s.aside_until = clock::time_point::min();
         const milliseconds d =
             next_ms < 0 ? opt_.max_block
                         : std::min(milliseconds(next_ms + (next_ms > 0 ? 1 : 0)), opt_.max_block);
@@ -541,27 +551,58 @@ class queue_base {
             std::min(shards_[i].next, clock::now() + milliseconds(ms + (ms > 0 ? 1 : 0)));
     }
 
+    // Under m_: a consume on `s` failed (its node is down, the cluster is failing over, a reply
+    // was lost). Its next event is still in the past, so without this every take would pick it
+    // first, spend io_timeout there and throw, while the other shards' jobs wait. So it is set
+    // aside for 100 ms, doubling with each failure in a row up to 2 s (a failover takes seconds;
+    // a shard whose node comes back is looked at again within the last pause), and a success
+    // (learn()) ends that.
+    void set_aside(shard& s, clock::time_point now) {
+        static constexpr milliseconds first(100), most(2000);
+        const unsigned doublings = std::min(s.failures, 5U);
+        ++s.failures;
+        s.aside_until = now + std::min(first * (1U << doublings), most);
+        if (reading_ && s.aside_until < reader_until_) poke();  // look at it again in time
+    }
+
     // Under m_: the shard to look at now: one whose next event has come, and that no other
     // thread is looking at (unless it said more is due), earliest first. With `first`, the call
     // has not asked the server yet: then the earliest shard will do, due or not, looked at or not
-    // (a put by another client just before this call may not have been heard yet).
-    shard* pick(clock::time_point now, bool first) {
+    // (a put by another client just before this call may not have been heard yet). A shard set
+    // aside (set_aside()) is skipped until its pause ends, and then tried by one thread at a
+    // time. `patient` tells whether no other shard could serve the call: only then may the
+    // script wait for a failing node (see router::call) and its failure end the call. When every
+    // shard failed last time, nothing can serve: the one likeliest to answer is tried at once,
+    // patiently, so that the caller gets a job or the error and not a wait.
+    shard* pick(clock::time_point now, bool first, bool& patient) {
         shard* best = nullptr;
+        std::size_t serving = 0;  // shards whose last consume did not fail
         for (auto& s : shards_) {
+            if (s.failures == 0) ++serving;
+            if (s.failures > 0 && (s.aside_until > now || s.takers > 0)) continue;
             // A thread woken for a due shard leaves it to the one already looking; a call that
             // has not asked yet asks anyway (nothing it sees tells it that nothing is due).
             if (!first && (s.next > now || (s.takers > 0 && !s.backlog))) continue;
             if (best == nullptr || s.next < best->next) best = &s;
         }
+        if (serving == 0)
+            for (auto& s : shards_)  // fewest failures in a row, then the earliest end of pause
+                if (best == nullptr || s.failures < best->failures ||
+                    (s.failures == best->failures && s.aside_until < best->aside_until))
+                    best = &s;
+        patient = best != nullptr && serving == (best->failures == 0 ? 1U : 0U);
         return best;
     }
 
     // Under m_: when a waiting thread should look again: the earliest next event that has not
-    // come yet (a due shard that another thread is looking at wakes us by notify instead).
+    // come yet, or the end of a shard's pause (a due shard that another thread is looking at
+    // wakes us by notify instead).
     clock::time_point wake_time(clock::time_point now) const {
         auto t = clock::time_point::max();
-        for (const auto& s : shards_)
-            if (s.next > now) t = std::min(t, s.next);
+        for (const auto& s : shards_) {
+            const auto at = s.failures > 0 ? std::max(s.next, s.aside_until) : s.next;
+            if (at > now) t = std::min(t, at);
+        }
         return t;
     }
 
@@ -751,25 +792,40 @@ class queue_base {
         lk.unlock();
         std::unique_ptr<subscriber> sub;
         std::exception_ptr failed;
+        // A SUBSCRIBE is harmless to repeat, so whatever befalls the connection (refused, or the
+        // node died before it answered) it is tried again, as the router retries a command that
+        // did not run, within io_timeout. In a cluster every node hears every PUBLISH: each try
+        // goes to the node of the next shard, so that one node down does not stop the waiting.
         const auto give_up = clock::now() + opt_.io_timeout;
-        for (;;) {
+        milliseconds pause(10);
+        for (std::size_t attempt = 0;; ++attempt) {
+            std::optional<endpoint> at;
             try {
-                sub = std::make_unique<subscriber>(router_.node_of(shards_.front().slot),
-                                                   opt_.io_timeout, channel_);
-                break;
-            } catch (const unsent_error&) {
-                // In a cluster the node may have just failed: ask the others where to go.
-                if (!router_.clustered() || clock::now() >= give_up) {
-                    failed = std::current_exception();
-                    break;
-                }
-                router_.invalidate();
-                std::this_thread::sleep_for(milliseconds(50));
+                at = router_.node_of(shards_[attempt % shards_.size()].slot);
+            } catch (const error&) {  // no node of the cluster answered (yet): try again
+                failed = std::current_exception();
             } catch (...) {
                 failed = std::current_exception();
                 break;
             }
+            if (at) {
+                try {
+                    sub = std::make_unique<subscriber>(*at, opt_.io_timeout, channel_);
+                    break;
+                } catch (const io_failure&) {  // the connection: try again
+                    failed = std::current_exception();
+                } catch (...) {  // a refusal (SUBSCRIBE not allowed), out of memory: final
+                    failed = std::current_exception();
+                    break;
+                }
+            }
+            const auto now = clock::now();
+            if (now >= give_up) break;
+            if (router_.clustered()) router_.invalidate();  // the map may name a dead node
+            std::this_thread::sleep_for(std::min<clock::duration>(pause, give_up - now));
+            pause = std::min(pause * 2, milliseconds(100));
         }
+        if (sub != nullptr) failed = nullptr;
         lk.lock();
         reading_ = false;
         cv_.notify_all();
@@ -797,16 +853,22 @@ class queue_base {
         for (;;) {
             if (auto kept = from_stash(lk, want); !kept.empty()) return kept;
             const auto now = clock::now();
-            if (shard* s = pick(now, !asked)) {
+            bool patient = true;
+            if (shard* s = pick(now, !asked, patient)) {
                 ++s->takers;
                 lk.unlock();
                 consumed c;
                 try {
-                    c = consume(*s, {}, want);
+                    c = consume(*s, {}, want, false, patient);
+                } catch (const error&) {
+                    lk.lock();
+                    --s->takers;
+                    set_aside(*s, clock::now());
+                    if (patient) throw;  // no other shard could serve this call
+                    continue;            // the others may: an error only when none can
                 } catch (...) {
                     lk.lock();
                     --s->takers;
-                    wake_one();  // the shard is still due: someone else may try
                     throw;
                 }
                 lk.lock();
@@ -889,6 +951,13 @@ class delay_queue : public detail::queue_base {
 /// shard; across shards a take picks the shard whose next job is due first by what the object
 /// knows, so a job may come out before an earlier one of another shard that fell due at about the
 /// same time (see docs/redis.md, "Sharded queue").
+///
+/// A shard that fails (its master down, a failover) is set aside, 100 ms doubling to 2 s, while
+/// take() goes on with the others; take() throws only when no shard can serve it. Fencing tokens
+/// come from one counter per shard: each lease of a job gets a greater one, which is what fencing
+/// needs, but two shards can hand out the same token (use the pair id, token where something must
+/// be unique across the queue). A queue-wide counter would be one key that every take of every
+/// shard must reach, on one node: the bottleneck that sharding removes.
 class sharded_delay_queue : public detail::queue_base {
   public:
     /// As delay_queue(o), over `shards` hash tags, in 1..16384 (else std::invalid_argument).
