@@ -36,13 +36,14 @@
 // - A node whose tick the wheel has already passed or opened (u <= level 0's current: its deadline
 //   is due, or short, or the clock went back) goes to the window too.
 // - A bucket whose nodes were all unlinked stays in the queue until due (as in Kafka) and is then
-//   emptied for nothing; when the wheel holds nothing at all the queue is cleared (an epoch makes
-//   the references left behind stale), so an idle wheel has no next expiry.
+//   emptied for nothing; when the wheel holds nothing at all the queue is emptied (an epoch marks
+//   every bucket unqueued), so an idle wheel has no next expiry. Emptied, not cleared: the queue
+//   keeps its room.
 // - Nothing here allocates after prepare(): prepare() (called before link, at schedule time, where
 //   an exception is harmless) creates the levels a deadline needs and makes room in the queue for
 //   two references per bucket. A bucket has at most one live reference (a node is placed only at
 //   or after its level's current time, so a queued bucket is never needed for an earlier span),
-//   plus stale ones that a clear() removes; so expire() never allocates and cannot fail.
+//   plus stale ones that forget_buckets() removes; so expire() never allocates and cannot fail.
 // - Divisions by the ticks are multiplications by precomputed reciprocals.
 #pragma once
 
@@ -374,10 +375,13 @@ class timing_wheel {
         b.queued = true;
     }
 
-    // When nothing is held: drops every bucket reference, so that an idle wheel has no expiry.
+    // When nothing is held: drops every bucket reference, so that an idle wheel has no expiry. By
+    // polling them out, not by clear(), which gives up the queue's storage: the room add_level()
+    // made is what keeps a later put from allocating in noexcept code.
     void forget_buckets() noexcept {
         ++epoch_;
-        queue_.clear();
+        while (queue_.poll(time_point::max())) {
+        }
     }
 
     time_point origin_tp() const noexcept { return time_point{duration{origin_}}; }
