@@ -641,3 +641,352 @@ TEST_CASE("reliability: a tick opened without room to sort its window still sort
     }
     mc::reset();
 }
+
+namespace {
+
+// The threaded timers on manual_clock, for the tests of a timer destroyed by its own task.
+struct hashed_threaded {
+    using wheel = delayq::hashed_wheel_timer<mc>;
+    static std::unique_ptr<wheel> make() { return std::make_unique<wheel>(wheel::options{}); }
+};
+
+struct hierarchical_threaded {
+    using wheel = delayq::hierarchical_timing_wheel<mc>;
+    static std::unique_ptr<wheel> make() {
+        wheel::options o;
+        o.tick = 1ms;
+        o.wheel_size = 8;
+        return std::make_unique<wheel>(std::move(o));
+    }
+};
+
+// A task that counts its runs and notes the order in which it ends (noted_end).
+struct noted_run {
+    noted_end end;
+    int* runs;
+    void operator()() const { ++*runs; }
+};
+
+// The ids 0..n-1.
+std::vector<int> iota(int n) {
+    std::vector<int> v;
+    for (int i = 0; i < n; ++i) v.push_back(i);
+    return v;
+}
+
+}  // namespace
+
+// Issue 26, item 1. A thread-free wheel destroyed by one of its own tasks, inside advance(): the
+// pass must not touch the core after the destructor let go of it, and must free it once the pass
+// is over. With the destroyer alone in its pass, the hashed wheel's pass locked the freed core
+// (heap-use-after-free under ASan); with tasks after it, the core was never freed (a leak).
+TEMPLATE_TEST_CASE("reliability: a thread-free wheel destroyed by its own task inside advance()",
+                   "[finding]", hashed, hierarchical) {
+    using W = TestType;
+    // No handle is kept: a handle keeps its node, and so the core, alive.
+    for (int after : {0, 1, 5}) {
+        for (bool later : {false, true}) {
+            CAPTURE(after, later);
+            mc::set(tp{1h});
+            auto w = W::make(1ms);
+            std::vector<int> ends;
+            ends.reserve(8);
+            int runs = 0;
+            const tp at = mc::now() + 5ms;
+            w->schedule_at([&w] { w.reset(); }, at);
+            for (int i = 0; i < after; ++i)  // the same pass, after the destroyer
+                w->schedule_at(noted_run{noted_end(&ends, i), &runs}, at + 1ms * i);
+            if (later) w->schedule_at(noted_run{noted_end(&ends, after), &runs}, at + 1h);
+            mc::advance(1s);
+            auto* raw = w.get();
+            CHECK(raw->advance(mc::now()) == 1);  // only the destroyer ran
+            CHECK_FALSE(w);
+            CHECK(runs == 0);
+            CHECK(ends == iota(after + (later ? 1 : 0)));
+        }
+    }
+    mc::reset();
+}
+
+// Item 1, the threaded timers: the worker's pass, the timer destroyed by its task.
+TEMPLATE_TEST_CASE("reliability: a threaded timer destroyed by its own task ends its pass",
+                   "[finding]", hashed_threaded, hierarchical_threaded) {
+    using W = TestType;
+    for (int after : {0, 1, 5}) {
+        CAPTURE(after);
+        mc::set(tp{1h});
+        auto w = W::make();
+        std::vector<int> ends;
+        ends.reserve(8);
+        int runs = 0;
+        std::atomic<bool> done{false};
+        const tp at = mc::now() + 5ms;
+        w->schedule_at(
+            [&] {
+                w.reset();
+                done = true;
+            },
+            at);
+        for (int i = 0; i < after; ++i)
+            w->schedule_at(noted_run{noted_end(&ends, i), &runs}, at + 1ms * i);
+        w->schedule_at(noted_run{noted_end(&ends, after), &runs}, at + 1h);
+        REQUIRE(eventually([] { return mc::sleepers() >= 1; }));
+        mc::advance(1s);
+        REQUIRE(eventually([&] { return done.load(); }));
+        CHECK(runs == 0);
+        CHECK(ends == iota(after + 1));
+        std::this_thread::sleep_for(50ms);  // the detached worker ends by itself
+    }
+    mc::reset();
+}
+
+namespace {
+
+// Runs one pass of w at mc::now() with its (k+1)-th allocation failing. Returns whether that
+// allocation was reached (false: the pass made at most k allocations, every failure was tried).
+template <class Wheel>
+bool pass_failing_allocation(Wheel& w, long k) {
+    delayq::test::allocations_before_failure = k;
+    w.advance(mc::now());
+    const bool reached = delayq::test::allocations_before_failure == -1;
+    delayq::test::allocations_before_failure = -1;
+    return reached;
+}
+
+}  // namespace
+
+// Item 2. A pass whose batch array cannot be had chains its due nodes through their own links. A
+// task of that pass that reschedules a later task of the same pass relinked that node into the
+// ring while the chain still ran through it: the tasks after it were lost, and the pass ran on
+// into the ring. Every k fails one more allocation of the pass (the first is the batch's).
+TEMPLATE_TEST_CASE(
+    "reliability: a pass without room for its batch survives a task rescheduling another of it",
+    "[finding]", hashed, hierarchical) {
+    using W = TestType;
+    constexpr int n = 40;
+    for (long k = 0; k < 64; ++k) {
+        CAPTURE(k);
+        mc::set(tp{1h});
+        auto w = W::make(1ms);
+        const tp base = mc::now();
+        std::array<int, n> runs{};
+        std::array<bool, n> moved{};
+        std::vector<int> order;
+        order.reserve(2 * n);
+        std::vector<handle> hs;
+        hs.reserve(n);
+        for (int i = 0; i < n; ++i) {
+            const auto run = [&, i] {
+                ++runs[static_cast<std::size_t>(i)];
+                order.push_back(i);
+                if (i != 0) return;
+                for (int j = 3; j < n; j += 4) {  // later tasks of this pass, 1 s on
+                    try {
+                        moved[static_cast<std::size_t>(j)] =
+                            hs[static_cast<std::size_t>(j)].reschedule_at(base + 1s);
+                    } catch (const std::bad_alloc&) {
+                    }
+                }
+            };
+            hs.push_back(w->schedule_at(run, base + 1ms * (i + 1)));
+        }
+        mc::advance(100ms);  // every task due: one pass
+        const bool reached = pass_failing_allocation(*w, k);
+        std::size_t still = 0;
+        for (int i = 0; i < n; ++i) {
+            const auto u = static_cast<std::size_t>(i);
+            CHECK(runs[u] == (moved[u] ? 0 : 1));
+            if (moved[u]) ++still;
+        }
+        CHECK(std::is_sorted(order.begin(), order.end()));
+        CHECK(w->pending() == still);
+        mc::advance(2s);
+        w->advance(mc::now());
+        for (int i = 0; i < n; ++i) {
+            CHECK(runs[static_cast<std::size_t>(i)] == 1);
+            CHECK(hs[static_cast<std::size_t>(i)].expired());
+        }
+        CHECK(w->pending() == 0);
+        if (!reached) break;
+    }
+    mc::reset();
+}
+
+// Item 2, stop(): a task of such a pass that stops the wheel gets back the tasks of the pass not
+// yet run with the others, earliest first; the pass used to follow the links stop() had cleared
+// (a segfault).
+TEMPLATE_TEST_CASE(
+    "reliability: a pass without room for its batch survives a task that stops the wheel",
+    "[finding]", hashed, hierarchical) {
+    using W = TestType;
+    constexpr int n = 40;  // after the stopper: 30 due in its pass, 10 later
+    for (long k = 0; k < 64; ++k) {
+        CAPTURE(k);
+        mc::set(tp{1h});
+        auto w = W::make(1ms);
+        const tp base = mc::now();
+        std::vector<int> ends;
+        ends.reserve(n);
+        std::vector<handle> hs;
+        std::vector<handle> returned;
+        hs.push_back(w->schedule_at(
+            [&] {
+                try {
+                    returned = w->stop();
+                } catch (const std::bad_alloc&) {  // nothing changed: again, with memory now
+                    returned = w->stop();
+                }
+            },
+            base + 1ms));
+        std::vector<int> order;
+        for (int i = 0; i < n; ++i) {
+            hs.push_back(w->schedule_at(noted_end(&ends, i + 1),
+                                        base + 2ms + 1ms * i + (i >= 30 ? 1h : 0h)));
+            order.push_back(i + 1);
+        }
+        mc::advance(100ms);
+        const bool reached = pass_failing_allocation(*w, k);
+        CHECK(hs[0].expired());
+        CHECK(ids_of(returned, hs) == order);
+        CHECK(ends == order);
+        for (const auto& h : returned) CHECK(h.cancelled());
+        CHECK(w->pending() == 0);
+        if (!reached) break;
+    }
+    mc::reset();
+}
+
+// Item 3. The bucket queue's room, made when a level is added, must outlive the wheel going
+// idle (forgetting its buckets): a later bucket put happens inside noexcept code. Out of memory,
+// a schedule on a wheel that was empty once called std::terminate instead of throwing.
+TEST_CASE("reliability: a schedule out of memory on a hierarchical wheel that went idle throws",
+          "[finding]") {
+    using W = hierarchical;
+    mc::set(tp{1h});
+    for (long k = 0; k < 8; ++k) {  // a schedule out of memory
+        CAPTURE(k);
+        auto w = W::make(1ms);
+        int ran = 0;
+        w->schedule([&] { ++ran; }, 2ms);
+        w->schedule([&] { ++ran; }, 1s).cancel();  // the levels a second needs are made
+        mc::advance(5ms);
+        W::drive(*w);  // ran: the wheel holds nothing, and forgets its buckets
+        REQUIRE(ran == 1);
+        std::size_t expected = 1;
+        delayq::test::allocations_before_failure = k;
+        try {
+            w->schedule([&] { ++ran; }, 3ms);  // no level to add: a bucket put
+            ++expected;
+        } catch (const std::bad_alloc&) {
+        }
+        delayq::test::allocations_before_failure = -1;
+        CHECK(w->pending() == expected - 1);
+        mc::advance(1s);
+        W::drive(*w);
+        CHECK(static_cast<std::size_t>(ran) == expected);
+    }
+    mc::reset();
+}
+
+// Item 3, a pass out of memory on a wheel that went idle: as on a fresh wheel (the test of an
+// allocation that fails during expiry, above), the pass carries on. The tasks sit in one bucket
+// of level 1 until a pass inside its span spreads them over the buckets of level 0: some 60
+// bucket puts in one pass.
+TEST_CASE("reliability: a pass out of memory on a hierarchical wheel that went idle carries on",
+          "[finding]") {
+    using wheel = delayq::hierarchical_timing_wheel<mc>;
+    constexpr int tasks = 400;
+    bool failed_once = true;
+    for (long k = 0; failed_once && k < 200; ++k) {
+        CAPTURE(k);
+        mc::set(tp{1h});
+        wheel::options o;
+        o.tick = 1ms;
+        o.wheel_size = 64;
+        o.own_thread = false;
+        auto w = std::make_unique<wheel>(std::move(o));
+        int first = 0;
+        w->schedule([&] { ++first; }, 2ms);
+        w->schedule([&] { ++first; }, 25s).cancel();  // every level the tasks need is made
+        mc::advance(5ms);
+        hierarchical::drive(*w);  // the wheel holds nothing, and forgets its buckets
+        REQUIRE(first == 1);
+        journal j;
+        j.ran.reserve(tasks);
+        const tp base = mc::now();
+        for (int i = 0; i < tasks; ++i) {
+            const tp at = base + 200ms + 1ms * (i % 64) + std::chrono::microseconds(i * 7 % 1000);
+            w->schedule_at(logged_task{&j, at, i}, at);
+        }
+        failed_once = false;
+        for (dur step : {dur(3ms), dur(190ms), dur(30ms), dur(1s)}) {
+            mc::advance(step);
+            delayq::test::allocations_before_failure = k;
+            try {
+                hierarchical::drive(*w);
+            } catch (const std::bad_alloc&) {
+            }
+            failed_once = failed_once || delayq::test::allocations_before_failure == -1;
+            delayq::test::allocations_before_failure = -1;
+        }
+        hierarchical::drive(*w);
+        CHECK(j.early == 0);
+        REQUIRE(j.ran.size() == static_cast<std::size_t>(tasks));
+        CHECK(w->pending() == 0);
+    }
+    mc::reset();
+}
+
+namespace {
+
+// A task whose destructor cancels another timeout of the same timer.
+struct cancels_on_end {
+    handle* other;
+    int* result;
+    cancels_on_end(handle* o, int* r) : other(o), result(r) {}
+    cancels_on_end(cancels_on_end&& o) noexcept
+        : other(std::exchange(o.other, nullptr)), result(o.result) {}
+    cancels_on_end(const cancels_on_end&) = delete;
+    cancels_on_end& operator=(const cancels_on_end&) = delete;
+    cancels_on_end& operator=(cancels_on_end&&) = delete;
+    ~cancels_on_end() {
+        if (other) *result = other->cancel() ? 1 : 0;
+    }
+    void operator()() const {}
+};
+
+}  // namespace
+
+// Item 4. The destructor, when even the array it hands the tasks back through cannot be had,
+// ended the tasks under the wheel's lock: a task whose destructor cancels another timeout of the
+// same timer then spun forever on that lock. It must end every task outside the lock, earliest
+// first as always, without allocating.
+TEMPLATE_TEST_CASE("reliability: the destructor out of memory ends every task outside the lock",
+                   "[finding]", hashed, hierarchical) {
+    using W = TestType;
+    for (unsigned seed : {1U, 2U}) {
+        mc::set(tp{1h});
+        std::vector<int> ends;
+        std::vector<handle> hs;
+        std::vector<int> order;
+        int cancelled_by_end = -1;
+        bool failed = false;
+        handle canceller;
+        within(60s, "the destructor out of memory", [&] {
+            auto w = W::make(1ms);
+            order = schedule_noted<W>(*w, ends, hs, 300, seed);
+            canceller = w->schedule_at(cancels_on_end(&hs[hs.size() / 2], &cancelled_by_end),
+                                       mc::now() + (seed == 1 ? 0s : 1h));
+            delayq::test::allocations_before_failure = 0;
+            w.reset();
+            failed = delayq::test::allocations_before_failure == -1;
+            delayq::test::allocations_before_failure = -1;
+        });
+        CHECK(failed);
+        CHECK(cancelled_by_end == 0);  // that task was ended already, or is ended by the stop
+        CHECK(ends == order);
+        CHECK(canceller.cancelled());
+        for (std::size_t i = 0; i < hs.size(); ++i) CHECK_FALSE(hs[i].pending());
+    }
+    mc::reset();
+}

@@ -141,7 +141,7 @@ class hierarchical_timing_wheel {
     /// worker is normally the one advancing, and a caller waits its turn.
     template <class Rep, class Period>
     bool advance_clock(std::chrono::duration<Rep, Period> max_wait) {
-        core_->add_owner();  // a task may destroy this timer while we run it
+        core_->add_owner();  // a task on another driver may destroy this timer while we wait
         struct release {
             core_type* c;
             ~release() { c->drop_owner(); }
@@ -154,14 +154,7 @@ class hierarchical_timing_wheel {
 
     /// Runs, on the calling thread, every task due at `now`, in deadline order, without waiting;
     /// returns how many ran (as hashed_wheel::advance).
-    std::size_t advance(time_point now = Clock::now()) {
-        core_->add_owner();
-        struct release {
-            core_type* c;
-            ~release() { c->drop_owner(); }
-        } guard{core_};
-        return core_->advance(now).ran;
-    }
+    std::size_t advance(time_point now = Clock::now()) { return core_->advance(now).ran; }
 
     /// Tasks neither run nor cancelled (due ones included).
     std::size_t pending() const { return core_->pending(); }

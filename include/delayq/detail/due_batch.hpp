@@ -20,7 +20,9 @@
 // a large batch then waits for several cache misses at once. The arrays are kept between passes
 // (and given back after a large one). If they cannot be had (out of memory), the batch is sorted
 // in place as a linked list (a merge sort through `next`) and run from there: slower, never a
-// failure.
+// failure. The chain runs through the nodes' own links, which the ring needs back when a node
+// leaves the batch for it (reschedule()): such a node is taken out of the chain first (remove(), a
+// walk along it), and stop() takes the rest of the batch whole (take_from()).
 #pragma once
 
 #include <algorithm>
@@ -35,6 +37,37 @@
 #include "timer_node.hpp"
 
 namespace delayq::detail {
+
+/// Sorts a chain of n nodes by (deadline, seq), through `next`; returns its new head. A merge
+/// sort: no allocation, recursion log2(n) deep.
+template <class Clock>
+node_links* sort_chain(node_links* h, std::size_t n) noexcept {
+    using node = timer_node<Clock>;
+    if (n < 2) {
+        if (h) h->next = nullptr;
+        return h;
+    }
+    node_links* mid = h;
+    for (std::size_t i = 1; i < n / 2; ++i) mid = mid->next;
+    node_links* second = mid->next;
+    mid->next = nullptr;
+    node_links* a = sort_chain<Clock>(h, n / 2);
+    node_links* b = sort_chain<Clock>(second, n - n / 2);
+    node_links* out = nullptr;
+    node_links** t = &out;
+    while (a && b) {
+        if (node::before(*node::of(b), *node::of(a))) {
+            *t = b;
+            b = b->next;
+        } else {
+            *t = a;
+            a = a->next;
+        }
+        t = &(*t)->next;
+    }
+    *t = a ? a : b;
+    return out;
+}
 
 template <class Clock>
 class due_batch {
@@ -84,7 +117,7 @@ class due_batch {
         end_run();
         if (in_array_ && (runs_ordered_ || radix_sort())) return;
         to_chain();
-        chain_ = merge_sort(chain_, count_);
+        chain_ = sort_chain<Clock>(chain_, count_);
     }
 
     std::size_t size() const noexcept { return count_; }
@@ -101,15 +134,36 @@ class due_batch {
         return recs_[i].n;
     }
 
-    /// Calls f(node) for every node from position `from` on (for stop(), which cancels what has
-    /// not run yet). Does not move the running position.
+    /// Hands every node from position `from` (the first that at() has not returned) on to
+    /// f(node), which may reuse its links, and ends the batch there (for stop(), which takes what
+    /// has not run yet).
     template <class F>
-    void for_each_from(std::size_t from, F&& f) const {
+    void take_from(std::size_t from, F&& f) {
         if (in_array_) {
             for (std::size_t i = from; i < count_; ++i) f(recs_[i].n);
         } else {
-            for (node_links* l = chain_; l; l = l->next) f(node::of(l));
+            for (node_links* l = chain_; l;) {
+                node_links* next = l->next;
+                f(node::of(l));
+                l = next;
+            }
+            chain_ = nullptr;
         }
+        count_ = from;
+    }
+
+    /// Takes n, which at() has not returned yet, out of the batch if the batch is a chain (its
+    /// links are then free again; O(the nodes after it)): true. An array keeps it: false.
+    bool remove(const node* n) noexcept {
+        if (in_array_) return false;
+        for (node_links** l = &chain_; *l; l = &(*l)->next) {
+            if (*l == n) {
+                *l = (*l)->next;
+                --count_;
+                return true;
+            }
+        }
+        return false;
     }
 
     /// Done with the batch: keeps the arrays for the next one unless they are large.
@@ -172,34 +226,6 @@ class due_batch {
         }
         recs_.clear();
         in_array_ = false;
-    }
-
-    // Sorts a chain of n nodes by (deadline, seq), through `next`; no allocation.
-    static node_links* merge_sort(node_links* h, std::size_t n) noexcept {
-        if (n < 2) {
-            if (h) h->next = nullptr;
-            return h;
-        }
-        node_links* mid = h;
-        for (std::size_t i = 1; i < n / 2; ++i) mid = mid->next;
-        node_links* second = mid->next;
-        mid->next = nullptr;
-        node_links* a = merge_sort(h, n / 2);
-        node_links* b = merge_sort(second, n - n / 2);
-        node_links* out = nullptr;
-        node_links** t = &out;
-        while (a && b) {
-            if (node::before(*node::of(b), *node::of(a))) {
-                *t = b;
-                b = b->next;
-            } else {
-                *t = a;
-                a = a->next;
-            }
-            t = &(*t)->next;
-        }
-        *t = a ? a : b;
-        return out;
     }
 
     deadline_recs<Clock> recs_;

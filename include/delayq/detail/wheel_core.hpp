@@ -9,7 +9,9 @@
 // to claim the node: a node cancelled meanwhile is no longer marked and is skipped. So a task stays
 // cancellable until the moment it starts, in both wheels, and cancel() returning true always means
 // the task never runs. Tasks scheduled by a task run in a later pass, so a pass does a bounded
-// amount of work.
+// amount of work. A pass holds the core as an owner (timer_node.hpp): a task that destroys the
+// timer ends the rest of the batch with the other tasks (stop()), and the pass frees the core as
+// it ends, with nothing freed under it.
 //
 // Locking. One lock (a spin_lock: detail/spin_lock.hpp says why) guards the ring, the pool's
 // allocation, the batch marks and the counts. Tasks run, and are destroyed, without it: a task may
@@ -147,8 +149,7 @@ class wheel_core final : public timer_core<Clock> {
             }
             const auto where = ring_.prepare(deadline, at);  // may throw: nothing changed yet
             if (n.prev == run_marker()) {
-                n.prev = nullptr;  // out of the batch: the runner drops the batch's reference,
-                n.acquire();       // and the ring holds one of its own
+                leave_batch(n);
             } else {
                 ring_.unlink(&n);
             }
@@ -207,6 +208,7 @@ class wheel_core final : public timer_core<Clock> {
                     next_in_batch_ = 0;
                     advancing_ = true;
                     advancer_ = std::this_thread::get_id();
+                    this->add_owner();  // a task may destroy the timer: the pass keeps the core
                     break;
                 }
                 if (advancer_ == std::this_thread::get_id()) return p;  // from inside a task
@@ -239,10 +241,11 @@ class wheel_core final : public timer_core<Clock> {
                     std::lock_guard sl(c.sleep_m_);
                     c.turn_cv_.notify_all();
                 }
+                c.drop_owner();  // last: it deletes the core if the timer is gone
             }
         } guard{*this};
-        node* done = nullptr;  // the last node run, if its block is ours to free
-        for (std::size_t i = 0; i < batch_.size(); ++i) {
+        node* done = nullptr;  // the last node run, if its block is ours to free (at the next look)
+        for (std::size_t i = 0;; ++i) {
             node* n;
             bool claimed;
             periodic_part<Clock>* every;
@@ -250,6 +253,7 @@ class wheel_core final : public timer_core<Clock> {
                 std::lock_guard lk(lock_);
                 if (done) this->pool_.free_local(done, done->ops()->size, done->ops()->align);
                 done = nullptr;
+                if (i == batch_.size()) break;  // under the lock: stop() ends the batch early
                 n = batch_.at(i);
                 next_in_batch_ = i + 1;
                 claimed = n->prev == run_marker();
@@ -287,7 +291,6 @@ class wheel_core final : public timer_core<Clock> {
             n->destroy_task();
             if (n->drop()) done = n;
         }
-        if (done) this->free_block(*done);
         return p;
     }
 
@@ -303,7 +306,10 @@ class wheel_core final : public timer_core<Clock> {
     template <bool Collect>
     std::vector<timeout<Clock>> shut() noexcept(!Collect) {
         std::vector<timeout<Clock>> out;
-        deadline_recs<Clock> held;  // every node taken, with its deadline
+        deadline_recs<Clock> held;    // every node taken, with its deadline
+        bool no_room = false;         // the destructor, out of memory: no room for `held`
+        node_links* chain = nullptr;  // then every node taken, through its own links
+        std::size_t chained = 0;
         {
             std::lock_guard lk(lock_);
             if (stopped_) return out;
@@ -312,26 +318,37 @@ class wheel_core final : public timer_core<Clock> {
                 if constexpr (Collect) out.reserve(pending_);
             } catch (...) {
                 if constexpr (Collect) throw;
-                // The destructor, out of memory: end the tasks under the lock instead (a task whose
-                // destructor calls back into the timer would deadlock; better than a leak).
-                stopped_ = true;
-                take_everything([](node* n) {
-                    n->set_state(timer_state::cancelled);
-                    n->destroy_task();
-                    timer_core<Clock>::release(*n);
-                });
-                return out;
+                no_room = true;
             }
             stopped_ = true;
-            std::size_t taken = 0;  // pending_ counted each node taken (and a running periodic)
-            take_everything([&](node* n) { held[taken++] = deadline_rec<Clock>::of(n); });
-            while (held.size() > taken) held.pop_back();
+            if (no_room) {
+                take_everything([&](node* n) {
+                    n->next = chain;
+                    chain = n;
+                    ++chained;
+                });
+            } else {
+                std::size_t taken = 0;  // pending_ counted each node taken (and a running periodic)
+                take_everything([&](node* n) { held[taken++] = deadline_rec<Clock>::of(n); });
+                while (held.size() > taken) held.pop_back();
+            }
         }
         wake_drivers();
         // Outside the lock, as a task's destructor may call back into the timer: the tasks end in
         // the order the handles come back, earliest deadline first (a coroutine resumed by the
         // end of its sleep may end others: coro.hpp). No one else writes the state of a node
         // stop() has taken: cancel() and the runner find it unlinked.
+        if (no_room) {  // the same order, sorted in place through the links: nothing to allocate
+            for (node_links* l = sort_chain<Clock>(chain, chained); l;) {
+                node* n = node::of(l);
+                l = l->next;
+                n->next = nullptr;
+                n->set_state(timer_state::cancelled);
+                n->destroy_task();
+                timer_core<Clock>::release(*n);
+            }
+            return out;
+        }
         deadline_recs<Clock> scratch;
         sort_by_deadline_or_in_place(held, scratch);
         for (std::size_t i = 0; i < held.size(); ++i) {
@@ -652,17 +669,31 @@ class wheel_core final : public timer_core<Clock> {
         }
     }
 
+    // Under the lock, for reschedule(): n, in the batch and not yet run, leaves it for the ring,
+    // and comes with a reference for the ring. Left in the batch's array, the runner skips it and
+    // drops the batch's reference (the ring gets one of its own); taken out of the batch's chain
+    // (out of memory, the chain runs through the node's links, which the ring is about to take), it
+    // brings the batch's reference.
+    void leave_batch(node& n) noexcept {
+        n.prev = nullptr;
+        if (!batch_.remove(&n)) n.acquire();
+    }
+
     // Under the lock: unlinks every pending node and hands each to take(node*), which owns one
-    // reference to it: the ring's, or for a node of the current batch one of its own (the runner
-    // drops the batch's). States are still pending: take sets them.
+    // reference to it (the ring's, or the batch's) and may reuse its links. States are still
+    // pending: take sets them.
     template <class Take>
     void take_everything(Take&& take) noexcept {
         if (advancing_) {
-            // Nodes before next_in_batch_ are claimed or skipped (and may be freed already).
-            batch_.for_each_from(next_in_batch_, [&](node* n) {
-                if (n->prev != run_marker()) return;
+            // Nodes before next_in_batch_ are claimed or skipped (and may be freed already). The
+            // rest leave the batch, its reference with them: the runner never looks at them again,
+            // so their links are the taker's (out of memory, the batch is chained through them).
+            batch_.take_from(next_in_batch_, [&](node* n) {
+                if (n->prev != run_marker()) {  // cancelled, or moved to the ring meanwhile
+                    timer_core<Clock>::release(*n);
+                    return;
+                }
                 n->prev = nullptr;
-                n->acquire();
                 take(n);
             });
         }
