@@ -33,6 +33,12 @@
 #include <utility>
 #include <vector>
 
+#if defined(__clang__)
+#if __has_feature(address_sanitizer)
+#include <sanitizer/lsan_interface.h>
+#endif
+#endif
+
 #include "catch.hpp"
 #include "support.hpp"
 #include "wheels.hpp"
@@ -55,7 +61,11 @@ struct detached {
 
 // A coroutine that starts at once and whose frame its owner destroys (also while it sleeps).
 // With Rethrow, what its body throws leaves it for whoever resumed it (as with many task types'
-// promises); the frame is then at its final suspend point, and the owner still destroys it.
+// promises); the frame is then at its final suspend point, and the owner still destroys it —
+// except under clang, which destroys such a frame's locals a second time (LLVM issue 61900: the
+// frame still says it is suspended where it last slept, so destroy() ends the sleep_awaiter that
+// the throw already ended, and releases its task twice). There the frame is left alive, and
+// LeakSanitizer told so.
 template <bool Rethrow>
 struct owned_coro {
     struct promise_type {
@@ -65,8 +75,10 @@ struct owned_coro {
         std::suspend_never initial_suspend() noexcept { return {}; }
         std::suspend_always final_suspend() noexcept { return {}; }
         void return_void() noexcept {}
+        bool threw = false;
         void unhandled_exception() noexcept(!Rethrow) {
             if constexpr (Rethrow) {
+                threw = true;
                 throw;
             } else {
                 std::terminate();
@@ -77,9 +89,20 @@ struct owned_coro {
     owned_coro(owned_coro&& o) noexcept : h_(std::exchange(o.h_, {})) {}
     owned_coro& operator=(owned_coro&&) = delete;
     ~owned_coro() {
-        if (h_) h_.destroy();
+        if (!h_) return;
+#if defined(__clang__)
+        if (h_.promise().threw) {
+#if __has_feature(address_sanitizer)
+            __lsan_ignore_object(h_.address());
+#endif
+            return;
+        }
+#endif
+        h_.destroy();
     }
-    bool done() const { return h_.done(); }
+    bool done() const {
+        return h_.done();
+    }
 
   private:
     std::coroutine_handle<promise_type> h_;
@@ -668,8 +691,7 @@ TEMPLATE_TEST_CASE(
 }
 
 TEMPLATE_TEST_CASE(
-    "coro: stop() cuts a sleep short: a rethrowing coroutine that then throws does not terminate "
-    "the process",
+    "coro: stop() cuts a sleep short: what a rethrowing coroutine then throws goes to on_error",
     "[coro][throw]", hashed, hierarchical) {
     mc::reset();
     error_log log;
@@ -686,12 +708,13 @@ TEMPLATE_TEST_CASE(
         CHECK(cs[i].done());
     }
     CHECK(w.pending() == 0);
-    CHECK(log.seen().empty());  // no pass ran them: what they threw is dropped (coro.hpp)
+    // stop() resumed them on this thread, and what they threw went to on_error, in deadline order
+    CHECK(log.seen() == std::vector<std::string>(3, "cut short"));
 }
 
 TEMPLATE_TEST_CASE(
-    "coro: the timer's destructor cuts a sleep short: a rethrowing coroutine that then throws "
-    "does not terminate the process",
+    "coro: the timer's destructor cuts a sleep short: what a rethrowing coroutine then throws goes "
+    "to on_error",
     "[coro][throw]", hashed, hierarchical) {
     mc::reset();
     error_log log;
@@ -707,7 +730,8 @@ TEMPLATE_TEST_CASE(
         CHECK(outs[i].ok == false);
         CHECK(cs[i].done());
     }
-    CHECK(log.seen().empty());  // no pass ran them: what they threw is dropped (coro.hpp)
+    // the destructor resumed them on this thread, and what they threw went to on_error
+    CHECK(log.seen() == std::vector<std::string>(3, "cut short"));
 }
 
 TEMPLATE_TEST_CASE(

@@ -39,11 +39,11 @@
 // once, with false, without sleeping. Out of memory for the move, the sleep ends with false at its
 // deadline.) The timer's stop() and destructor end every sleep unrun, inside the noexcept end of
 // its task: the coroutine resumes there (false), on that thread, so that it is never left
-// suspended or lost; but no pass runs it and the timer's on_error cannot be reached from here, so
-// what it throws is caught and dropped rather than calling std::terminate. With an executor the
-// coroutine resumes, and throws, wherever the executor runs it; name one when what a coroutine
-// throws after stop() matters, or when it would destroy that timer (it must not, resumed inline
-// inside the timer's stop() or destructor).
+// suspended or lost, and what it throws is handed to the timer's on_error there, on the thread
+// that called stop() or the destructor (the awaiter's handle keeps the timer's core, and its
+// on_error, alive). With an executor the coroutine resumes, and throws, wherever the executor
+// runs it; name one when a coroutine would destroy that timer (it must not, resumed inline inside
+// the timer's stop() or destructor).
 #pragma once
 
 #include <atomic>
@@ -51,6 +51,7 @@
 #include <concepts>
 #include <coroutine>
 #include <cstdint>
+#include <exception>
 #include <optional>
 #include <stop_token>
 #include <thread>
@@ -116,10 +117,10 @@ concept sleep_timer = requires(T& t, typename T::time_point tp) {
 /// The awaitable of sleep_for() and sleep_until(); `co_await` it once, at once (it is neither
 /// copyable nor movable). `co_await` yields true when the deadline has passed, false when the sleep
 /// was cut short (stop_token: in the timer's next pass; or the timer stopped or destroyed: inside
-/// stop() or the destructor, where what the coroutine throws is dropped; see the top of the
-/// header). Throws rejected_error from the co_await when the timer refuses the task (stopped, or
-/// max_pending reached), or what scheduling throws (std::bad_alloc); the coroutine then did not
-/// sleep.
+/// stop() or the destructor, on its caller's thread; what the coroutine throws goes to on_error
+/// either way, see the top of the header). Throws rejected_error from the co_await when the timer
+/// refuses the task (stopped, or max_pending reached), or what scheduling throws (std::bad_alloc);
+/// the coroutine then did not sleep.
 template <sleep_timer Timer, executor Executor = resume_inline>
 class [[nodiscard]] sleep_awaiter {
   public:
@@ -246,11 +247,14 @@ class [[nodiscard]] sleep_awaiter {
             return;
         }
         // Inside the timer's stop() or destructor, under a task's noexcept destructor: what the
-        // coroutine throws has nowhere to go (no pass runs it, and the timer does not let its
-        // on_error be reached from outside), and letting it out would call std::terminate.
+        // coroutine throws goes to on_error from here (letting it out would call std::terminate).
+        // The handle is copied first: the resumed coroutine destroys this awaiter, and the copy
+        // keeps the node, and so the timer's core and its on_error, alive.
+        const timeout<clock> reporter = handle_;
         try {
             go_on();
-        } catch (...) {  // dropped; see the top of this header
+        } catch (...) {
+            reporter.report_error(std::current_exception());
         }
     }
 

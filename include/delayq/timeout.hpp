@@ -7,6 +7,7 @@
 #pragma once
 
 #include <chrono>
+#include <exception>
 #include <stdexcept>
 #include <type_traits>
 #include <utility>
@@ -113,6 +114,12 @@ class timeout {
     /// For timer implementations: adopts one reference to n.
     timeout(detail::timer_node<Clock>* n, detail::timer_core<Clock>* core) noexcept
         : node_(n), core_(core) {}
+
+    /// For timer implementations (coro.hpp): hands `e` to the timer's on_error on this thread,
+    /// also after the timer is stopped or destroyed; nothing for an empty handle.
+    void report_error(std::exception_ptr e) const noexcept {
+        if (core_) core_->report_error(std::move(e));
+    }
 
     /// For timer implementations: the node this handle refers to.
     detail::timer_node<Clock>* node_for_timer() const noexcept { return node_; }

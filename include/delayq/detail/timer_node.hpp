@@ -247,6 +247,11 @@ class timer_core {
     /// ran, runs (a one-shot task), or was cancelled. Throws std::bad_alloc (nothing changed).
     virtual bool reschedule(node& n, typename Clock::time_point deadline) = 0;
 
+    /// Hands `e` to the timer's on_error on the calling thread, from any thread, also after the
+    /// timer is stopped or destroyed: for a task that throws where no pass runs it (a coroutine
+    /// resumed by stop() or the destructor, see coro.hpp). An on_error that throws is ignored.
+    virtual void report_error(std::exception_ptr e) noexcept = 0;
+
     /// Drops one reference to n, from any thread; the last one frees the block.
     static void release(node& n) noexcept {
         if (n.drop()) free_block(n);

@@ -134,6 +134,11 @@ class wheel_core final : public timer_core<Clock> {
         return true;
     }
 
+    // on_error_ is immutable, and the core outlives the caller's handle: no lock.
+    void report_error(std::exception_ptr e) noexcept override {
+        detail::report_error(on_error_, std::move(e));
+    }
+
     bool reschedule(node& n, time_point deadline) override {
         const std::uint64_t at = ring_.position(deadline);  // before the lock: see insert()
         bool wake;
@@ -285,7 +290,7 @@ class wheel_core final : public timer_core<Clock> {
                     ++p.ran;
                 }
                 if (wake) wake_drivers();
-                if (error) report_error(on_error_, error);
+                if (error) report_error(std::move(error));
                 if (next == after_run::relinked) continue;  // the batch's reference is the ring's
             }
             n->destroy_task();
