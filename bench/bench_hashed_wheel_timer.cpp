@@ -306,7 +306,7 @@ void BM_wheel_expire(benchmark::State& state) {
     std::atomic<std::uint64_t> c{0};
     delayq::hashed_wheel_options<delayq::manual_clock> o;
     o.tick = 1ms;
-    o.ticks_per_wheel = 1024;
+    o.wheel_size = 1024;
     std::unique_ptr<delayq::hashed_wheel<delayq::manual_clock>> w;
     auto offs = random_offsets(static_cast<std::size_t>(state.range(0)), 4);
     expire_loop(

@@ -127,7 +127,7 @@ detached until_stopped(delayq::hashed_wheel_timer<>& timer, std::stop_token st,
 int main() {
     delayq::hashed_wheel_timer<>::options o;
     o.tick = 1ms;
-    o.ticks_per_wheel = 64;
+    o.wheel_size = 64;
     delayq::hashed_wheel_timer<> timer(o);
     const auto main_thread = std::this_thread::get_id();
 

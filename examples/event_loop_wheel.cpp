@@ -21,7 +21,7 @@ using clock_type = std::chrono::steady_clock;
 int main() {
     delayq::hashed_wheel_options<> o;
     o.tick = 10ms;  // the loop wakes at most once per 10 ms tick, and only for ticks with work
-    o.ticks_per_wheel = 64;
+    o.wheel_size = 64;
     delayq::hashed_wheel<> wheel(o);
 
     int fds[2];

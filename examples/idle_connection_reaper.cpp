@@ -51,8 +51,8 @@ int simulate() {
     using clock_type = delayq::manual_clock;
     clock_type::reset();
     delayq::hashed_wheel_options<clock_type> o;
-    o.tick = 1s;             // closes happen within a second after 30 s of silence
-    o.ticks_per_wheel = 64;  // one rotation spans the 30 s timeout
+    o.tick = 1s;        // closes happen within a second after 30 s of silence
+    o.wheel_size = 64;  // one rotation spans the 30 s timeout
     delayq::hashed_wheel<clock_type> wheel(o);
     auto secs = [] {
         return static_cast<long>(
@@ -101,7 +101,7 @@ void measure() {
     constexpr int reads = 200'000;
     delayq::hashed_wheel_options<clock_type> o;
     o.tick = 100ms;
-    o.ticks_per_wheel = 512;
+    o.wheel_size = 512;
     delayq::hashed_wheel<clock_type> wheel(o);
     std::vector<connection<clock_type>> conns(open);
     int closes = 0;

@@ -111,11 +111,11 @@ int main() {
     clock_type::reset();
     delayq::hashed_wheel_options<clock_type> t;
     t.tick = 10ms;  // a timeout fires within 10 ms after its deadline, never before
-    t.ticks_per_wheel = 256;
+    t.wheel_size = 256;
     delayq::hashed_wheel<clock_type> timers(t);
     delayq::hashed_wheel_options<clock_type> n;
     n.tick = 1ms;
-    n.ticks_per_wheel = 512;
+    n.wheel_size = 512;
     delayq::hashed_wheel<clock_type> network(n);
     client cl(timers, network);
 

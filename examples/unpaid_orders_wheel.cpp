@@ -4,9 +4,10 @@
 // once instead of leaving an element to be skipped when it comes due.)
 //
 // Time here is a manual_clock, moved a minute at a time, so the 30 minutes take no time at all and
-// the run is the same every time. The wheel has no thread of its own (own_thread = false): the
-// loop below drives it, as a shop's event loop or a test would. With the default own_thread =
-// true and std::chrono::steady_clock, the same code runs the cancellations on the wheel's worker.
+// the run is the same every time. The wheel is hierarchical_wheel, which has no thread of its own:
+// the loop below drives it, as a shop's event loop or a test would. With hierarchical_timing_wheel
+// and std::chrono::steady_clock instead (and no advance() calls), the same code runs the
+// cancellations on the wheel's worker.
 #include <chrono>
 #include <cstdio>
 #include <delayq/hierarchical_timing_wheel.hpp>
@@ -35,10 +36,9 @@ long minutes_now() {
 
 int main() {
     clock_type::reset();
-    delayq::hierarchical_timing_wheel<clock_type>::options o;
-    o.tick = 1s;           // cancellations run within a second of their deadline, never before
-    o.own_thread = false;  // this loop drives the wheel
-    delayq::hierarchical_timing_wheel<clock_type> wheel(o);
+    delayq::hierarchical_wheel<clock_type>::options o;
+    o.tick = 1s;  // cancellations run within a second of their deadline, never before
+    delayq::hierarchical_wheel<clock_type> wheel(o);  // this loop drives it
 
     std::map<int, order> orders;
     int next_id = 1;

@@ -6,10 +6,10 @@
 // Assertions never contain a co_await: Catch's macros wrap their expression in a try block and
 // temporaries, which g++ 12's coroutines do not always carry across a suspension.
 //
-// The thread-free wheels (hashed_wheel, hierarchical_timing_wheel with own_thread = false) on
-// manual_clock make every test here deterministic: a coroutine resumes exactly inside the advance()
-// that runs its task. The threaded timers check where a coroutine resumes and, under TSan, the
-// races between a sleep ending, its stop_token and the timer's stop().
+// The thread-free wheels (hashed_wheel, hierarchical_wheel) on manual_clock make every test here
+// deterministic: a coroutine resumes exactly inside the advance() that runs its task. The threaded
+// timers check where a coroutine resumes and, under TSan, the races between a sleep ending, its
+// stop_token and the timer's stop().
 #include <atomic>
 #include <chrono>
 #include <coroutine>
@@ -113,7 +113,7 @@ using rethrowing = owned_coro<true>;
 delayq::hashed_wheel_options<mc> wheel_opts(mc::duration tick = 1ms) {
     delayq::hashed_wheel_options<mc> o;
     o.tick = tick;
-    o.ticks_per_wheel = 64;
+    o.wheel_size = 64;
     return o;
 }
 
@@ -216,11 +216,12 @@ typename W::wheel::options options_with(error_log& log) {
 
 }  // namespace
 
-TEST_CASE("coro: sleep_for resumes inside the advance() that reaches the deadline, never before",
-          "[coro]") {
+TEMPLATE_TEST_CASE(
+    "coro: sleep_for resumes inside the advance() that reaches the deadline, never before",
+    "[coro]", hashed, hierarchical) {
     mc::reset();
-    outcome o;
-    delayq::hashed_wheel<mc> w(wheel_opts());
+    outcome o, far;
+    typename TestType::wheel w(TestType::options());
     sleeper(w, 5ms, o);
     CHECK(o.resumed == 0);
     CHECK(w.pending() == 1);
@@ -234,6 +235,15 @@ TEST_CASE("coro: sleep_for resumes inside the advance() that reaches the deadlin
     CHECK(o.at == mc::time_point{} + 5ms);
     CHECK(o.thread == std::this_thread::get_id());
     CHECK(w.pending() == 0);
+    sleeper(w, 2s, far);  // rounds past the hashed ring; levels up the hierarchical wheel
+    mc::advance(2s - 1ns);
+    CHECK(w.advance() == 0);
+    CHECK(far.resumed == 0);
+    mc::advance(1ns);
+    CHECK(w.advance() == 1);
+    CHECK(far.resumed == 1);
+    CHECK(far.ok == true);
+    CHECK(far.at == mc::time_point{} + 5ms + 2s);
 }
 
 TEST_CASE("coro: sleep_until, a past deadline and a coroutine that sleeps in a loop", "[coro]") {
@@ -302,28 +312,6 @@ TEST_CASE("coro: thousands of sleepers resume once each, in deadline order, neve
     for (std::size_t k = 1; k < order.size(); ++k)  // deadline order, first in first out
         CHECK(delays[static_cast<std::size_t>(order[k - 1])] <=
               delays[static_cast<std::size_t>(order[k])]);
-}
-
-TEST_CASE("coro: the hierarchical wheel without a thread, driven by advance_clock()", "[coro]") {
-    mc::reset();
-    delayq::hierarchical_timing_wheel<mc>::options o;
-    o.own_thread = false;
-    o.tick = 1ms;
-    outcome a, b;
-    delayq::hierarchical_timing_wheel<mc> w(o);
-    sleeper(w, 30ms, a);
-    sleeper(w, 2s, b);  // two levels up
-    mc::advance(29ms);
-    w.advance_clock(0ms);
-    CHECK(a.resumed == 0);
-    mc::advance(1ms);
-    w.advance_clock(0ms);
-    CHECK(a.resumed == 1);
-    CHECK(a.ok == true);
-    mc::advance(2s);
-    w.advance_clock(0ms);
-    CHECK(b.resumed == 1);
-    CHECK(b.at >= mc::time_point{} + 2s);
 }
 
 TEST_CASE(
@@ -529,7 +517,7 @@ TEST_CASE("coro: a stop request racing the sleep's end resumes each coroutine ex
     // thread requests stops. Each coroutine counts its resumptions; TSan watches the rest.
     delayq::hashed_wheel_options<std::chrono::steady_clock> o;
     o.tick = std::chrono::microseconds(50);
-    o.ticks_per_wheel = 64;
+    o.wheel_size = 64;
     constexpr int n = 2000;
     std::vector<std::stop_source> stops(n);
     std::vector<std::atomic<int>> resumed(n);

@@ -30,11 +30,11 @@ using handle = delayq::timeout<mc>;
 
 namespace {
 
-delayq::hashed_wheel_options<mc> opts(mc::duration tick, std::size_t ticks_per_wheel = 8,
+delayq::hashed_wheel_options<mc> opts(mc::duration tick, std::size_t wheel_size = 8,
                                       std::size_t max_pending = 0, bool precise = true) {
     delayq::hashed_wheel_options<mc> o;
     o.tick = tick;
-    o.ticks_per_wheel = ticks_per_wheel;
+    o.wheel_size = wheel_size;
     o.max_pending = max_pending;
     o.precise = precise;
     return o;
@@ -649,7 +649,7 @@ TEST_CASE("timer: threads schedule and cancel 1M tasks and every one is accounte
     constexpr std::size_t threads = 4;
     delayq::hashed_wheel_options<> o;
     o.tick = 1ms;
-    o.ticks_per_wheel = 64;
+    o.wheel_size = 64;
     delayq::hashed_wheel_timer<> t(o);
     std::vector<std::atomic<std::uint8_t>> runs(total);
     std::atomic<std::size_t> cancelled{0};

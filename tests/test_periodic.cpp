@@ -217,25 +217,6 @@ TEMPLATE_TEST_CASE("periodic burst: many missed runs in one pass, other tasks on
     mc::reset();
 }
 
-// hierarchical_timing_wheel's other driver without a thread: advance_clock().
-TEST_CASE("periodic burst: advance_clock runs every missed run in one call") {
-    mc::set(t0);
-    delayq::hierarchical_timing_wheel<mc> w(hierarchical::options());
-    std::vector<tp> due;
-    handle h;
-    h = w.schedule_every([&] { due.push_back(h.deadline()); }, 10ms, missed_tick::burst);
-    mc::set(t0 + 10ms);
-    CHECK(w.advance_clock(0ms));
-    mc::set(t0 + 45ms);
-    CHECK(w.advance_clock(0ms));
-    CHECK(due == std::vector<tp>{t0 + 10ms, t0 + 20ms, t0 + 30ms, t0 + 40ms});
-    CHECK(h.deadline() == t0 + 50ms);
-    CHECK_FALSE(w.advance_clock(0ms));
-    CHECK(due.size() == 4);
-    CHECK(h.cancel());
-    mc::reset();
-}
-
 // The threaded timers on manual_clock: the worker runs the same three runs at 45 ms, and no more.
 template <class Timer>
 void burst_on_worker() {

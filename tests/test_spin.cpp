@@ -101,4 +101,5 @@ TEST_CASE("spin_before_deadline: a negative spin is refused") {
     CHECK_THROWS_AS(H(spinning<H>(-1ns)), std::invalid_argument);
     CHECK_THROWS_AS(K(spinning<K>(-1ns)), std::invalid_argument);
     CHECK_THROWS_AS(delayq::hashed_wheel<mc>(spinning<H>(-1ns)), std::invalid_argument);
+    CHECK_THROWS_AS(delayq::hierarchical_wheel<mc>(spinning<K>(-1ns)), std::invalid_argument);
 }

@@ -16,18 +16,17 @@ struct hashed_core {
     static wheel::options options(std::size_t buckets = 16) {
         wheel::options o;
         o.tick = std::chrono::milliseconds(1);
-        o.ticks_per_wheel = buckets;
+        o.wheel_size = buckets;
         return o;
     }
 };
 
 struct hierarchical_core {
-    using wheel = delayq::hierarchical_timing_wheel<manual_clock>;
+    using wheel = delayq::hierarchical_wheel<manual_clock>;
     static wheel::options options(std::size_t buckets = 8) {
         wheel::options o;
         o.tick = std::chrono::milliseconds(1);
         o.wheel_size = buckets;
-        o.own_thread = false;
         return o;
     }
 };

@@ -11,7 +11,8 @@
 //
 // usage (scripts/ab builds it): ab STRUCTURE WORKLOAD [N=1000000] [ROUNDS=200]
 //   STRUCTURE: hashed | hierarchical | both (the thread-free cores)
-//   WORKLOAD:  insert | insert_monotonic | insert_cold | cancel | expire | expire_monotonic | stop
+//   WORKLOAD:  insert | insert_monotonic | insert_cold | cancel | postpone | expire |
+//   expire_monotonic | stop
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -78,11 +79,12 @@ int compare(const std::string& structure, const std::string& workload, std::size
 
 int main(int argc, char** argv) {
     if (argc < 3) {
-        std::fprintf(stderr,
-                     "usage: %s hashed|hierarchical|both "
-                     "insert|insert_monotonic|insert_cold|cancel|expire|expire_monotonic|stop [N] "
-                     "[ROUNDS]\n",
-                     argv[0]);
+        std::fprintf(
+            stderr,
+            "usage: %s hashed|hierarchical|both "
+            "insert|insert_monotonic|insert_cold|cancel|postpone|expire|expire_monotonic|stop [N] "
+            "[ROUNDS]\n",
+            argv[0]);
         return 2;
     }
     const std::string structure = argv[1], workload = argv[2];

@@ -87,7 +87,7 @@ void run_requests() {
     asio::io_context io;
     delayq::hashed_wheel_options<clock_type> o;
     o.tick = 1ms;
-    o.ticks_per_wheel = 128;
+    o.wheel_size = 128;
     asio_wheel wheel(io, o);
 
     constexpr int requests = 10'000;
@@ -137,7 +137,7 @@ cost measure_wheel(std::size_t n) {
     asio::io_context io;
     delayq::hashed_wheel_options<clock_type> o;
     o.tick = 100ms;
-    o.ticks_per_wheel = 1024;
+    o.wheel_size = 1024;
     asio_wheel wheel(io, o);
     const std::size_t before = heap_in_use();
     std::vector<delayq::timeout<clock_type>> handles;

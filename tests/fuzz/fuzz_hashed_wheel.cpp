@@ -18,8 +18,8 @@ struct hashed {
                                        OnError on_error, bool precise) {
         wheel::options o;
         o.tick = duration{tick};
-        o.ticks_per_wheel = in.ConsumeBool() ? in.ConsumeIntegralInRange<std::size_t>(1, 16)
-                                             : in.ConsumeIntegralInRange<std::size_t>(1, 4096);
+        o.wheel_size = in.ConsumeBool() ? in.ConsumeIntegralInRange<std::size_t>(1, 16)
+                                        : in.ConsumeIntegralInRange<std::size_t>(1, 4096);
         o.max_pending = max_pending;
         o.on_error = on_error;
         o.precise = precise;
@@ -34,9 +34,6 @@ struct hashed {
     static time_point usable_start(time_point t, rep) { return t; }
 
     static std::size_t pending(const wheel& wh) { return wh.pending(); }
-
-    // next_expiry() is checked after every advance, for both wheels (check_next_expiry).
-    static void check_idle(const wheel&, const world&, rep) {}
 };
 
 }  // namespace

@@ -1,8 +1,8 @@
-// Model-based fuzzing of hierarchical_timing_wheel<manual_clock> with own_thread = false: the
-// caller drives advance_clock(). The driver and the model are in wheel_model.hpp. Like the hashed
-// wheel, it promises deadline order (first in, first out among equal deadlines) within one pass,
-// and every task stays cancellable until it starts: a cancel() from a task is true exactly when the
-// target has not run yet.
+// Model-based fuzzing of hierarchical_wheel<manual_clock>, the thread-free core of
+// hierarchical_timing_wheel: the caller drives advance(). The driver and the model are in
+// wheel_model.hpp. Like the hashed wheel, it promises deadline order (first in, first out among
+// equal deadlines) within one pass, and every task stays cancellable until it starts: a cancel()
+// from a task is true exactly when the target has not run yet.
 #include <delayq/hierarchical_timing_wheel.hpp>
 
 #include "wheel_model.hpp"
@@ -12,7 +12,7 @@ namespace {
 using namespace delayq_fuzz;
 
 struct hierarchical {
-    using wheel = delayq::hierarchical_timing_wheel<mclock>;
+    using wheel = delayq::hierarchical_wheel<mclock>;
 
     template <class OnError>
     static std::unique_ptr<wheel> make(FuzzedDataProvider& in, rep tick, std::size_t max_pending,
@@ -24,12 +24,10 @@ struct hierarchical {
         o.max_pending = max_pending;
         o.on_error = on_error;
         o.precise = precise;
-        o.own_thread = false;
         return std::make_unique<wheel>(std::move(o));
     }
 
-    // One pass at the model's time, as hashed_wheel::advance (advance_clock() is advance() after
-    // a wait; tasks that tasks schedule due now run in the next pass).
+    // One pass at the model's time (tasks that tasks schedule due now run in the next pass).
     static void advance(wheel& wh, world& w) {
         const std::size_t n = wh.advance(w.adv_now);
         FZ_CHECK(n == w.log.size());
@@ -42,14 +40,6 @@ struct hierarchical {
     static time_point usable_start(time_point t, rep) { return t; }
 
     static std::size_t pending(const wheel& wh) { return wh.pending(); }
-
-    static void check_idle(const wheel& wh, const world& w, rep tick) {
-        FZ_CHECK(wh.levels() >= 1 &&
-                 wh.levels() <= 66);  // at most one level per bit of a tick count
-        // the wheel's time follows the latest time it started or advanced at, and may be up to one
-        // tick ahead of it (a bucket opens one tick before its span starts)
-        FZ_CHECK(wh.current_time() <= sat_add(std::max(w.latest_now, mclock::now()), tick));
-    }
 };
 
 }  // namespace

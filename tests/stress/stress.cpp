@@ -266,7 +266,7 @@ int main(int argc, char** argv) {
     dq_test dq;
     delayq::hashed_wheel_timer<>::options ho;
     ho.tick = 1ms;
-    ho.ticks_per_wheel = 64;
+    ho.wheel_size = 64;
     ho.max_pending = 1'000'000;
     wheel_test<delayq::hashed_wheel_timer<>> hashed("hashed_wheel_timer", std::move(ho));
     delayq::hierarchical_timing_wheel<>::options to;

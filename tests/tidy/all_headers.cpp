@@ -1,6 +1,7 @@
 // The translation unit scripts/tidy runs clang-tidy over: every public header, and one
 // instantiation of each template with the usual arguments, so that the checks see the code that
 // users compile. Not built by CMake (this folder has no CMakeLists.txt).
+#include <delayq/basic_wheel.hpp>
 #include <delayq/coro.hpp>
 #include <delayq/delay_queue.hpp>
 #include <delayq/delayed.hpp>
@@ -8,6 +9,7 @@
 #include <delayq/hashed_wheel_timer.hpp>
 #include <delayq/hierarchical_timing_wheel.hpp>
 #include <delayq/manual_clock.hpp>
+#include <delayq/missed_tick.hpp>
 #include <delayq/timeout.hpp>
 #if __has_include(<hiredis/hiredis.h>)
 #include <delayq/redis/delay_queue.hpp>
@@ -73,12 +75,19 @@ void use_all() {
     t.schedule([] {}, 1ms);
     (void)t.stop();
 
-    typename delayq::hierarchical_timing_wheel<Clock>::options o;
-    o.own_thread = false;
-    delayq::hierarchical_timing_wheel<Clock> w(o);
+    delayq::hierarchical_wheel<Clock> w;
+    auto every = w.schedule_every([] {}, 1ms, delayq::missed_tick::burst);
+    (void)every.cancel();
     w.schedule([] {}, 1ms);
-    (void)w.advance_clock(0ms);
+    (void)w.advance();
+    (void)w.next_expiry();
+    (void)w.pending();
     (void)w.stop();
+
+    delayq::hierarchical_timing_wheel<Clock> ht;
+    ht.schedule([] {}, 1ms);
+    (void)ht.wakeups();
+    (void)ht.stop();
 }
 
 }  // namespace

@@ -11,10 +11,7 @@
 // wheel's buckets by expiry. Then sorting each bucket's run on its own, while it is in cache, puts
 // the whole batch in order; a run that starts before the one before it ended (buckets whose times
 // overlap: a hierarchical wheel's levels, a hashed wheel late by more than a rotation) sends the
-// batch to one sort of the whole. bench_compare expire at 1M (ns per fired timer, median of 7, one
-// run against the one sort of the whole): hashed 110 -> 88, hierarchical 87 -> 83 (its buckets of
-// 8 s hold 125k nodes each; their radix passes are now 8 % of a pass's samples, the runner's
-// per-task claim and the tasks themselves most of the rest).
+// batch to one sort of the whole (docs/performance.md, "expire", has what the runs bought).
 //
 // The sorted batch is an array of node pointers, so that running it can prefetch the nodes ahead:
 // a large batch then waits for several cache misses at once. The arrays are kept between passes

@@ -3,19 +3,16 @@
 //
 // Why not std::mutex. Acquiring this lock is one inline atomic exchange and releasing it one store;
 // std::mutex is two calls into libc with an atomic read-modify-write each way, a visible share of
-// a 15 ns schedule (an unlock by exchange, as a futex lock needs, measured 5 ns more per schedule
-// here). Here a thread that finds the lock taken spins briefly (the holder is almost always about
-// to release it), yields its core twice (a holder that was preempted gets to run), then sleeps
-// 20 µs at a time: it never waits for a wake-up that could be lost, and a long hold (a pass
-// sorting a large batch) costs the waiters little CPU.
+// a schedule that costs a few dozen nanoseconds (an unlock by exchange, as a futex lock needs,
+// costs more: docs/performance.md, "spin_lock"). Here a thread that finds the lock taken spins
+// briefly (the holder is almost always about to release it), yields its core twice (a holder that
+// was preempted gets to run), then sleeps 20 µs at a time: it never waits for a wake-up that could
+// be lost, and a long hold (a pass sorting a large batch) costs the waiters little CPU.
 //
 // Why sleep so soon. Two threads that both schedule flat out lose most of their time moving the
-// lock's and the ring's cache lines between their cores (~100 ns a transfer on this VM) whenever
-// the lock changes hands. A waiter that sleeps leaves the holder the lock, and those lines, for
-// many schedules in a row: the pair then does what one thread does alone. bench_compare
-// two_threads_insert at 1M (wall-clock ns per insert, both threads together; one thread alone:
-// 15.5 hierarchical, 13.6 hashed, 26.8 delay_queue): 78 / 117 / 67 when waiters yielded 256
-// times before sleeping; 16.4 / 33.8 / 28.4 sleeping after 2 yields; std::mutex: 37 / 102 / 39.
+// lock's and the ring's cache lines between their cores whenever the lock changes hands. A waiter
+// that sleeps leaves the holder the lock, and those lines, for many schedules in a row: the pair
+// then does what one thread does alone (docs/performance.md, "spin_lock", has the figures).
 // The price is fairness: under that kind of contention a thread may wait tens of microseconds for
 // its turn (its sleeps, plus the OS's timer slack), while the other runs.
 //

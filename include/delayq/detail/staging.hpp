@@ -4,8 +4,8 @@
 // The idea. Linking a node into its bucket writes that bucket's lines and the bucket's last node.
 // With random deadlines over a large wheel, the last node is one linked thousands of links ago,
 // long gone from the cache: every schedule waits for a miss under the lock. With two threads
-// scheduling, each such line was also last written by the other core, and the hashed wheel
-// collapsed to 2.7x its one-thread cost per schedule (two_threads_insert in bench_compare). So a
+// scheduling, each such line was also last written by the other core, and the hashed wheel's
+// schedules slowed down several times over (docs/performance.md, "staging"). So a
 // schedule links its node at the end of the calling thread's lane instead (the lane's last node is
 // the one this thread linked just before: in its cache), and a lane moves to the buckets
 // ("settles") once it holds `settle_at` nodes, in one loop whose iterations do not depend on each
@@ -15,9 +15,7 @@
 //
 // Only the hashed wheel stages. The hierarchical one tried it and lost: with Kafka's 20 buckets a
 // level, the few bucket tails its schedules write stay in cache anyway, and settling re-reads each
-// node and works out its level and bucket again (two divisions), so its inserts measured 1.22x
-// (cold) to 1.31x (random, monotonic) slower at 1M pending (scripts/ab hierarchical insert 1000000
-// 150, and insert_cold, insert_monotonic).
+// node and works out its level and bucket again (two divisions), so its inserts were slower.
 //
 // A staged node is in a list like any other, so unlinking it (cancel) is the same O(1). min() is a
 // lower bound of the staged deadlines for the wheel's next expiry: exact, or early after the

@@ -38,26 +38,11 @@
 
 #include "node_pool.hpp"
 
-#if defined(__linux__)
-#include <sys/prctl.h>
-#endif
-
-namespace delayq {
-
-/// What a periodic task does after a run that came late, past one or more of its due times
-/// (schedule_every). With period P, first due at S, the k-th run is due at S + k * P. Whatever the
-/// policy, a run whose successor would lie past time_point::max() is the task's last.
-enum class missed_tick : std::uint8_t {
-    skip,   ///< the default: the next run is due at the first S + k * P after the late run (the
-            ///< missed ones are dropped; the grid is kept)
-    burst,  ///< every missed run happens, back to back in the same pass (then back on the grid):
-            ///< one run per period missed, so a tiny period after a long stall makes a long pass
-    delay,  ///< the next run is due P after the late run (the grid moves with it)
-};
-
-}  // namespace delayq
-
 namespace delayq::detail {
+
+/// What a periodic task does after a late run: the values of the public missed_tick
+/// (<delayq/missed_tick.hpp>, which says what each does), in the same order.
+enum class repeat_policy : std::uint8_t { skip, burst, delay };
 
 enum class timer_state : std::uint8_t {
     pending = 0,    // in the timer, waiting for its deadline
@@ -169,7 +154,7 @@ struct periodic_part {
     typename Clock::time_point start;
     typename Clock::duration period;
     std::uint64_t k = 0;  // the run now scheduled is the k-th
-    missed_tick policy;
+    repeat_policy policy;
     bool running = false;   // handed to run: from the claim to the re-link (a burst's runs too)
     bool stopping = false;  // cancelled while running: no re-link, the runner ends it
     bool moved = false;     // rescheduled while running: the next run is at `start`
@@ -301,14 +286,6 @@ void run_reporting(timer_node<Clock>& n,
     } catch (...) {
         report_error(on_error, std::current_exception());
     }
-}
-
-/// For a timer's own thread: Linux adds up to 50 µs of "timer slack" to every timed sleep; 1 ns
-/// lets the worker wake within microseconds of a deadline.
-inline void reduce_timer_slack() noexcept {
-#if defined(__linux__) && defined(PR_SET_TIMERSLACK)
-    (void)::prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
-#endif
 }
 
 }  // namespace delayq::detail

@@ -8,8 +8,8 @@
 // Each level has a current time (a multiple of its own tick). A node goes to the finest level whose
 // span from that level's current time covers u, into the bucket of u; the bucket's expiry is the
 // start of its span (u rounded down to the level's tick). Whenever a bucket gets an expiry, a
-// reference to it goes into a delay_queue<bucket_ref, Clock>: buckets model Delayed, and the queue
-// that serves users as a heap of elements serves the wheel as its clock.
+// reference to it goes into a queue of buckets by expiry (deadline_heap.hpp; Kafka's DelayQueue,
+// without its lock and clock): the queue is the wheel's clock.
 //
 // expire(now) first moves every level's current time up to now (never back), then takes every
 // bucket the queue holds due at now, and empties each: a node whose deadline has come goes out; one
@@ -26,7 +26,7 @@
 //                                                  |  expires at 30
 //              level 0: tick 1,  span 5       [ 30 | 31 | 32 | 33 | 34 ]
 //                                                    |  expires at 31: nodes with d <= now go out
-//     delay_queue<bucket_ref>:  (31, L0)  (35, L1)  (50, L2)  ...  only non-empty buckets
+//     queue of bucket_refs:     (31, L0)  (35, L1)  (50, L2)  ...  only non-empty buckets
 //
 // Never early: a node goes out only when its own deadline is <= now, whatever bucket it was in.
 // Kafka keys a task by its deadline rounded down and runs a bucket when its start is reached, so a
@@ -37,8 +37,7 @@
 //   is due, or short, or the clock went back) goes to the window too.
 // - A bucket whose nodes were all unlinked stays in the queue until due (as in Kafka) and is then
 //   emptied for nothing; when the wheel holds nothing at all the queue is emptied (an epoch marks
-//   every bucket unqueued), so an idle wheel has no next expiry. Emptied, not cleared: the queue
-//   keeps its room.
+//   every bucket unqueued), so an idle wheel has no next expiry. The queue keeps its room.
 // - Nothing here allocates after prepare(): prepare() (called before link, at schedule time, where
 //   an exception is harmless) creates the levels a deadline needs and makes room in the queue for
 //   two references per bucket. A bucket has at most one live reference (a node is placed only at
@@ -59,8 +58,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "../delay_queue.hpp"
 #include "bucket.hpp"
+#include "deadline_heap.hpp"
 #include "near_window.hpp"
 #include "time.hpp"
 #include "timer_node.hpp"
@@ -108,7 +107,7 @@ class timing_wheel {
 
     static constexpr std::size_t max_wheel_size = std::size_t{1} << 24;
 
-    /// What the delay queue holds: a bucket and the expiry it had when it was queued. A reference
+    /// What the queue holds: a bucket and the expiry it had when it was queued. A reference
     /// whose generation or epoch no longer matches its bucket's is stale and is skipped.
     struct bucket_ref {
         bucket* b;
@@ -138,26 +137,31 @@ class timing_wheel {
 
     std::size_t size() const noexcept { return size_; }
 
-    /// A node due at `deadline` belongs to tick position(deadline). Depends on nothing that
-    /// changes: a scheduling thread computes it before it takes the lock.
-    std::uint64_t position(time_point deadline) const noexcept { return to_ticks(deadline); }
+    /// Where a node due at some deadline belongs: its tick.
+    using place = std::uint64_t;
 
-    /// Where a node due at `deadline` goes: its tick `u` (position(deadline)); creates the levels
-    /// it needs and room in the window. Throws std::bad_alloc; then nothing visible has changed.
-    std::uint64_t prepare(time_point, std::uint64_t u) {
+    /// The tick a node due at `deadline` belongs to. Depends on nothing that changes: a
+    /// scheduling thread computes it before it takes the lock.
+    place position(time_point deadline) const noexcept { return to_ticks(deadline); }
+
+    /// Creates the levels tick `u` needs, and room in the window. Throws std::bad_alloc; then
+    /// nothing visible has changed.
+    void prepare(place u) {
         while (u >= levels_.back().end) add_level();
         if (u <= levels_[0].current) window_.reserve_one();
-        return u;
     }
 
-    /// Links n (not in the wheel) at its tick `u` (prepare(n->deadline)). Returns whether it comes
-    /// out before `wake_by` (time_point::min(): nobody waits; then false).
-    /// (The last argument is the hashed ring's staging, which this wheel does not have.)
-    bool link(node* n, std::uint64_t u, time_point wake_by, bool = true) noexcept {
+    /// Links n (not in the wheel, n->deadline at tick `u`, prepare(u) done since the last pass).
+    /// Returns whether it comes out before `wake_by` (time_point::min(): nobody waits; then
+    /// false).
+    bool link(node* n, place u, time_point wake_by) noexcept {
         ++size_;
-        place(n, u, false);
+        place_node(n, u, false);
         return n->deadline < wake_by;
     }
+
+    /// As link(), for a node moved (reschedule, a periodic task's next run): the same here.
+    bool relink(node* n, place u, time_point wake_by) noexcept { return link(n, u, wake_by); }
 
     /// Unlinks n, which this wheel holds. O(1) in a bucket, O(log h) in the window's heap.
     void unlink(node* n) noexcept {
@@ -171,18 +175,16 @@ class timing_wheel {
 
     /// Unlinks every node due at `now` and hands each to sink(node*), in no particular order but
     /// bucket by bucket, by the buckets' expiry, calling sink.next_run() between two buckets
-    /// (due_batch); returns how many. `worked`: whether a bucket was emptied or a node of the
-    /// window went out.
+    /// (due_batch); returns how many.
     template <class Sink>
     // NOLINTNEXTLINE(bugprone-exception-escape): sinks append only where room was made
-    std::size_t expire(time_point now, Sink&& sink, bool& worked) noexcept {
+    std::size_t expire(time_point now, Sink&& sink) noexcept {
         std::size_t count = 0;
         auto out = [&](node_links* l) {
             sink(node::of(l));
             ++count;
         };
         window_.take_due(now, out);
-        worked = worked || count != 0;
         // The wheel's time follows the clock: a node re-placed below lands in a bucket not yet
         // due, so one pass suffices however late the driver is.
         const std::uint64_t nowt = floor_ticks(now);
@@ -191,7 +193,6 @@ class timing_wheel {
             bucket& b = *r->b;
             if (!b.queued || b.gen != r->gen || r->epoch != epoch_) continue;
             b.queued = false;
-            worked = true;
             // A bucket opens up to one tick before its span starts (its earliest deadline may be
             // just after the tick before): the wheel's time goes to the span's start, so that the
             // finer levels cover the whole span and its nodes land there, not back in it.
@@ -204,7 +205,7 @@ class timing_wheel {
                 // The tick under way (or one already passed: the clock went back): to the
                 // window, to run at its own deadline; without room there, to its bucket, rounded.
                 if (u <= nowt + 1 && window_.stage(n)) return;
-                place(n, u, u <= nowt + 1);
+                place_node(n, u, u <= nowt + 1);
             });
         }
         window_.end_stage();
@@ -330,7 +331,7 @@ class timing_wheel {
     // finest level whose span covers it. A bucket is queued to come out when the earliest
     // deadline it may hold can have come (the start of its span), or, `rounded`, at the end of
     // its first tick (a node that the window had no room for, whose tick is under way).
-    void place(node* n, std::uint64_t u, bool rounded) noexcept {
+    void place_node(node* n, std::uint64_t u, bool rounded) noexcept {
         if (u <= levels_[0].current && !rounded) {
             window_.insert(n);  // room: prepare() for a schedule; a pass stages instead
             return;
@@ -367,21 +368,19 @@ class timing_wheel {
     bool is_queued(const bucket& b) const noexcept { return b.queued && b.epoch == epoch_; }
 
     void enqueue(bucket& b, std::uint64_t expiry, time_point at) noexcept {
-        // room was made by add_level(): put cannot allocate, and the queue is never closed
-        (void)queue_.put(bucket_ref{&b, at, b.gen + 1, epoch_});
+        queue_.put(bucket_ref{&b, at, b.gen + 1, epoch_});  // room made by add_level()
         ++b.gen;
         b.epoch = epoch_;
         b.expiry = expiry;
         b.queued = true;
     }
 
-    // When nothing is held: drops every bucket reference, so that an idle wheel has no expiry. By
-    // polling them out, not by clear(), which gives up the queue's storage: the room add_level()
-    // made is what keeps a later put from allocating in noexcept code.
+    // When nothing is held: drops every bucket reference, so that an idle wheel has no expiry.
+    // The queue keeps the room add_level() made, which keeps a later put from allocating in
+    // noexcept code.
     void forget_buckets() noexcept {
         ++epoch_;
-        while (queue_.poll(time_point::max())) {
-        }
+        queue_.clear();
     }
 
     time_point origin_tp() const noexcept { return time_point{duration{origin_}}; }
@@ -422,7 +421,7 @@ class timing_wheel {
     near_window<Clock> window_;  // the tick under way, and nodes whose tick the wheel has passed
     std::size_t size_ = 0;
     std::uint64_t epoch_ = 0;
-    delay_queue<bucket_ref, Clock> queue_;
+    deadline_heap<bucket_ref> queue_;
 };
 
 }  // namespace delayq::detail

@@ -1,7 +1,7 @@
-// wheel_core<Clock, Ring>: what both wheels share around their ring of buckets — the one lock, the
-// node pool, schedule, cancel, running what is due, stop, and the sleep of whoever drives it. The
-// Ring (hashed_wheel_ring or timing_wheel) only says where nodes sit and which are due; it has no
-// lock and no thread. The driver (wheel_driver.hpp, or the user's event loop) calls advance().
+// wheel_core<Clock, Ring, Face>: what both wheels share around their ring of buckets — the one
+// lock, the node pool, schedule, cancel, running what is due, and stop. It has no thread: the Ring
+// (a wheel_ring: hashed_wheel_ring or timing_wheel) says where nodes sit and which are due, and
+// whoever drives it (the worker of wheel_driver.hpp, or the user's event loop) calls advance().
 //
 // The idea, in one pass. advance(now) takes the lock, asks the ring for every node due at `now`,
 // puts them in the heap's order (due_batch.hpp) and marks each as "in the batch" (prev ==
@@ -16,22 +16,19 @@
 // Locking. One lock (a spin_lock: detail/spin_lock.hpp says why) guards the ring, the pool's
 // allocation, the batch marks and the counts. Tasks run, and are destroyed, without it: a task may
 // schedule, cancel, or stop the timer. A callable is moved into its node under the lock, so its
-// move constructor must not call back into the timer. Sleeping needs a std::mutex: drivers and a
-// pass waiting for another's turn sleep with sleep_m_, which is never taken inside the lock.
+// move constructor must not call back into the timer. A pass that finds another thread's pass
+// under way waits for it with turn_m_, which is never taken inside the lock.
 //
 // Lifecycle (as Netty's states, checked the same way by every operation, under the lock):
 // running -> stopped. schedule() after stop() throws rejected_error before it touches the task;
 // advance() after stop() does nothing; stop() a second time returns nothing.
 //
-// Sleeping. A driver waits in wait_for_work() until the ring's next expiry. `wake_at_` is the
-// latest time any waiter will wake by itself (time_point::min() when none sleeps); a schedule whose
-// node comes out earlier than that notifies, any other schedule does not. With nothing pending a
-// waiter sleeps without a deadline, so an idle timer never wakes. With spin_before_deadline = s, a
-// waiter for a task's deadline d sleeps until d - s only, then waits on the CPU (yielding it) until
-// d: the OS's wake-up latency (tens to hundreds of µs on a VM) is then paid before the deadline
-// instead of after it, for at most s of CPU per wake-up. A notification (wake_drivers() counts them
-// in wake_count_) ends the spin as it ends a sleep; a spin that lasts 2 s of real time without the
-// deadline coming (a clock that does not move by itself, such as manual_clock) sleeps instead.
+// Waking a driver. As seastar's timer_set tells its loop when to re-arm, the core knows by when its
+// driver will look again (`armed_`, set by arm() under the lock in the same look at the ring; min:
+// nobody is armed) and calls the driver's waker when a schedule's node comes out earlier than that.
+// It calls it itself, after the lock, because a reschedule() through a handle never passes through
+// the driver. The on_error policy stays here, not in the driver: a thread-free wheel's pass runs
+// tasks too, and handles reach on_error through the core after the timer is gone (coro.hpp).
 #pragma once
 
 #include <algorithm>
@@ -43,6 +40,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
@@ -51,14 +49,23 @@
 #include <utility>
 #include <vector>
 
-#include "../timeout.hpp"
 #include "deadline_sort.hpp"
 #include "due_batch.hpp"
 #include "spin_lock.hpp"
+#include "time.hpp"
 #include "timer_node.hpp"
-#include "wait.hpp"
+#include "wheel_ring.hpp"
 
 namespace delayq::detail {
+
+/// What the core calls when a schedule makes its driver's next look too late: the driver looks
+/// again. Called without the core's lock, from any thread; it must not call back into the core.
+struct wheel_waker {
+    virtual void wake() noexcept = 0;
+
+  protected:
+    ~wheel_waker() = default;
+};
 
 /// The address that marks a node as in the current batch (its prev).
 inline node_links* run_marker() noexcept {
@@ -66,45 +73,39 @@ inline node_links* run_marker() noexcept {
     return &marker;
 }
 
-template <class Clock, class Ring>
+// Face: what the public class gives the core, so that detail/ names no public header:
+// Face::handle, the handle made of a node and its core (timeout<Clock>), and Face::refuse(what),
+// which throws the public rejected_error.
+template <class Clock, wheel_ring<Clock> Ring, class Face>
 class wheel_core final : public timer_core<Clock> {
   public:
+    using handle = typename Face::handle;
     using node = timer_node<Clock>;
     using time_point = typename Clock::time_point;
     using duration = typename Clock::duration;
     using on_error_fn = std::function<void(std::exception_ptr)>;
 
-    /// What one advance() did: how many tasks ran, and whether the ring had anything to do (a
-    /// bucket emptied, possibly of cancelled tasks only).
-    struct pass {
-        std::size_t ran = 0;
-        bool worked = false;
-    };
-
     /// `precise`: a task runs at its own deadline; else at its tick's boundary (the ring's grid).
-    /// `spin`: how long before a task's deadline a waiting driver stops sleeping and spins (>= 0;
-    /// see the top of this header); std::invalid_argument if negative.
+    /// The ring is made from `ring_args` (what its constructor throws, this throws).
     template <class... RingArgs>
-    wheel_core(std::size_t max_pending, on_error_fn on_error, bool precise,
-               std::chrono::nanoseconds spin, RingArgs&&... ring_args)
+    wheel_core(std::size_t max_pending, on_error_fn on_error, bool precise, RingArgs&&... ring_args)
         : ring_(std::forward<RingArgs>(ring_args)...),
           max_pending_(max_pending),
           on_error_(std::move(on_error)),
-          precise_(precise),
-          spin_(valid_spin(spin)) {}
+          precise_(precise) {}
 
     /// Schedules `task` at `deadline`. Throws rejected_error (task untouched) when stopped or
     /// full; std::bad_alloc, or what moving the task throws, and then nothing is scheduled.
     template <class F>
-    timeout<Clock> schedule_at(F&& task, time_point deadline) {
+    handle schedule_at(F&& task, time_point deadline) {
         return insert<node_with<Clock, std::decay_t<F>>>(deadline, std::forward<F>(task));
     }
 
     /// Schedules `task` to run at `first`, then every `period` after it, `policy` saying what a
-    /// late run does to the next (missed_tick). As schedule_at(); std::invalid_argument for a
+    /// late run does to the next (repeat_policy). As schedule_at(); std::invalid_argument for a
     /// period <= 0.
     template <class F>
-    timeout<Clock> schedule_every(F&& task, time_point first, duration period, missed_tick policy) {
+    handle schedule_every(F&& task, time_point first, duration period, repeat_policy policy) {
         if (period <= duration::zero()) throw std::invalid_argument("delayq: period must be > 0");
         return insert<node_with<Clock, periodic_task<Clock, std::decay_t<F>>>>(
             first, periodic_part<Clock>{first, period, 0, policy}, std::forward<F>(task));
@@ -114,7 +115,7 @@ class wheel_core final : public timer_core<Clock> {
     // timer's reference, dropped here, is never the last one. It is dropped first thing after the
     // lock is won, before the unlink writes to the neighbours: a locked read-modify-write waits
     // for every earlier store to reach the cache, and dropped after the unlink it waited for the
-    // two neighbours' lines (78 % of a cancel's samples at 1M pending).
+    // two neighbours' lines (docs/performance.md, "cancel").
     bool cancel(node& n) noexcept override {
         __builtin_prefetch(&n, 1);  // its miss overlaps the lock's wait for our earlier stores
         {
@@ -140,8 +141,8 @@ class wheel_core final : public timer_core<Clock> {
     }
 
     bool reschedule(node& n, time_point deadline) override {
-        const std::uint64_t at = ring_.position(deadline);  // before the lock: see insert()
-        bool wake;
+        const place at = ring_.position(deadline);  // before the lock: see insert()
+        std::shared_ptr<wheel_waker> to_wake;
         {
             std::lock_guard lk(lock_);
             if (!n.linked()) {
@@ -152,7 +153,7 @@ class wheel_core final : public timer_core<Clock> {
                 running->moved = true;
                 return true;
             }
-            const auto where = ring_.prepare(deadline, at);  // may throw: nothing changed yet
+            ring_.prepare(at);  // may throw: nothing changed yet
             if (n.prev == run_marker()) {
                 leave_batch(n);
             } else {
@@ -164,9 +165,9 @@ class wheel_core final : public timer_core<Clock> {
                 n.store_deadline(deadline);
             }
             n.seq = seq_++;  // first in, first out among equal deadlines: in again now
-            wake = link(&n, where, false);
+            if (earlier_than_armed(ring_.relink(&n, at, armed_), n)) to_wake = waker_;
         }
-        if (wake) wake_drivers();
+        if (to_wake) to_wake->wake();
         return true;
     }
 
@@ -185,17 +186,17 @@ class wheel_core final : public timer_core<Clock> {
         return stopped_;
     }
 
-    /// Runs, on the calling thread, every task due at `now`, in the heap's order. One thread
-    /// advances at a time (another waits its turn); from inside a task, or after stop(), it does
-    /// nothing.
-    pass advance(time_point now) {
-        pass p;
-        std::unique_lock turn(sleep_m_, std::defer_lock);  // taken only to wait for another pass
+    /// Runs, on the calling thread, every task due at `now`, in the heap's order; returns how many
+    /// ran. One thread advances at a time (another waits its turn); from inside a task, or after
+    /// stop(), it does nothing.
+    std::size_t advance(time_point now) {
+        std::size_t ran = 0;
+        std::unique_lock turn(turn_m_, std::defer_lock);  // taken only to wait for another pass
         for (;;) {
             bool wait_turn = false;
             {
                 std::lock_guard lk(lock_);
-                if (stopped_) return p;
+                if (stopped_) return ran;
                 if (!advancing_) {
                     batch_.begin(pending_);
                     struct to_batch {
@@ -206,9 +207,9 @@ class wheel_core final : public timer_core<Clock> {
                         }
                         void next_run() { b.next_run(); }
                     };
-                    const std::size_t count = ring_.expire(
-                        precise_ ? now : ring_.floor_to_grid(now), to_batch{batch_}, p.worked);
-                    if (count == 0) return p;
+                    const std::size_t count =
+                        ring_.expire(precise_ ? now : ring_.floor_to_grid(now), to_batch{batch_});
+                    if (count == 0) return ran;
                     batch_.finish();
                     next_in_batch_ = 0;
                     advancing_ = true;
@@ -216,7 +217,7 @@ class wheel_core final : public timer_core<Clock> {
                     this->add_owner();  // a task may destroy the timer: the pass keeps the core
                     break;
                 }
-                if (advancer_ == std::this_thread::get_id()) return p;  // from inside a task
+                if (advancer_ == std::this_thread::get_id()) return ran;  // from inside a task
                 if (turn.owns_lock()) {
                     ++turn_waiters_;
                     wait_turn = true;
@@ -243,7 +244,7 @@ class wheel_core final : public timer_core<Clock> {
                     waiters = c.turn_waiters_ != 0;
                 }
                 if (waiters) {
-                    std::lock_guard sl(c.sleep_m_);
+                    std::lock_guard tl(c.turn_m_);
                     c.turn_cv_.notify_all();
                 }
                 c.drop_owner();  // last: it deletes the core if the timer is gone
@@ -277,26 +278,26 @@ class wheel_core final : public timer_core<Clock> {
                 continue;
             }
             run_reporting(*n, on_error_);
-            ++p.ran;
+            ++ran;
             if (every) {
-                bool wake = false;
+                std::shared_ptr<wheel_waker> to_wake;
                 std::exception_ptr error;
                 after_run next;
                 // A burst's missed runs are due at `now` too: they run here, back to back. Each
                 // one moves the task one period on, and the run whose successor would lie past
                 // time_point::max() is its last, so this ends even at the end of time.
-                while ((next = repeat(*n, *every, now, wake, error)) == after_run::again) {
+                while ((next = repeat(*n, *every, now, to_wake, error)) == after_run::again) {
                     run_reporting(*n, on_error_);
-                    ++p.ran;
+                    ++ran;
                 }
-                if (wake) wake_drivers();
+                if (to_wake) to_wake->wake();
                 if (error) report_error(std::move(error));
                 if (next == after_run::relinked) continue;  // the batch's reference is the ring's
             }
             n->destroy_task();
             if (n->drop()) done = n;
         }
-        return p;
+        return ran;
     }
 
     /// Refuses further schedules and cancels every pending task (the current batch's too). With
@@ -305,15 +306,15 @@ class wheel_core final : public timer_core<Clock> {
     ///
     /// Cost: one walk over the ring's nodes under the lock (to unlink them, a bucket's lanes in
     /// turn so that their cache misses overlap), a radix sort of (deadline, node) records, and one
-    /// pass over the sorted records outside the lock (to end each task). With 1M pending: 64-196 ms
-    /// here, against 600-760 ms for three walks one node after the other and a std::stable_sort
-    /// of the handles comparing through their nodes (~0.45 s of it).
+    /// pass over the sorted records outside the lock (to end each task): the nodes are each
+    /// touched twice, and the sort never reaches through a pointer (docs/performance.md, "stop").
     template <bool Collect>
-    std::vector<timeout<Clock>> shut() noexcept(!Collect) {
-        std::vector<timeout<Clock>> out;
-        deadline_recs<Clock> held;    // every node taken, with its deadline
-        bool no_room = false;         // the destructor, out of memory: no room for `held`
-        node_links* chain = nullptr;  // then every node taken, through its own links
+    std::vector<handle> shut() noexcept(!Collect) {
+        std::vector<handle> out;
+        std::shared_ptr<wheel_waker> driver;  // told to look again, and so to see the stop
+        deadline_recs<Clock> held;            // every node taken, with its deadline
+        bool no_room = false;                 // the destructor, out of memory: no room for `held`
+        node_links* chain = nullptr;          // then every node taken, through its own links
         std::size_t chained = 0;
         {
             std::lock_guard lk(lock_);
@@ -326,6 +327,7 @@ class wheel_core final : public timer_core<Clock> {
                 no_room = true;
             }
             stopped_ = true;
+            driver = std::move(waker_);
             if (no_room) {
                 take_everything([&](node* n) {
                     n->next = chain;
@@ -338,7 +340,7 @@ class wheel_core final : public timer_core<Clock> {
                 while (held.size() > taken) held.pop_back();
             }
         }
-        wake_drivers();
+        if (driver) driver->wake();
         // Outside the lock, as a task's destructor may call back into the timer: the tasks end in
         // the order the handles come back, earliest deadline first (a coroutine resumed by the
         // end of its sleep may end others: coro.hpp). No one else writes the state of a node
@@ -373,126 +375,59 @@ class wheel_core final : public timer_core<Clock> {
         return out;
     }
 
-    // ---- for drivers ----
+    // ---- for a driver (wheel_driver.hpp) ----
 
-    /// Waits until the ring has something due (its next expiry has come on Clock), `limit` has
-    /// come, a schedule makes the next expiry earlier, or stop. False once stopped.
-    bool wait_for_work(time_point limit) {
-        std::unique_lock sl(sleep_m_);  // held from the check to the wait: see wake_drivers()
-        bool may_spin = spin_ > std::chrono::nanoseconds::zero();
-        for (;;) {
-            time_point until;
-            bool deadline;
-            bool spin = false;  // now is within spin_ of a task's deadline
-            std::size_t seen = 0;
-            {
-                std::lock_guard lk(lock_);
-                if (stopped_) return false;
-                const std::optional<time_point> next = next_due();
-                const time_point now = Clock::now();
-                if ((next && *next <= now) || limit <= now) return true;
-                until = next ? std::min(*next, limit) : limit;
-                deadline = next || limit != time_point::max();
-                if (may_spin && next && until == *next && ring_.next_expiry_runs_a_task()) {
-                    const time_point early = spin_start(until);
-                    if (early <= now) {
-                        spin = true;
-                    } else {
-                        until = early;  // sleep until then, and spin the rest
-                    }
-                }
-                ++sleepers_;  // a spinner too: a schedule before `until` must end its spin
-                wake_at_ = std::max(wake_at_, until);
-                if (spin) seen = wake_count_.load(std::memory_order_acquire);
-            }
-            if (spin) {
-                sl.unlock();  // a spinner holds nothing: wake_drivers() must not wait for it
-                if (!spin_until(until, seen))
-                    may_spin = false;  // the clock did not get there: sleep
-                sl.lock();
-                std::lock_guard lk(lock_);
-                if (--sleepers_ == 0) wake_at_ = time_point::min();
-                continue;
-            }
-            if (deadline) {
-                detail::wait_until_deadline<Clock>(cv_, sl, until);
-            } else {
-                detail::wait(cv_, sl);  // nothing pending: no deadline, no wake-up
-            }
-            {
-                std::lock_guard lk(lock_);
-                if (--sleepers_ == 0) wake_at_ = time_point::min();
-            }
-            wakeups_.fetch_add(1, std::memory_order_relaxed);
-        }
-    }
-
-    /// Starts `worker` running `loop` unless a worker runs already. Throws rejected_error once
-    /// stopped, or what starting a thread throws (then no worker runs).
-    template <class Loop>
-    void start_worker(std::thread& worker, Loop loop) {
+    /// Under one lock: calls `decide(next, runs_a_task)` with when the next pass is due (nullopt:
+    /// nothing pending) and whether a task is due then (not only a bucket to open); a time it
+    /// returns is when the driver will look again by itself (time_point::max(): only when woken),
+    /// and a schedule of anything earlier calls the waker. nullopt: it does not wait (something is
+    /// due). False, without calling it, once stopped.
+    template <class Decide>
+    bool look(Decide&& decide) {
         std::lock_guard lk(lock_);
-        if (stopped_) throw rejected_error("delayq: timer is stopped");
-        if (started_.load(std::memory_order_relaxed)) return;
-        this->add_owner();  // the worker's
-        try {
-            worker = std::thread([this, loop = std::move(loop)]() mutable {
-                worker_id_.store(std::this_thread::get_id(), std::memory_order_release);
-                loop(*this);
-                this->drop_owner();
-            });
-        } catch (...) {
-            this->drop_owner();
-            throw;
-        }
-        started_.store(true, std::memory_order_release);
+        if (stopped_) return false;
+        if (const std::optional<time_point> until =
+                decide(next_due(), ring_.next_expiry_runs_a_task()))
+            armed_ = *until;
+        return true;
     }
 
-    /// Whether the calling thread is running a pass (so: inside a task).
-    bool advancing_here() const {
+    /// The driver is awake again: no schedule needs to wake it until its next look().
+    void disarm() noexcept {
         std::lock_guard lk(lock_);
-        return advancing_ && advancer_ == std::this_thread::get_id();
+        armed_ = time_point::min();
     }
 
-    bool started() const noexcept { return started_.load(std::memory_order_acquire); }
-    bool on_worker() const noexcept {
-        return worker_id_.load(std::memory_order_acquire) == std::this_thread::get_id();
-    }
-    std::size_t wakeups() const noexcept { return wakeups_.load(std::memory_order_relaxed); }
-
-    /// How many drivers sleep (or spin) in wait_for_work() now (introspection for tests).
-    std::size_t drivers_asleep() const {
+    /// Installs the driver's waker (null: none). False, installing nothing, once stopped.
+    bool set_waker(std::shared_ptr<wheel_waker> w) noexcept {
         std::lock_guard lk(lock_);
-        return sleepers_;
-    }
-
-    /// Calls f(ring) under the lock (introspection for tests).
-    template <class F>
-    decltype(auto) with_ring(F f) const {
-        std::lock_guard lk(lock_);
-        return f(ring_);
+        if (stopped_) return false;
+        waker_ = std::move(w);
+        return true;
     }
 
   private:
+    using place = typename Ring::place;
+
     ~wheel_core() override = default;  // by drop_owner() only
 
     // Schedules a Block (a node and its callable) built from args, due at `deadline`.
     template <class Block, class... A>
-    timeout<Clock> insert(time_point deadline, A&&... args) {
+    handle insert(time_point deadline, A&&... args) {
         using fn = decltype(std::declval<Block&>().fn);
         static_assert(std::is_invocable_v<fn&>, "a task is a callable taking no arguments");
         static_assert(std::is_nothrow_destructible_v<fn>, "a task's destructor must not throw");
         // Where the deadline belongs depends on nothing the lock guards: working it out first
         // (a division or two) takes it off the locked part, which the next schedule waits for.
-        const std::uint64_t at = ring_.position(deadline);
+        const place at = ring_.position(deadline);
         node* n;
-        bool wake;
+        std::shared_ptr<wheel_waker> to_wake;
         {
             std::lock_guard lk(lock_);
-            if (stopped_) throw rejected_error("delayq: timer is stopped");
+            if (stopped_) Face::refuse("delayq: timer is stopped");
             if (max_pending_ != 0 && pending_ >= max_pending_)
-                throw rejected_error("delayq: max_pending reached");
-            const auto where = ring_.prepare(deadline, at);
+                Face::refuse("delayq: max_pending reached");
+            ring_.prepare(at);
             void* mem = this->pool_.allocate(sizeof(Block), alignof(Block));
             Block* b;
             try {
@@ -504,10 +439,10 @@ class wheel_core final : public timer_core<Clock> {
             b->init(&Block::table, deadline, seq_++, 2);  // the timer's reference and the handle's
             n = b;
             ++pending_;
-            wake = link(n, where, true);
+            if (earlier_than_armed(ring_.link(n, at, armed_), *n)) to_wake = waker_;
         }
-        if (wake) wake_drivers();
-        return timeout<Clock>(n, this);
+        if (to_wake) to_wake->wake();
+        return handle(n, this);
     }
 
     // Under the lock: the repeat of n if n is a periodic task that is running and will run again
@@ -538,7 +473,7 @@ class wheel_core final : public timer_core<Clock> {
 
     // When a periodic task's next run is due, after a run that a pass started at `now`; nullopt
     // when it would lie past time_point::max() (that run was the last). Moves the task's grid (k,
-    // or start for missed_tick::delay). Only a burst, or a reschedule during the run, gives a
+    // or start for repeat_policy::delay). Only a burst, or a reschedule during the run, gives a
     // time <= now: skip and delay always land after `now`.
     static std::optional<time_point> next_run(periodic_part<Clock>& every,
                                               time_point now) noexcept {
@@ -554,13 +489,13 @@ class wheel_core final : public timer_core<Clock> {
         // s + k * p still fits (p < 2^63).
         wide_rep k = static_cast<wide_rep>(every.k) + 1;
         switch (every.policy) {
-            case missed_tick::burst:
+            case repeat_policy::burst:
                 break;
-            case missed_tick::skip: {
+            case repeat_policy::skip: {
                 if (t >= s) k = std::max(k, (t - s) / p + 1);
                 break;
             }
-            case missed_tick::delay:
+            case repeat_policy::delay:
                 if (t + p > end) return std::nullopt;
                 every.start = time_point{duration{static_cast<typename duration::rep>(t + p)}};
                 every.k = 0;
@@ -580,12 +515,12 @@ class wheel_core final : public timer_core<Clock> {
     };
 
     // After a periodic task's run: keeps it running when its next run is due at `now` already
-    // (missed_tick::burst; not one that reschedule() moved there, which waits for the next pass as
-    // any rescheduled task), else re-links it at its next run, or ends it: cancelled during the
+    // (repeat_policy::burst; not one that reschedule() moved there, which waits for the next pass
+    // as any rescheduled task), else re-links it at its next run, or ends it: cancelled during the
     // run, the timer stopped, its last run (the next would lie past time_point::max()), or no
     // room to re-link it.
-    after_run repeat(node& n, periodic_part<Clock>& every, time_point now, bool& wake,
-                     std::exception_ptr& error) noexcept {
+    after_run repeat(node& n, periodic_part<Clock>& every, time_point now,
+                     std::shared_ptr<wheel_waker>& to_wake, std::exception_ptr& error) noexcept {
         std::lock_guard lk(lock_);
         if (every.stopping || stopped_) {
             every.running = false;
@@ -606,10 +541,11 @@ class wheel_core final : public timer_core<Clock> {
         }
         every.running = false;
         try {
-            const auto where = ring_.prepare(*next, ring_.position(*next));
+            const place at = ring_.position(*next);
+            ring_.prepare(at);
             n.store_deadline(*next);
             n.seq = seq_++;
-            wake = link(&n, where, false);
+            if (earlier_than_armed(ring_.relink(&n, at, armed_), n)) to_wake = waker_;
             return after_run::relinked;
         } catch (...) {
             error = std::current_exception();  // out of memory: the task ends, on_error hears why
@@ -619,17 +555,15 @@ class wheel_core final : public timer_core<Clock> {
         }
     }
 
-    // Under the lock: links n (its deadline set) at `where` (ring_.prepare()). True if a sleeping
-    // driver must be woken: n comes out before it would wake by itself. The sleepers will look
-    // again, so a later schedule before n need not notify twice. `fresh`: a new schedule (which the
-    // hashed ring stages), not a node moved by reschedule() or a periodic task's next run (which
-    // it links at once: staging them measured 1.5x slower reschedules). wake_at_ is
-    // time_point::max() also for a driver asleep with no deadline at all (nothing was pending):
-    // a node due at time_point::max() itself must wake that one, so that it sleeps on the clock
-    // until then (manual_clock can get there); so max wakes whatever comes.
-    bool link(node* n, std::uint64_t where, bool fresh) noexcept {
-        const bool wake = ring_.link(n, where, wake_at_, fresh) || wake_at_ == time_point::max();
-        if (wake) wake_at_ = n->deadline;
+    // Under the lock, after n was linked (the ring's answer: whether n comes out before armed_):
+    // whether the driver must be woken. It will look again, so a later schedule before n need not
+    // wake it twice: armed_ becomes n's deadline. armed_ is time_point::max() also for a driver
+    // asleep with no deadline at all (nothing was pending): a node due at time_point::max() itself
+    // must wake that one, so that it sleeps on the clock until then (manual_clock can get there);
+    // so max wakes whatever comes.
+    bool earlier_than_armed(bool earlier, const node& n) noexcept {
+        const bool wake = earlier || armed_ == time_point::max();
+        if (wake) armed_ = n.deadline;
         return wake;
     }
 
@@ -638,40 +572,6 @@ class wheel_core final : public timer_core<Clock> {
         const std::optional<time_point> t = ring_.next_expiry();
         if (!t || precise_) return t;
         return ring_.ceil_to_grid(*t);
-    }
-
-    // Wakes every driver sleeping in wait_for_work(). A sleeper holds sleep_m_ from the moment it
-    // looks at the ring until it waits, so taking sleep_m_ here means the wake-up either comes
-    // before it looks (it sees the change) or reaches it asleep.
-    void wake_drivers() {
-        wake_count_.fetch_add(1, std::memory_order_release);  // ends a spin (spin_until())
-        std::lock_guard sl(sleep_m_);
-        cv_.notify_all();
-    }
-
-    static std::chrono::nanoseconds valid_spin(std::chrono::nanoseconds s) {
-        if (s < std::chrono::nanoseconds::zero())
-            throw std::invalid_argument("delayq: spin_before_deadline must be >= 0");
-        return s;
-    }
-
-    // When a driver waiting for deadline d starts to spin: d - spin_ (saturating).
-    time_point spin_start(time_point d) const noexcept {
-        const auto s = std::chrono::duration_cast<duration>(spin_);
-        return d < time_point::min() + s ? time_point::min() : d - s;
-    }
-
-    // Spins, yielding the CPU, until Clock reaches `until` or wake_count_ moves on from `seen`
-    // (read under the lock, so that no wake-up after the look at the ring is missed): true; or
-    // for 2 s of real time without either (false: the clock does not move by itself).
-    bool spin_until(time_point until, std::size_t seen) const noexcept {
-        const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-        for (unsigned i = 0;; ++i) {
-            if (Clock::now() >= until || wake_count_.load(std::memory_order_acquire) != seen)
-                return true;
-            if ((i & 1023) == 1023 && std::chrono::steady_clock::now() >= give_up) return false;
-            std::this_thread::yield();
-        }
     }
 
     // Under the lock, for reschedule(): n, in the batch and not yet run, leaves it for the ring,
@@ -707,7 +607,6 @@ class wheel_core final : public timer_core<Clock> {
     }
 
     mutable spin_lock lock_;  // the ring, the pool, the batch marks, the counts and the states
-    std::mutex sleep_m_;      // what drivers and waiting passes sleep with (cv_, turn_cv_)
     Ring ring_;
     due_batch<Clock> batch_;         // the current pass's due nodes, while advancing_
     std::size_t next_in_batch_ = 0;  // the first one the runner has not claimed yet
@@ -717,19 +616,13 @@ class wheel_core final : public timer_core<Clock> {
     bool advancing_ = false;
     std::thread::id advancer_{};
     std::size_t turn_waiters_ = 0;
-    std::condition_variable turn_cv_;  // an advance waits here for another's to end
-    std::condition_variable cv_;       // drivers sleep here
-    time_point wake_at_ =
-        time_point::min();  // the latest a sleeper wakes by itself; min: none sleeps
-    std::size_t sleepers_ = 0;
+    std::mutex turn_m_;                     // what a pass waiting for another's to end sleeps with
+    std::condition_variable turn_cv_;       // ... and where
+    time_point armed_ = time_point::min();  // when the driver looks again by itself; min: never
+    std::shared_ptr<wheel_waker> waker_;    // the driver's; null for a thread-free wheel
     const std::size_t max_pending_;
     const on_error_fn on_error_;
     const bool precise_;
-    const std::chrono::nanoseconds spin_;     // spin_before_deadline
-    std::atomic<std::size_t> wake_count_{0};  // wake_drivers() calls: ends a spin
-    std::atomic<bool> started_{false};
-    std::atomic<std::thread::id> worker_id_{};
-    std::atomic<std::size_t> wakeups_{0};
 };
 
 }  // namespace delayq::detail

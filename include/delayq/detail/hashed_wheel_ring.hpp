@@ -36,7 +36,7 @@
 // holds 4 x W links (1 024 to 16 384), or when a pass begins: expire() settles everything before
 // it moves the cursor, so a staged node's slot is never behind it. next_expiry() counts the staged
 // nodes through staging::min(). A reschedule, or a periodic task's next run, links at once
-// (link(..., false)): staged, reschedules at 1M measured 1.5x slower.
+// (relink()): a moved node is cold, and staging it would touch it twice (docs/performance.md).
 //
 // Arithmetic is done in Clock::rep with 128-bit intermediates where it could overflow, so deadlines
 // anywhere on the time line (time_point::max() included) are placed correctly.
@@ -72,18 +72,18 @@ class hashed_wheel_ring {
     static_assert(std::is_integral_v<rep> && std::is_signed_v<rep> && sizeof(rep) <= 8,
                   "hashed_wheel_ring needs a signed integral duration of at most 64 bits");
 
-    static constexpr std::size_t max_ticks_per_wheel = std::size_t{1} << 30;
+    static constexpr std::size_t max_wheel_size = std::size_t{1} << 30;
 
-    /// Throws std::invalid_argument for tick <= 0, ticks_per_wheel == 0 or > 2^30.
-    hashed_wheel_ring(duration tick, std::size_t ticks_per_wheel, time_point origin)
+    /// Throws std::invalid_argument for tick <= 0, wheel_size == 0 or > 2^30.
+    hashed_wheel_ring(duration tick, std::size_t wheel_size, time_point origin)
         : origin_(origin.time_since_epoch().count()),
           tick_(tick.count()),
-          staged_(settle_at(ticks_per_wheel)) {
+          staged_(settle_at(wheel_size)) {
         if (tick <= duration::zero()) throw std::invalid_argument("delayq: tick must be > 0");
         inv_tick_ = std::numeric_limits<std::uint64_t>::max() / static_cast<std::uint64_t>(tick_);
-        if (ticks_per_wheel == 0 || ticks_per_wheel > max_ticks_per_wheel)
-            throw std::invalid_argument("delayq: ticks_per_wheel must be in [1, 2^30]");
-        const std::size_t w = std::bit_ceil(ticks_per_wheel);
+        if (wheel_size == 0 || wheel_size > max_wheel_size)
+            throw std::invalid_argument("delayq: wheel_size must be in [1, 2^30]");
+        const std::size_t w = std::bit_ceil(wheel_size);
         mask_ = w - 1;
         buckets_ = std::vector<bucket>(w);
         bits_.resize((w + 63) / 64);
@@ -96,37 +96,42 @@ class hashed_wheel_ring {
     std::size_t buckets() const noexcept { return mask_ + 1; }
     duration tick() const noexcept { return duration{tick_}; }
 
-    /// A node due at `deadline` belongs to slot position(deadline). Depends on nothing that
-    /// changes: a scheduling thread computes it before it takes the lock.
-    std::uint64_t position(time_point deadline) const noexcept {
-        return slot(deadline.time_since_epoch().count());
+    /// Where a node due at some deadline belongs: the deadline's count and its slot.
+    struct place {
+        rep d;
+        std::uint64_t s;
+    };
+
+    /// Where a node due at `deadline` belongs. Depends on nothing that changes: a scheduling
+    /// thread computes it before it takes the lock.
+    place position(time_point deadline) const noexcept {
+        const rep d = deadline.time_since_epoch().count();
+        return {d, slot(d)};
     }
 
-    /// Where a node due at `deadline` goes: its slot `s` (position(deadline)). Throws
-    /// std::bad_alloc (then nothing changed) when it goes to the window, which may need room.
-    std::uint64_t prepare(time_point deadline, std::uint64_t s) {
-        if (in_window(deadline.time_since_epoch().count(), s)) window_.reserve_one();
-        return s;
+    /// Makes the room a link at `p` may need (the window's, if its tick is opened or passed).
+    /// Throws std::bad_alloc; then nothing changed.
+    void prepare(place p) {
+        if (in_window(p.d, p.s)) window_.reserve_one();
     }
 
-    /// Links n (not in the ring) at its slot `s` (prepare(n->deadline)). Returns whether it comes
-    /// out before `wake_by` (time_point::min(): nobody waits; then false).
-    /// `stage`: through the calling thread's staging lane (see "Staging" above), else into the
-    /// bucket at once.
-    bool link(node* n, std::uint64_t s, time_point wake_by, bool stage = true) noexcept {
-        const rep d = n->deadline.time_since_epoch().count();
+    /// Links a new node n (not in the ring, n->deadline at `p`, prepare(p) done since the last
+    /// pass) through the calling thread's staging lane (see "Staging" above). Returns whether it
+    /// comes out before `wake_by` (time_point::min(): nobody waits; then false).
+    bool link(node* n, place p, time_point wake_by) noexcept {
+        if (in_window(p.d, p.s)) return to_window(n, wake_by);
         ++size_;
-        if (in_window(d, s)) {
-            window_.insert(n);
-            return n->deadline < wake_by;
-        }
-        if (stage) {
-            staged_.push(n, d, [this](node* m) { place(m); });
-        } else {
-            place(n, d, s);
-        }
-        // it comes out when its tick is opened: at its deadline, or at its slot's boundary
-        return wake_by != time_point::min() && n->deadline < wake_by;
+        staged_.push(n, p.d, [this](node* m) { place_node(m); });
+        return comes_out_before(n, wake_by);
+    }
+
+    /// As link(), for a node moved (reschedule, a periodic task's next run): into its bucket at
+    /// once.
+    bool relink(node* n, place p, time_point wake_by) noexcept {
+        if (in_window(p.d, p.s)) return to_window(n, wake_by);
+        ++size_;
+        place_node(n, p.d, p.s);
+        return comes_out_before(n, wake_by);
     }
 
     /// Unlinks n, which this ring holds. O(1) in a bucket, which is not even touched (its bit and
@@ -142,10 +147,10 @@ class hashed_wheel_ring {
 
     /// Unlinks every node due at `now` and hands each to sink(node*), in no particular order but
     /// bucket by bucket, in time order, calling sink.next_run() between two buckets (due_batch);
-    /// returns how many. `worked`: whether anything came out.
+    /// returns how many.
     template <class Sink>
     // NOLINTNEXTLINE(bugprone-exception-escape): sinks append only where room was made
-    std::size_t expire(time_point now_tp, Sink&& sink, bool& worked) noexcept {
+    std::size_t expire(time_point now_tp, Sink&& sink) noexcept {
         const rep now = now_tp.time_since_epoch().count();
         std::size_t count = 0;
         auto out = [&](node_links* n) {
@@ -153,7 +158,7 @@ class hashed_wheel_ring {
             ++count;
         };
         // before the cursor moves: a staged node's slot is not behind it yet
-        staged_.settle([this](node* m) { place(m); });
+        staged_.settle([this](node* m) { place_node(m); });
         count += window_.take_due(now_tp, sink);
         if (now >= origin_) {
             const std::uint64_t t = floor_tick(now);
@@ -203,7 +208,6 @@ class hashed_wheel_ring {
         }
         window_.end_stage();
         size_ -= count;
-        worked = worked || count != 0;
         return count;
     }
 
@@ -264,9 +268,8 @@ class hashed_wheel_ring {
     static constexpr rep never = std::numeric_limits<rep>::max();
 
     // A lane settles at 4 links per bucket, within [1 024, 16 384].
-    static std::size_t settle_at(std::size_t ticks_per_wheel) noexcept {
-        const std::size_t w =
-            std::bit_ceil(std::clamp<std::size_t>(ticks_per_wheel, 1, max_ticks_per_wheel));
+    static std::size_t settle_at(std::size_t wheel_size) noexcept {
+        const std::size_t w = std::bit_ceil(std::clamp<std::size_t>(wheel_size, 1, max_wheel_size));
         return std::clamp<std::size_t>(4 * w, 1024, 16384);
     }
 
@@ -328,7 +331,7 @@ class hashed_wheel_ring {
     };
 
     // Links n (due at d, slot s) into its bucket (s is not behind the cursor).
-    void place(node* n, rep d, std::uint64_t s) noexcept {
+    void place_node(node* n, rep d, std::uint64_t s) noexcept {
         const std::size_t b = static_cast<std::size_t>(s) & mask_;
         bucket& k = buckets_[b];
         bits_[b >> 6] |= std::uint64_t{1} << (b & 63);
@@ -338,9 +341,23 @@ class hashed_wheel_ring {
     }
 
     // A staged node: its slot, computed again from its deadline.
-    void place(node* n) noexcept {
+    void place_node(node* n) noexcept {
         const rep d = n->deadline.time_since_epoch().count();
-        place(n, d, slot(d));
+        place_node(n, d, slot(d));
+    }
+
+    // link() and relink() of a node whose tick is opened or passed: into the window, in deadline
+    // order.
+    bool to_window(node* n, time_point wake_by) noexcept {
+        ++size_;
+        window_.insert(n);
+        return n->deadline < wake_by;
+    }
+
+    // A node in a bucket comes out when its tick is opened: at its deadline, or at its slot's
+    // boundary; either way before `wake_by` if its deadline is.
+    static bool comes_out_before(const node* n, time_point wake_by) noexcept {
+        return wake_by != time_point::min() && n->deadline < wake_by;
     }
 
     void clear(bucket& k, std::size_t b) noexcept {

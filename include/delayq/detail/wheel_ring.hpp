@@ -1,0 +1,71 @@
+// wheel_ring: what wheel_core needs from a ring of buckets (hashed_wheel_ring, timing_wheel).
+//
+// A ring holds nodes and says which are due; it has no lock, no thread, no clock and no tasks, and
+// is not thread-safe: the core calls every member under its lock except position(), which depends
+// on nothing that changes. With r a Ring, n a node, t a time point, p a place:
+//
+//   r.position(t) -> place      where a node due at t belongs. noexcept; callable without the lock.
+//   r.prepare(p)                makes the room a link at p may need (levels, the window's room).
+//                               May throw std::bad_alloc; then nothing visible changed.
+//   r.link(n, p, wake_by) -> b  pre: n is in no ring, n->deadline is at p, prepare(p) was called
+//                               since the last expire(). post: n is held; b says whether n comes
+//                               out before wake_by (false for wake_by == time_point::min()).
+//                               noexcept, no allocation. For a new node (the hashed ring stages
+//                               it).
+//   r.relink(n, p, wake_by)     as link(), for a node moved (reschedule, a periodic task's next
+//                               run), which the hashed ring links into its bucket at once.
+//   r.unlink(n)                 pre: r holds n. post: it does not. noexcept.
+//   r.expire(t, sink) -> count  unlinks every node due at t (deadline <= t) and hands each to
+//                               sink(n), bucket by bucket, calling sink.next_run() between two
+//                               buckets (due_batch); returns how many. noexcept; never early.
+//   r.next_expiry() -> opt<t>   when expire() will next have work; nullopt when nothing is held.
+//                               May be early (after an unlink), never late.
+//   r.next_expiry_runs_a_task() whether next_expiry() is a node's deadline rather than the opening
+//                               of a bucket (a driver spins only before the former).
+//   r.floor_to_grid(t), r.ceil_to_grid(t)
+//                               the tick grid at or before, at or after t (for precise = false).
+//   r.take_all(f)               unlinks every node and hands each to f(n) (prev null; f may reuse
+//                               next), in no order. noexcept.
+#pragma once
+
+#include <concepts>
+#include <cstddef>
+#include <optional>
+
+#include "timer_node.hpp"
+
+namespace delayq::detail {
+
+// What expire() hands nodes to, for the concept's check.
+template <class Clock>
+struct ring_sink_archetype {
+    void operator()(timer_node<Clock>*) noexcept {}
+    void next_run() noexcept {}
+};
+
+template <class Clock>
+struct ring_take_archetype {
+    void operator()(timer_node<Clock>*) noexcept {}
+};
+
+// (clang-format 14 breaks a compound requirement's noexcept onto a line of its own)
+// clang-format off
+template <class R, class Clock>
+concept wheel_ring = requires(R& r, const R& cr, timer_node<Clock>* n, typename R::place p,
+                              typename Clock::time_point t, ring_sink_archetype<Clock>& sink,
+                              ring_take_archetype<Clock>& take) {
+    { cr.position(t) } noexcept -> std::same_as<typename R::place>;
+    r.prepare(p);
+    { r.link(n, p, t) } noexcept -> std::same_as<bool>;
+    { r.relink(n, p, t) } noexcept -> std::same_as<bool>;
+    { r.unlink(n) } noexcept;
+    { r.expire(t, sink) } noexcept -> std::same_as<std::size_t>;
+    { cr.next_expiry() } -> std::same_as<std::optional<typename Clock::time_point>>;
+    { cr.next_expiry_runs_a_task() } -> std::same_as<bool>;
+    { cr.floor_to_grid(t) } noexcept -> std::same_as<typename Clock::time_point>;
+    { cr.ceil_to_grid(t) } noexcept -> std::same_as<typename Clock::time_point>;
+    { r.take_all(take) } noexcept;
+};
+// clang-format on
+
+}  // namespace delayq::detail
