@@ -134,6 +134,11 @@ class hashed_wheel_ring {
         return comes_out_before(n, wake_by);
     }
 
+    /// Whether n, which this ring holds, may stay where it is when its deadline moves later (the
+    /// caller then writes the new deadline): yes in a bucket or a staging lane, whose pass files
+    /// it again by its own deadline; not in the window, which is ordered by deadline.
+    bool may_postpone(const node* n) const noexcept { return !near_window<Clock>::holds(n); }
+
     /// Unlinks n, which this ring holds. O(1) in a bucket, which is not even touched (its bit and
     /// bounds may stay behind: a pass clears them); O(log h) in the window's heap.
     void unlink(node* n) noexcept {
@@ -178,7 +183,16 @@ class hashed_wheel_ring {
                         if (k.min > limit) continue;
                         sink.next_run();
                         if (k.max <= limit) {
-                            k.nodes.drain(out);  // all due: no unlinking one by one
+                            // All due, but for a node postponed in place: no unlinking one by
+                            // one. The bounds are made again by what stays.
+                            k.min = never;
+                            k.max = std::numeric_limits<rep>::min();
+                            k.nodes.drain([&](node_links* l) {
+                                const rep d = node::of(l)->deadline.time_since_epoch().count();
+                                if (d <= limit) return out(l);
+                                const std::uint64_t s = slot(d);
+                                place_node(node::of(l), d, s);
+                            });
                         } else {
                             rep lo = never, hi = std::numeric_limits<rep>::min();
                             k.nodes.for_each([&](node_links* l) {
@@ -186,7 +200,7 @@ class hashed_wheel_ring {
                                 if (d <= limit) {
                                     node_list::unlink(l);
                                     out(l);
-                                } else {
+                                } else if (!refiled(l, d, b)) {
                                     lo = std::min(lo, d);
                                     hi = std::max(hi, d);
                                 }
@@ -312,6 +326,8 @@ class hashed_wheel_ring {
                     if (window_.stage(n)) return;
                     opened = false;  // no room: this one goes back, and the tick stays closed
                     k.nodes.push_back(l);
+                } else if (d > last && refiled(l, d, b)) {
+                    return;
                 }
                 lo = std::min(lo, d);
                 hi = std::max(hi, d);
@@ -338,6 +354,17 @@ class hashed_wheel_ring {
         k.nodes.push_back(n);
         if (d < k.min) k.min = d;
         if (d > k.max) k.max = d;
+    }
+
+    // A node of bucket b that is not due, met by a pass: if it was postponed in place to a slot of
+    // another bucket, it moves there (true). Its slot is after the pass's, never behind the
+    // cursor.
+    bool refiled(node_links* l, rep d, std::size_t b) noexcept {
+        const std::uint64_t s = slot(d);
+        if ((static_cast<std::size_t>(s) & mask_) == b) return false;
+        node_list::unlink(l);
+        place_node(node::of(l), d, s);
+        return true;
     }
 
     // A staged node: its slot, computed again from its deadline.

@@ -163,6 +163,12 @@ class timing_wheel {
     /// As link(), for a node moved (reschedule, a periodic task's next run): the same here.
     bool relink(node* n, place u, time_point wake_by) noexcept { return link(n, u, wake_by); }
 
+    /// Whether n, which this wheel holds, may stay where it is when its deadline moves later (the
+    /// caller then writes the new deadline): yes in a bucket, whose expiry places it again by its
+    /// own deadline, as it places every node it does not run; not in the window, which is
+    /// ordered by deadline.
+    bool may_postpone(const node* n) const noexcept { return !near_window<Clock>::holds(n); }
+
     /// Unlinks n, which this wheel holds. O(1) in a bucket, O(log h) in the window's heap.
     void unlink(node* n) noexcept {
         if (near_window<Clock>::holds(n)) {

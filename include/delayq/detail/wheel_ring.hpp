@@ -15,6 +15,9 @@
 //   r.relink(n, p, wake_by)     as link(), for a node moved (reschedule, a periodic task's next
 //                               run), which the hashed ring links into its bucket at once.
 //   r.unlink(n)                 pre: r holds n. post: it does not. noexcept.
+//   r.may_postpone(n) -> b      pre: r holds n. Whether n may stay where it is while the caller
+//                               moves its deadline later: then the pass that meets it files it
+//                               again by its own deadline, never early and never late. noexcept.
 //   r.expire(t, sink) -> count  unlinks every node due at t (deadline <= t) and hands each to
 //                               sink(n), bucket by bucket, calling sink.next_run() between two
 //                               buckets (due_batch); returns how many. noexcept; never early.
@@ -59,6 +62,7 @@ concept wheel_ring = requires(R& r, const R& cr, timer_node<Clock>* n, typename 
     { r.link(n, p, t) } noexcept -> std::same_as<bool>;
     { r.relink(n, p, t) } noexcept -> std::same_as<bool>;
     { r.unlink(n) } noexcept;
+    { cr.may_postpone(n) } noexcept -> std::same_as<bool>;
     { r.expire(t, sink) } noexcept -> std::same_as<std::size_t>;
     { cr.next_expiry() } -> std::same_as<std::optional<typename Clock::time_point>>;
     { cr.next_expiry_runs_a_task() } -> std::same_as<bool>;
