@@ -338,7 +338,7 @@ int main(int argc, char** argv) {
                               auto r = run_wheel<hashed>(n, wheel_options<hashed>(precise));
                               return summarize(r);
                           }});
-            cs.push_back({"hierarchical_wheel 1ms " + mode, [n, precise] {
+            cs.push_back({"hierarchical_timing_wheel 1ms " + mode, [n, precise] {
                               auto r =
                                   run_wheel<hierarchical>(n, wheel_options<hierarchical>(precise));
                               return summarize(r);
@@ -369,7 +369,7 @@ int main(int argc, char** argv) {
             };
             cs.push_back({"hashed_wheel_timer 1ms" + suffix,
                           [one] { return one(static_cast<hashed*>(nullptr)); }});
-            cs.push_back({"hierarchical_wheel 1ms" + suffix,
+            cs.push_back({"hierarchical_timing_wheel 1ms" + suffix,
                           [one] { return one(static_cast<hierarchical*>(nullptr)); }});
         }
         run_all(cs, runs);
@@ -377,7 +377,7 @@ int main(int argc, char** argv) {
     if (burst_n > 0) {
         std::printf("dense burst: %zu timers due within the same 10 ms\n", burst_n);
         burst<hashed>("hashed_wheel_timer 1ms", burst_n, burst_runs);
-        burst<hierarchical>("hierarchical_wheel 1ms", burst_n, burst_runs);
+        burst<hierarchical>("hierarchical_timing_wheel 1ms", burst_n, burst_runs);
     }
     if (idle > 0) {
         delayq::hashed_wheel_timer<>::options h;
@@ -385,7 +385,7 @@ int main(int argc, char** argv) {
         idle_wakeups<delayq::hashed_wheel_timer<>>("hashed_wheel_timer 1ms", h, idle);
         delayq::hierarchical_timing_wheel<>::options k;
         k.tick = 1ms;
-        idle_wakeups<delayq::hierarchical_timing_wheel<>>("hierarchical_wheel 1ms", k, idle);
+        idle_wakeups<delayq::hierarchical_timing_wheel<>>("hierarchical_timing_wheel 1ms", k, idle);
     }
     return 0;
 }
