@@ -24,7 +24,7 @@
 // advance() after stop() does nothing; stop() a second time returns nothing.
 //
 // Waking a driver. As seastar's timer_set tells its loop when to re-arm, the core knows by when its
-// driver will look again (`armed_`, set by arm() under the lock in the same look at the ring; min:
+// driver will look again (`armed_`, set by look() under the lock in the same look at the ring; min:
 // nobody is armed) and calls the driver's waker when a schedule's node comes out earlier than that.
 // It calls it itself, after the lock, because a reschedule() through a handle never passes through
 // the driver. The on_error policy stays here, not in the driver: a thread-free wheel's pass runs
