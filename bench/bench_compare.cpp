@@ -581,6 +581,38 @@ void periodic_workload(benchmark::State& state) {
     state.SetItemsProcessed(static_cast<std::int64_t>(runs));
 }
 
+// Passes: N one-shot timers spread evenly over 1 000 passes 10 ms apart (untimed set-up), then the
+// 1 000 passes (timed, per fired timer). allocs_after_first: operator new calls in passes 2 to
+// 1 000, all of them: a pass that never allocates shows 0 (issue 27's goal).
+template <class S>
+void passes_workload(benchmark::State& state) {
+    const auto n = static_cast<std::size_t>(state.range(0));
+    constexpr std::size_t passes = 1000;
+    std::size_t total = 0;
+    std::uint64_t allocs = 0;
+    for (auto _ : state) {
+        state.PauseTiming();
+        mclock::set(base);
+        auto s = std::make_unique<S>(n);
+        std::mt19937_64 rng(12);
+        for (std::size_t i = 0; i < n; ++i)
+            s->insert(i, base + std::chrono::microseconds(rng() % (passes * 10'000)));
+        state.ResumeTiming();
+        for (std::size_t k = 1; k <= passes; ++k) {
+            const std::uint64_t a0 = allocations;
+            total += s->advance_to(base + std::chrono::milliseconds(10 * k));
+            if (k > 1) allocs += allocations - a0;
+        }
+        state.PauseTiming();
+        s.reset();
+        state.ResumeTiming();
+    }
+    if (total != n * state.iterations()) state.SkipWithError("not every timer fired");
+    state.counters["allocs_after_first"] =
+        static_cast<double>(allocs) / static_cast<double>(state.iterations());
+    state.SetItemsProcessed(static_cast<std::int64_t>(total));
+}
+
 // The clock read's share: schedule(delay) reads steady_clock::now(); schedule_at does not.
 template <class Timer>
 void schedule_delay_or_deadline(benchmark::State& state, bool with_delay) {
@@ -694,6 +726,11 @@ void register_wheel_only() {
     benchmark::RegisterBenchmark(("stop/" + s).c_str(), stop_workload<S>)
         ->Arg(1'000)
         ->Arg(100'000)
+        ->Arg(1'000'000)
+        ->Iterations(1)
+        ->Unit(benchmark::kNanosecond)
+        ->UseRealTime();
+    benchmark::RegisterBenchmark(("passes/" + s).c_str(), passes_workload<S>)
         ->Arg(1'000'000)
         ->Iterations(1)
         ->Unit(benchmark::kNanosecond)

@@ -168,7 +168,8 @@ for b in data["benchmarks"]:
     ns = 1e9 / ips
     if "threads:" in b["run_name"]:
         ns *= int(b.get("threads", 2))  # per insert, summed over both threads' wall time
-    rows[(workload, n)][structure] = (ns, b.get("bytes_per_timer"), b.get("allocs_per_op"))
+    rows[(workload, n)][structure] = (ns, b.get("bytes_per_timer"), b.get("allocs_per_op"),
+                                      b.get("allocs_after_first"))
 
 order = ["locked_priority_queue", "delay_queue", "hashed_wheel_timer",
          "hierarchical_timing_wheel", "asio_steady_timer"]
@@ -225,6 +226,12 @@ allocs = [(w, n, s, v[2]) for (w, n), r in sorted(rows.items()) for s, v in r.it
 if allocs:
     table += "\nAllocations (operator new) per operation: " + "; ".join(
         f"{w} {s} N={n:,}: {a:.2g}" for w, n, s, a in allocs) + ".\n"
+after_first = [(n, s, v[3]) for (w, n), r in sorted(rows.items()) for s, v in r.items()
+               if w == "passes" and v[3] is not None]
+if after_first:
+    table += ("\npasses: N timers fired over 1 000 passes, per fired timer; operator new calls in passes "
+              "2 to 1 000 (goal: 0): " + "; ".join(f"{s} N={n:,}: {a:.0f}" for n, s, a in after_first) +
+              ".\n")
 if mem:
     table += "\n| bytes per pending timer | " + " | ".join(structures) + " |\n|---:|" + "---:|" * len(structures) + "\n"
     for n, m in mem:
