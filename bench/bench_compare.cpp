@@ -731,6 +731,7 @@ void register_wheel_only() {
         ->Unit(benchmark::kNanosecond)
         ->UseRealTime();
     benchmark::RegisterBenchmark(("passes/" + s).c_str(), passes_workload<S>)
+        ->Arg(1'000)  // the smoke test's size
         ->Arg(1'000'000)
         ->Iterations(1)
         ->Unit(benchmark::kNanosecond)
