@@ -185,13 +185,11 @@ class hashed_wheel_ring {
                         if (k.max <= limit) {
                             // All due, but for a node postponed in place: no unlinking one by
                             // one. The bounds are made again by what stays.
-                            k.min = never;
-                            k.max = std::numeric_limits<rep>::min();
+                            reset_bounds(k);
                             k.nodes.drain([&](node_links* l) {
                                 const rep d = node::of(l)->deadline.time_since_epoch().count();
                                 if (d <= limit) return out(l);
-                                const std::uint64_t s = slot(d);
-                                place_node(node::of(l), d, s);
+                                place_node(node::of(l), d, slot(d));
                             });
                         } else {
                             rep lo = never, hi = std::numeric_limits<rep>::min();
@@ -387,9 +385,13 @@ class hashed_wheel_ring {
         return wake_by != time_point::min() && n->deadline < wake_by;
     }
 
-    void clear(bucket& k, std::size_t b) noexcept {
+    static void reset_bounds(bucket& k) noexcept {
         k.min = never;
         k.max = std::numeric_limits<rep>::min();
+    }
+
+    void clear(bucket& k, std::size_t b) noexcept {
+        reset_bounds(k);
         bits_[b >> 6] &= ~(std::uint64_t{1} << (b & 63));
     }
 

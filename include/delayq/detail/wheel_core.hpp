@@ -184,11 +184,6 @@ class wheel_core final : public timer_core<Clock> {
         return next_due();
     }
 
-    bool stopped() const {
-        std::lock_guard lk(lock_);
-        return stopped_;
-    }
-
     /// Runs, on the calling thread, every task due at `now`, in the heap's order; returns how many
     /// ran. One thread advances at a time (another waits its turn); from inside a task, or after
     /// stop(), it does nothing.
