@@ -19,7 +19,6 @@
 #include <cstdint>
 #include <iterator>
 #include <limits>
-#include <memory>
 #include <type_traits>
 #include <vector>
 
@@ -40,6 +39,16 @@ struct deadline_rec {
 
 template <class Clock>
 using deadline_recs = std::vector<deadline_rec<Clock>, huge_page_allocator<deadline_rec<Clock>>>;
+
+/// What a sort needs beside its input: room for a copy of the records, and the bins of a large
+/// sort. Kept by its owner from one sort to the next, so that a sort no larger than one before it
+/// allocates nothing (a wheel's pass then allocates nothing either).
+template <class Clock>
+struct sort_scratch {
+    deadline_recs<Clock> recs;
+    std::vector<std::size_t> bins;  // on the heap, not 32 KiB of the caller's stack: a pass may
+                                    // run on a coroutine's or a fiber's small stack
+};
 
 inline constexpr unsigned deadline_top_digit = 11;
 inline constexpr std::size_t deadline_top_radix = std::size_t{1} << deadline_top_digit;
@@ -147,10 +156,11 @@ void key_offsets_undo(Rec* v, std::size_t n, std::uint64_t lo) noexcept {
 inline constexpr std::size_t deadline_run_max = std::size_t{1} << 18;
 
 /// Sorts v[0..n) (n <= deadline_run_max) by (deadline, seq), keys unchanged, using `scratch`
-/// (grown to n). False, with v unchanged, if the scratch cannot be had.
+/// (its records grown to n). False, with v unchanged, if the scratch cannot be had.
 template <class Clock>
 bool sort_run_by_deadline(deadline_rec<Clock>* v, std::size_t n,
-                          deadline_recs<Clock>& scratch) noexcept {
+                          sort_scratch<Clock>& scratch_) noexcept {
+    deadline_recs<Clock>& scratch = scratch_.recs;
     if (n <= 32) {
         insertion_sort_by_deadline(v, n);
         return true;
@@ -170,21 +180,19 @@ bool sort_run_by_deadline(deadline_rec<Clock>* v, std::size_t n,
     return true;
 }
 
-/// Sorts v by (deadline, seq), using `scratch` (resized to v's size). False, with v unchanged
-/// in content, if the scratch array cannot be had.
+/// Sorts v by (deadline, seq), using `scratch` (its records resized to v's size). False, with v
+/// unchanged in content, if the scratch cannot be had.
 template <class Clock>
-bool sort_by_deadline(deadline_recs<Clock>& v, deadline_recs<Clock>& scratch) noexcept {
+bool sort_by_deadline(deadline_recs<Clock>& v, sort_scratch<Clock>& scratch_) noexcept {
     const std::size_t n = v.size();
     if (n <= 32) {
         insertion_sort_by_deadline(v.data(), n);
         return true;
     }
-    // The bins' bounds of a large sort: on the heap, not 32 KiB of the caller's stack (a pass may
-    // run on a coroutine's or a fiber's small stack).
-    std::unique_ptr<std::size_t[]> bins;
+    deadline_recs<Clock>& scratch = scratch_.recs;
     try {
         scratch.resize(n);
-        if (n >= 4096) bins.reset(new std::size_t[2 * deadline_top_radix + 1]);
+        if (n >= 4096) scratch_.bins.resize(2 * deadline_top_radix + 1);
     } catch (...) {
         return false;
     }
@@ -196,7 +204,7 @@ bool sort_by_deadline(deadline_recs<Clock>& v, deadline_recs<Clock>& scratch) no
         // Most significant digit first, into scratch: 2048 bins whose ranges are sorted apart;
         // then each bin, small enough to stay in cache, by its remaining digits.
         const unsigned shift = bits - deadline_top_digit;
-        std::size_t* bounds = bins.get();
+        std::size_t* bounds = scratch_.bins.data();
         std::size_t* at = bounds + deadline_top_radix + 1;
         std::fill(bounds, bounds + deadline_top_radix + 1, std::size_t{0});
         for (std::size_t i = 0; i < n; ++i) ++bounds[(v[i].key >> shift) + 1];
@@ -220,7 +228,7 @@ bool sort_by_deadline(deadline_recs<Clock>& v, deadline_recs<Clock>& scratch) no
 /// Sorts v by (deadline, seq): as sort_by_deadline(), or, when its scratch cannot be had, in
 /// place by comparing the nodes (O(n log n) still, no allocation).
 template <class Clock>
-void sort_by_deadline_or_in_place(deadline_recs<Clock>& v, deadline_recs<Clock>& scratch) noexcept {
+void sort_by_deadline_or_in_place(deadline_recs<Clock>& v, sort_scratch<Clock>& scratch) noexcept {
     if (sort_by_deadline(v, scratch)) return;
     std::sort(v.begin(), v.end(), [](const deadline_rec<Clock>& a, const deadline_rec<Clock>& b) {
         return timer_node<Clock>::before(*a.n, *b.n);

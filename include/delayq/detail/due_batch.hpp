@@ -168,7 +168,7 @@ class due_batch {
         constexpr std::size_t keep = std::size_t{1} << 14;
         if (recs_.capacity() > keep) {
             decltype(recs_)().swap(recs_);
-            decltype(tmp_)().swap(tmp_);
+            tmp_ = sort_scratch<Clock>{};
         } else {
             recs_.clear();
         }
@@ -226,7 +226,7 @@ class due_batch {
     }
 
     deadline_recs<Clock> recs_;
-    deadline_recs<Clock> tmp_;
+    sort_scratch<Clock> tmp_;
     node_links* chain_ = nullptr;  // the batch when it could not be put in an array
     std::size_t count_ = 0;
     std::size_t most_ = 0;  // begin(): the most nodes this batch can get

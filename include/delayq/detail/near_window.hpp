@@ -221,8 +221,8 @@ class near_window {
         sift_up(index_of(last.n));
     }
 
-    deadline_recs<Clock> sorted_;   // a tick's nodes, sorted; holes where unlinked
-    deadline_recs<Clock> scratch_;  // for the sort
+    deadline_recs<Clock> sorted_;  // a tick's nodes, sorted; holes where unlinked
+    sort_scratch<Clock> scratch_;  // for the sort
     std::vector<rec> heap_;
     std::size_t pos_ = 0;   // the first entry of sorted_ not taken
     std::size_t live_ = 0;  // entries of sorted_ that are not holes

@@ -354,7 +354,7 @@ class wheel_core final : public timer_core<Clock> {
             }
             return out;
         }
-        deadline_recs<Clock> scratch;
+        sort_scratch<Clock> scratch;
         sort_by_deadline_or_in_place(held, scratch);
         for (std::size_t i = 0; i < held.size(); ++i) {
             if (i + 8 < held.size()) __builtin_prefetch(held[i + 8].n, 1);
