@@ -7,6 +7,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -175,6 +176,55 @@ TEST_CASE("fencing tokens of 10^14 and beyond still match: ack, nack and redeliv
     CHECK_FALSE(q.ack(*c));
     CHECK(q.ack(*c2));
     CHECK(q.size() == 0);
+}
+
+TEST_CASE("'no deadline' is spelled once: the scripts take it from the C++ constant", "[finding]") {
+    // Issue 28. 99 999 999 999 999 ms was written out in C++ and twice in the Lua text; now the
+    // scripts' prelude defines max_ms in the digits of delayq::redis::detail::max_ms, and no script
+    // spells it, or 10^14, any other way.
+    using delayq::redis::detail::max_ms;
+    const std::string prelude = "local max_ms = " + std::to_string(max_ms) + "\n";
+    std::size_t defined = 0;
+    for (std::string_view text : delayq::redis::detail::scripts) {
+        std::string rest(text);
+        if (rest.starts_with(prelude)) {
+            rest.erase(0, prelude.size());
+            ++defined;
+        }
+        INFO(rest);
+        CHECK(rest.find("local max_ms") == std::string::npos);
+        for (const char* other :
+             {"9999", "1e14", "1e+14", "1E14", "1E+14", "10^14", "100000000000000"})
+            CHECK(rest.find(other) == std::string::npos);
+    }
+    CHECK(defined == 4);  // put, consume, cancel and reschedule; size reads no time
+
+    // The scripts clamp with it: a far delay (put, reschedule) and a far lease end (take); and
+    // EVALSHA finds every script that the object loaded (no EVAL fallback).
+    redis_server srv;
+    auto o = opts(srv);
+    o.lease = std::chrono::milliseconds(max_ms);
+    delay_queue q(o);
+    REQUIRE(q.put_after("later", "", std::chrono::milliseconds::max()));
+    REQUIRE(q.put_after("moved", "", 1h));
+    REQUIRE(q.reschedule("moved", std::chrono::milliseconds::max()));
+    const auto due = srv.keys("dq:*{q}*:due");
+    REQUIRE(due.size() == 1);
+    CHECK(srv.text({"ZSCORE", due.front(), "later"}) == std::to_string(max_ms));
+    CHECK(srv.text({"ZSCORE", due.front(), "moved"}) == std::to_string(max_ms));
+    REQUIRE(q.put_after("now", "", 0ms));
+    auto j = q.take(1s);
+    REQUIRE(j);
+    CHECK(j->id == "now");
+    const auto leased = srv.keys("dq:*{q}*:leased");
+    REQUIRE(leased.size() == 1);
+    CHECK(srv.text({"ZSCORE", leased.front(), "now"}) == std::to_string(max_ms));
+    CHECK(j->lease_deadline >
+          std::chrono::system_clock::now() + std::chrono::hours(24 * 365 * 100));
+    CHECK(q.ack(*j));
+    CHECK(q.size() == 2);
+    CHECK(srv.info_field("commandstats", "cmdstat_eval:calls=").empty());
+    CHECK_FALSE(srv.info_field("commandstats", "cmdstat_evalsha:calls=").empty());
 }
 
 TEST_CASE("a call that times out says so, naming the command and io_timeout", "[finding]") {

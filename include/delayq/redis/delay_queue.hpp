@@ -8,20 +8,23 @@
 // Redisson's losses came from multi-step moves). Due-ness is judged by the server's clock alone.
 // Delivery is at least once, with leases and fencing tokens: a consumer that dies holding a job
 // has it delivered again when its lease ends; an ack from a holder whose lease ended is refused.
-// The code falls apart along four seams, one header each:
+// The code falls apart along these seams, one header each (detail/ holds what users never name):
 //
-//   connection.hpp  the wire: a hiredis connection; a link that the threads of an object share
-//                   and that sends what they send together in one write; the subscriber that
-//                   waiting consumers listen on
-//   cluster.hpp     which node serves a slot: one server, or a Redis Cluster's slot map, its
-//                   MOVED and ASK redirections and its failovers
-//   scripts.hpp     the Lua scripts, the key layout and a job's states and transitions
-//   queue.hpp       the public types: options, job, delay_queue, sharded_delay_queue; how
-//                   threads wait without polling, and how the take/ack loop needs one round trip
-//                   per job
+//   types.hpp                 the public types: options, job, error
+//   detail/connection.hpp     the wire: a hiredis connection; a link that the threads of an object
+//                             share and that sends what they send together in one write; the
+//                             subscriber that waiting consumers listen on
+//   detail/cluster.hpp        which node serves a slot: one server, or a Redis Cluster's slot map,
+//                             its MOVED and ASK redirections and its failovers
+//   detail/scripts.hpp        the Lua scripts, the key layout and a job's states and transitions
+//   detail/script_client.hpp  running the scripts on an object's shards (EVALSHA, NOSCRIPT), and
+//                             decoding their replies
+//   detail/waiting.hpp        how threads wait for due jobs without polling: one reader on the
+//                             subscription, the others asleep until there is work for them
+//   detail/stash.hpp          the job an ack leases for the next take(), so that the take/ack
+//                             loop needs one round trip per job
+//   queue.hpp                 delay_queue and sharded_delay_queue, which tie those together
 #pragma once
 
-#include "cluster.hpp"
-#include "connection.hpp"
 #include "queue.hpp"
-#include "scripts.hpp"
+#include "types.hpp"

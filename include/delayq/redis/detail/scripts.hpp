@@ -6,7 +6,7 @@
 // clang-format off
 //   waiting  in `due` (score: due ms); its payload in its bucket ("p" field), "m" once delivered
 //   leased   in `leased` (score: lease end ms); "m" field = "attempts:token:lease end"
-//   kept     leased by the take inside an ack, for a take() to come (see queue.hpp): in `leased`
+//   kept     leased by the take inside an ack, for a take() to come (see stash.hpp): in `leased`
 //            (score: hold end ms, a short lease); "m" = "attempts:token:hold end:lease end", its
 //            attempts not counting this delivery
 //   dead     in `dead` (id -> payload)
@@ -64,7 +64,10 @@
 // Time. Scripts read the server's clock (TIME) and nothing else: `now` rounded down decides what is
 // due, `later` rounded up makes new due times (never early). Numbers leave Lua through
 // string.format('%d'): `..` would print 10^14 as "1e+14" (that broke every ack once the token
-// counter got there).
+// counter got there). No due time or lease end goes beyond max_ms ("no deadline", below): the
+// scripts clamp to it as the C++ side does, and read it from their prelude, which is made from
+// the C++ constant at compile time, so the two cannot disagree and each script's text (so its
+// SHA1) is fixed for a build.
 //
 // Wake-ups. Consumers wait on the pub/sub channel. A script that may make the shard's next event
 // (the earliest due time or lease end) earlier publishes "<shard> <ms until then>": put and
@@ -79,6 +82,7 @@
 
 #include <array>
 #include <cstddef>
+#include <string_view>
 
 namespace delayq::redis::detail {
 
@@ -87,37 +91,83 @@ inline constexpr std::array<const char*, k_count> key_names{"due", "leased", "da
 
 enum script_id : std::size_t { s_put, s_consume, s_cancel, s_reschedule, s_size, s_count };
 
-// The scripts' common opening; see "Time" and "Wake-ups" above. Each redis.call costs about as
-// much as the rest of a small script, so the scripts make as few as they can (one put: TIME,
-// ZRANGE, HSETNX, ZADD).
-#define DELAYQ_REDIS_PRELUDE                                                                     \
-    "local t = redis.call('TIME')\n"                                                             \
-    "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"                    \
-    "local later = tonumber(t[1]) * 1000 + math.ceil(tonumber(t[2]) / 1000)\n"                   \
-    "local due, leased, data, seq, dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]\n"         \
-    "local function due_at(ms) return math.min(later + ms, 99999999999999) end\n"                \
-    "local function bucket(id)\n"                                                                \
-    "  local h = #id\n"                                                                          \
-    "  for i = 1, #id, 4 do\n"                                                                   \
-    "    local a, b, c, d = string.byte(id, i, i + 3)\n"                                         \
-    "    h = ((((h * 256 + a) * 256 + (b or 0)) * 256 + (c or 0)) * 256 + (d or 0)) % 1048573\n" \
-    "  end\n"                                                                                    \
-    "  return data .. ':' .. (h % 1024)\n"                                                       \
-    "end\n"                                                                                      \
-    "local function head(z)\n"                                                                   \
-    "  local h = redis.call('ZRANGE', z, 0, 0, 'WITHSCORES')\n"                                  \
-    "  return h[2] and tonumber(h[2])\n"                                                         \
-    "end\n"                                                                                      \
-    "local function publish(at)\n"                                                               \
-    "  local ms = string.format('%d', math.max(at - now, 0))\n"                                  \
-    "  redis.call('PUBLISH', ARGV[1], ARGV[2] .. ' ' .. ms)\n"                                   \
-    "end\n"
+// "No deadline": the latest due time or lease end, in ms since the epoch. Due times travel as
+// milliseconds through Lua numbers (doubles): below 10^14 ms (year 5138) they are exact in a
+// double and in every format the scripts use. The one spelling of it, for C++ and Lua both.
+inline constexpr long long max_ms = 99'999'999'999'999LL;
+
+// A script's text, made at compile time: N characters and a NUL.
+template <std::size_t N>
+struct lua_text {
+    std::array<char, N + 1> chars{};
+
+    constexpr std::string_view view() const noexcept { return {chars.data(), N}; }
+};
+
+template <std::size_t N>
+consteval lua_text<N - 1> lua(const char (&s)[N]) {
+    lua_text<N - 1> t;
+    for (std::size_t i = 0; i < N; ++i) t.chars[i] = s[i];
+    return t;
+}
+
+template <std::size_t A, std::size_t B>
+consteval lua_text<A + B> operator+(const lua_text<A>& a, const lua_text<B>& b) {
+    lua_text<A + B> t;
+    for (std::size_t i = 0; i < A; ++i) t.chars[i] = a.chars[i];
+    for (std::size_t i = 0; i <= B; ++i) t.chars[A + i] = b.chars[i];
+    return t;
+}
+
+consteval std::size_t digits_of(long long n) {
+    std::size_t d = 1;
+    for (; n >= 10; n /= 10) ++d;
+    return d;
+}
+
+// N in decimal, as a Lua number literal.
+template <long long N>
+consteval lua_text<digits_of(N)> decimal() {
+    static_assert(N >= 0);
+    lua_text<digits_of(N)> t;
+    long long n = N;
+    for (std::size_t i = digits_of(N); i-- > 0; n /= 10)
+        t.chars[i] = static_cast<char>('0' + n % 10);
+    return t;
+}
+
+// The scripts' common opening; see "Time" and "Wake-ups" above. Its first line is max_ms, in
+// the constant's own digits. Each redis.call costs about as much as the rest of a small script,
+// so the scripts make as few as they can (one put: TIME, ZRANGE, HSETNX, ZADD).
+inline constexpr auto prelude = lua("local max_ms = ") + decimal<max_ms>() + lua(R"lua(
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local later = tonumber(t[1]) * 1000 + math.ceil(tonumber(t[2]) / 1000)
+local due, leased, data, seq, dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local function due_at(ms) return math.min(later + ms, max_ms) end
+local function bucket(id)
+  local h = #id
+  for i = 1, #id, 4 do
+    local a, b, c, d = string.byte(id, i, i + 3)
+    h = ((((h * 256 + a) * 256 + (b or 0)) * 256 + (c or 0)) * 256 + (d or 0)) % 1048573
+  end
+  return data .. ':' .. (h % 1024)
+end
+local function head(z)
+  local h = redis.call('ZRANGE', z, 0, 0, 'WITHSCORES')
+  return h[2] and tonumber(h[2])
+end
+local function publish(at)
+  local ms = string.format('%d', math.max(at - now, 0))
+  redis.call('PUBLISH', ARGV[1], ARGV[2] .. ' ' .. ms)
+end
+)lua");
 
 // ARGV channel shard (id payload mode ms)*; mode 'a': ms is a due time, 'r': a delay.
 // Returns one 1 (queued) or 0 (already queued: nothing changes) per job. Publishes when a job
 // comes before the earliest waiting one (the lease ends may be earlier still: then the message
 // says nothing new, which does no harm).
-inline constexpr const char* put_lua = DELAYQ_REDIS_PRELUDE R"lua(
+inline constexpr auto put_lua = prelude + lua(R"lua(
 local first, earliest, out = head(due), nil, {}
 for i = 3, #ARGV, 4 do
   local id = ARGV[i]
@@ -133,7 +183,7 @@ for i = 3, #ARGV, 4 do
 end
 if earliest and (not first or earliest < first) then publish(earliest) end
 return out
-)lua";
+)lua");
 
 // ARGV channel shard lease_ms max_attempts reclaim_batch take_count hold_ms (how id token)*
 // Settles the listed leases (how: 'a' ack, 'n<ms>' nack due ms from now, 'r<ms>' release back
@@ -147,7 +197,7 @@ return out
 // the next event after all that (0: more is due now; -1: nothing is queued), possibly earlier
 // than the truth (a lease end that went away during the call), never later; one ok (1 settled,
 // 0 the lease was lost) per settlement.
-inline constexpr const char* consume_lua = DELAYQ_REDIS_PRELUDE R"lua(
+inline constexpr auto consume_lua = prelude + lua(R"lua(
 local lease_ms, max_attempts, hold_ms = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[7])
 local out, before = {0}, false
 local first_lease = head(leased)
@@ -222,7 +272,7 @@ local n = 0
 while n < want and heads[2 * n + 2] and tonumber(heads[2 * n + 2]) <= now do n = n + 1 end
 out[#out + 1] = n
 local next_due = heads[2 * n + 2] and tonumber(heads[2 * n + 2])
-local lease_end = math.min(now + lease_ms, 99999999999999)
+local lease_end = math.min(now + lease_ms, max_ms)
 local hold_end = hold_ms > 0 and math.min(now + hold_ms, lease_end) or lease_end
 if n > 0 then
   local token = redis.call('INCRBY', seq, n) - n
@@ -256,36 +306,34 @@ if first_lease and (not after or first_lease < after) then after = first_lease e
 if before ~= false and after and (not before or after < before) then publish(after) end
 out[1] = after and math.max(after - now, 0) or -1
 return out
-)lua";
+)lua");
 
 // ARGV channel shard id. Returns 1 if the job was queued (waiting or leased) and is gone now.
-inline constexpr const char* cancel_lua = DELAYQ_REDIS_PRELUDE R"lua(
+inline constexpr auto cancel_lua = prelude + lua(R"lua(
 local id = ARGV[3]
 if redis.call('HDEL', bucket(id), 'p' .. id, 'm' .. id) == 0 then return 0 end
 redis.call('ZREM', due, id)
 redis.call('ZREM', leased, id)
 return 1
-)lua";
+)lua");
 
 // ARGV channel shard id delay_ms. Returns 1 if the job was waiting and is due delay_ms from now.
-inline constexpr const char* reschedule_lua = DELAYQ_REDIS_PRELUDE R"lua(
+inline constexpr auto reschedule_lua = prelude + lua(R"lua(
 local id = ARGV[3]
 if not redis.call('ZSCORE', due, id) then return 0 end
 local first, at = head(due), due_at(tonumber(ARGV[4]))
 redis.call('ZADD', due, at, id)
 if at < first then publish(at) end
 return 1
-)lua";
+)lua");
 
 // ARGV channel shard. Returns the number of queued jobs, waiting plus leased.
-inline constexpr const char* size_lua = R"lua(
+inline constexpr auto size_lua = lua(R"lua(
 return redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[2])
-)lua";
+)lua");
 
-#undef DELAYQ_REDIS_PRELUDE
-
-inline constexpr std::array<const char*, s_count> scripts{put_lua, consume_lua, cancel_lua,
-                                                          reschedule_lua, size_lua};
+inline constexpr std::array<std::string_view, s_count> scripts{
+    put_lua.view(), consume_lua.view(), cancel_lua.view(), reschedule_lua.view(), size_lua.view()};
 inline constexpr std::array<const char*, s_count> script_names{"put", "consume", "cancel",
                                                                "reschedule", "size"};
 

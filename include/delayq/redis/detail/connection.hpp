@@ -47,23 +47,15 @@
 #include <memory>
 #include <mutex>
 #include <span>
-#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
 
-namespace delayq::redis {
+#include "../types.hpp"
 
-/// A server or connection problem: the message names the command and carries the server's own
-/// words, or says what went wrong with the connection.
-class error : public std::runtime_error {
-  public:
-    using std::runtime_error::runtime_error;
-};
-
-namespace detail {
+namespace delayq::redis::detail {
 
 using std::chrono::milliseconds;
 using command = std::span<const std::string_view>;  // one command's arguments
@@ -472,5 +464,4 @@ class subscriber {
     connection conn_;
 };
 
-}  // namespace detail
-}  // namespace delayq::redis
+}  // namespace delayq::redis::detail

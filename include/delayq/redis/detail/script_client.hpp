@@ -1,0 +1,262 @@
+// The script client: how a queue object runs the scripts of scripts.hpp on its shards and reads
+// their replies. Part of <delayq/redis/delay_queue.hpp>.
+//
+// The idea. A queue object changes the server only through scripts. Each of its shards is one
+// hash tag, `{name}` or `{name#i}`, so one Cluster slot with its own five keys (scripts.hpp's key
+// layout); a job's shard is a hash of its id. A call is EVALSHA with the shard's keys, the
+// wake-up channel, the shard's number and the script's own arguments, sent through the router
+// (cluster.hpp) to the node that serves the slot. The SHA1s come from SCRIPT LOAD, once per
+// object (no SHA-1 code here); they never change while the program runs, since each script's text
+// is fixed at compile time. A node that has not seen a script (restarted, SCRIPT FLUSH, a new
+// master) answers NOSCRIPT without running anything, and EVAL with the source then runs it and
+// teaches it to that node.
+//
+// Replies are flat arrays of integers and strings (each script in scripts.hpp says what it
+// returns). Decoding checks their shape: anything else, or an error reply, is a
+// delayq::redis::error naming the script. Due times and lease ends come back as server
+// milliseconds since the epoch and become system_clock time points, rounded up (never early);
+// the other way, a time point or a delay is clamped to [0, max_ms]. A batch (put_many, ack_many)
+// is one call per shard and max_batch jobs, so that no single call stalls the server.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "../../detail/time.hpp"
+#include "../types.hpp"
+#include "cluster.hpp"
+#include "connection.hpp"
+#include "scripts.hpp"
+
+namespace delayq::redis::detail {
+
+inline constexpr std::size_t max_batch = 500;  // jobs per script call: no call stalls the server
+
+inline long long to_ms(std::chrono::system_clock::time_point tp) {
+    const long long ms =
+        delayq::detail::saturating_ceil<milliseconds>(tp.time_since_epoch()).count();
+    return std::clamp(ms, 0LL, max_ms);
+}
+
+// A script argument: the letter c, then n in decimal. (Appended rather than "c" + to_string(n):
+// g++ 12 at -O2 warns, wrongly, of -Wrestrict inside that operator+, in users' builds too.)
+inline std::string tagged(char c, long long n) {
+    std::string s(1, c);
+    s += std::to_string(n);
+    return s;
+}
+
+inline std::chrono::system_clock::time_point from_ms(long long ms) {
+    return std::chrono::system_clock::time_point(
+        delayq::detail::saturating_ceil<std::chrono::system_clock::duration>(milliseconds(ms)));
+}
+
+inline long long clamp_delay(milliseconds d) {
+    return std::clamp<long long>(d.count(), 0, max_ms);
+}
+
+// FNV-1a, 64 bits: which shard an id belongs to. Part of the key layout: never change it.
+constexpr std::uint64_t fnv1a(std::string_view s) noexcept {
+    std::uint64_t h = 14695981039346656037ULL;
+    for (char c : s) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ULL;
+    return h;
+}
+
+// The consume script's reply.
+struct consumed {
+    long long next = -1;  // ms until the shard's next event; 0: more is due; -1: empty
+    std::vector<bool> ok;
+    std::vector<job> jobs;
+};
+
+// The shards of one queue object and the scripts it runs on them. Shards are numbered 0..N-1.
+// Every member may be called from many threads at once.
+class script_client {
+  public:
+    // `o` has been checked (queue_base::checked); `shards` is in 1..slot_count.
+    script_client(options o, std::size_t shards, bool sharded)
+        : opt_(std::move(o)),
+          router_(endpoint{opt_.host, opt_.port, opt_.user, opt_.password}, opt_.io_timeout),
+          shards_(shards) {
+        channel_ = "dq:v2:{" + opt_.name + (sharded ? "#*" : "") + "}:wake";
+        for (std::size_t i = 0; i < shards; ++i) {
+            shard& s = shards_[i];
+            s.index = std::to_string(i);
+            const std::string prefix =
+                "dq:v2:{" + opt_.name + (sharded ? "#" + s.index : "") + "}:";
+            for (std::size_t k = 0; k < k_count; ++k) s.keys[k] = prefix + key_names[k];
+            s.slot = slot_of(s.keys[0]);
+        }
+        lease_ms_ = std::to_string(opt_.lease.count());
+        max_attempts_ = std::to_string(opt_.max_attempts);
+        batch_ = std::to_string(opt_.reclaim_batch);
+    }
+    script_client(const script_client&) = delete;
+    script_client& operator=(const script_client&) = delete;
+
+    const options& get_options() const noexcept { return opt_; }
+    std::size_t shards() const noexcept { return shards_.size(); }
+    const std::string& channel() const noexcept { return channel_; }
+    std::uint16_t slot(std::size_t s) const noexcept { return shards_[s].slot; }
+    router& route() noexcept { return router_; }
+
+    // The shard that holds `id`.
+    std::size_t shard_of(std::string_view id) const noexcept {
+        return shards_.size() == 1 ? 0 : fnv1a(id) % shards_.size();
+    }
+
+    [[noreturn]] static void bad_reply(std::string_view what, const redisReply* r) {
+        if (r->type == REDIS_REPLY_ERROR)
+            throw error("delayq::redis: " + std::string(what) + ": " + std::string(text_of(r)));
+        throw error("delayq::redis: " + std::string(what) + ": unexpected reply type " +
+                    std::to_string(r->type));
+    }
+
+    static long long integer(const reply_ptr& r) {
+        if (r->type != REDIS_REPLY_INTEGER) bad_reply("reply", r.get());
+        return r->integer;
+    }
+
+    // Runs script `id` on shard `s` with ARGV = channel, shard number, `args` (see "The idea").
+    // `patient`: see router::call.
+    reply_ptr eval(std::size_t s, script_id id, std::span<const std::string_view> args,
+                   bool patient = true) {
+        const shard& at = shards_[s];
+        std::vector<std::string_view> argv;
+        argv.reserve(5 + k_count + args.size());
+        argv.insert(argv.end(), {"EVALSHA", sha(at, id, patient), "5"});
+        static_assert(k_count == 5);
+        argv.insert(argv.end(), at.keys.begin(), at.keys.end());
+        argv.insert(argv.end(), {std::string_view(channel_), std::string_view(at.index)});
+        argv.insert(argv.end(), args.begin(), args.end());
+        auto r = router_.call(at.slot, argv, patient);
+        if (error_starts_with(r.get(), "NOSCRIPT")) {
+            argv[0] = "EVAL";
+            argv[1] = scripts[id];
+            r = router_.call(at.slot, argv, patient);
+        }
+        if (r->type == REDIS_REPLY_ERROR)
+            bad_reply(std::string(script_names[id]) + " script", r.get());
+        return r;
+    }
+
+    reply_ptr eval(std::size_t s, script_id id, std::initializer_list<std::string_view> args) {
+        return eval(s, id, std::span<const std::string_view>(args.begin(), args.size()));
+    }
+
+    // The put script with `args` = (id payload mode ms)*: whether each job was queued.
+    std::vector<bool> put(std::size_t s, std::span<const std::string_view> args) {
+        auto r = eval(s, s_put, args);
+        if (r->type != REDIS_REPLY_ARRAY || r->elements != args.size() / 4)
+            bad_reply("put", r.get());
+        std::vector<bool> out(r->elements);
+        for (std::size_t i = 0; i < r->elements; ++i) out[i] = r->element[i]->integer == 1;
+        return out;
+    }
+
+    // The consume script: settles `settle` ((how, id, token)*), then leases up to `take` jobs,
+    // for the whole lease when `hold_ms` is "0", else kept for hold_ms only (see stash.hpp).
+    // `patient`: see router::call.
+    consumed consume(std::size_t s, std::span<const std::string_view> settle, std::size_t take,
+                     std::string_view hold_ms = "0", bool patient = true) {
+        std::vector<std::string_view> args;
+        args.reserve(5 + settle.size());
+        const std::string count = std::to_string(take);
+        args.insert(args.end(), {std::string_view(lease_ms_), std::string_view(max_attempts_),
+                                 std::string_view(batch_), std::string_view(count), hold_ms});
+        args.insert(args.end(), settle.begin(), settle.end());
+        auto r = eval(s, s_consume, args, patient);
+        const std::size_t k = settle.size() / 3;
+        if (r->type != REDIS_REPLY_ARRAY || r->elements < 2 + k) bad_reply("consume", r.get());
+        consumed c;
+        c.next = r->element[0]->integer;
+        c.ok.resize(k);
+        for (std::size_t i = 0; i < k; ++i) c.ok[i] = r->element[1 + i]->integer == 1;
+        const auto n = static_cast<std::size_t>(r->element[1 + k]->integer);
+        if (r->elements != 2 + k + 6 * n) bad_reply("consume", r.get());
+        c.jobs.resize(n);
+        for (std::size_t i = 0; i < n; ++i) {
+            redisReply* const* e = r->element + 2 + k + 6 * i;
+            job& j = c.jobs[i];
+            j.id = text_of(e[0]);
+            j.payload = text_of(e[1]);
+            j.deadline = from_ms(e[2]->integer);
+            j.attempts = static_cast<unsigned>(e[3]->integer);
+            j.token = static_cast<std::uint64_t>(e[4]->integer);
+            j.lease_deadline = from_ms(e[5]->integer);
+        }
+        return c;
+    }
+
+    // Jobs queued in shard `s`, waiting plus leased.
+    std::size_t size(std::size_t s) {
+        return static_cast<std::size_t>(integer(eval(s, s_size, {})));
+    }
+
+    // Jobs in shard `s`'s dead-letter hash.
+    std::size_t dead_size(std::size_t s) {
+        const std::array<std::string_view, 2> args{"HLEN", shards_[s].keys[k_dead]};
+        return static_cast<std::size_t>(integer(router_.call(shards_[s].slot, args)));
+    }
+
+    // Calls `run(shard, indices)` for the items of each shard, at most max_batch at a time, and
+    // puts the answers back in the items' order.
+    template <class IdOf, class Run>
+    std::vector<bool> by_shard(std::size_t n, IdOf id_of, Run run) {
+        std::vector<bool> out(n);
+        std::vector<std::vector<std::size_t>> groups(shards_.size());
+        for (std::size_t i = 0; i < n; ++i) groups[shard_of(id_of(i))].push_back(i);
+        for (std::size_t g = 0; g < groups.size(); ++g)
+            for (std::size_t at = 0; at < groups[g].size(); at += max_batch) {
+                const std::span<const std::size_t> idx(groups[g].data() + at,
+                                                       std::min(max_batch, groups[g].size() - at));
+                const std::vector<bool> got = run(g, idx);
+                if (got.size() != idx.size())
+                    throw error("delayq::redis: a batch's reply has the wrong length");
+                for (std::size_t k = 0; k < idx.size(); ++k) out[idx[k]] = got[k];
+            }
+        return out;
+    }
+
+  private:
+    struct shard {
+        std::string index;                      // ARGV[2] of its scripts
+        std::array<std::string, k_count> keys;  // KEYS, in scripts.hpp's order
+        std::uint16_t slot = 0;
+    };
+
+    // SHA1s come from SCRIPT LOAD, once per object; they never change.
+    std::string_view sha(const shard& s, script_id id, bool patient) {
+        if (sha_ready_[id].load(std::memory_order_acquire)) return sha_[id];
+        const std::array<std::string_view, 3> args{"SCRIPT", "LOAD", scripts[id]};
+        auto r = router_.call(s.slot, args, patient);
+        if (r->type != REDIS_REPLY_STRING) bad_reply("SCRIPT LOAD", r.get());
+        std::lock_guard lk(sha_m_);
+        if (!sha_ready_[id].load(std::memory_order_relaxed)) {
+            sha_[id] = std::string(text_of(r.get()));
+            sha_ready_[id].store(true, std::memory_order_release);
+        }
+        return sha_[id];
+    }
+
+    options opt_;
+    router router_;
+    std::vector<shard> shards_;
+    std::string channel_, lease_ms_, max_attempts_, batch_;
+    std::mutex sha_m_;
+    std::array<std::string, s_count> sha_;
+    std::array<std::atomic<bool>, s_count> sha_ready_{};
+};
+
+}  // namespace delayq::redis::detail

@@ -1,0 +1,61 @@
+// The public types of the Redis backend: the options a queue is made with, the job that take()
+// hands out, and the error that any call may throw. Part of <delayq/redis/delay_queue.hpp>.
+//
+// The idea. Plain data with no code and nothing beyond the standard library, so that every part
+// of the backend can name them: the queue classes, and the parts under detail/ too (a job is what
+// the scripts' replies are decoded into and what the prefetch stash keeps; every layer, down to
+// the wire, throws error). This is the one public header that detail/ includes: moved into
+// detail/, the types would leave the API reference, which documents no detail/ header.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace delayq::redis {
+
+/// A server or connection problem: the message names the command and carries the server's own
+/// words, or says what went wrong with the connection.
+class error : public std::runtime_error {
+  public:
+    using std::runtime_error::runtime_error;
+};
+
+/// The options of delay_queue and sharded_delay_queue. Bad values (an empty `name`, a name with
+/// `{` or `}`, `lease` or `io_timeout` <= 0, `max_block` < 2 ms, `reclaim_batch` 0) make the
+/// queue's constructor throw std::invalid_argument.
+struct options {
+    std::string host = "127.0.0.1";  ///< a server, or any node of a Redis Cluster
+    int port = 6379;                 ///< its port
+    std::string name;                ///< the queue; non-empty, no '{' or '}'
+    /// How long a taken job is invisible to other consumers before it is delivered again (> 0).
+    std::chrono::milliseconds lease = std::chrono::seconds(30);
+    /// The limit of one round trip to the server (> 0); beyond it, delayq::redis::error.
+    std::chrono::milliseconds io_timeout = std::chrono::seconds(5);
+    unsigned max_attempts = 0;  ///< 0: redeliver forever; else dead-letter after this many
+    /// The longest a waiting take goes without asking the server, >= 2 ms.
+    std::chrono::milliseconds max_block = std::chrono::seconds(5);
+    std::size_t reclaim_batch = 100;  ///< ended leases reclaimed per script call, > 0
+    bool prefetch = true;             ///< ack also leases the next due job for the next take()
+    /// The Redis ACL user to log in as (AUTH user password); empty: `default`, or no AUTH at all
+    /// when `password` is empty too. docs/redis.md lists the permissions the user needs.
+    std::string user;
+    std::string password;  ///< its password (or the server's requirepass, with no user)
+};
+
+/// One delivery of a job, as take() hands it out: what ack() and nack() need to prove that the
+/// caller still holds the lease.
+struct job {
+    std::string id;                                  ///< the id it was put with
+    std::string payload;                             ///< its payload, binary-safe
+    std::chrono::system_clock::time_point deadline;  ///< when this delivery was due (server clock)
+    unsigned attempts = 0;                           ///< 1 at the first delivery
+    /// Fencing token of this lease: greater at each lease of the job, unique within its shard
+    /// only (see sharded_delay_queue).
+    std::uint64_t token = 0;
+    std::chrono::system_clock::time_point lease_deadline;  ///< the lease ends then (server clock)
+};
+
+}  // namespace delayq::redis
