@@ -3,14 +3,25 @@
 // BullMQ's beside them when it is installed.
 //
 //   bench_redis [--jobs N] [--batch-jobs N] [--paced-seconds S] [--idle-seconds S] [--repeat R]
-//               [--port P] [--only put|e2e|paced|idle|memory|sharded|bullmq]
+//               [--port P] [--bullmq-concurrency C]
+//               [--only put|e2e|delayq|bullmq|bullmq-batch|scripts|paced|idle|memory|sharded]
 //
 // 1. put-only rate: 4 producers, one shared queue object, delays far in the future;
-// 2. end to end: 4 producers put N jobs due U[0, 2 s], 4 consumers run the plain loop
-//    `while (auto j = q.take(..)) q.ack(*j);` until every job is acked; single calls, then
-//    put_many/take_many/ack_many of 100; each R times (median shown);
-// 3. BullMQ doing 2. with single calls (bullmq/bench.mjs): 4 producers awaiting each add, 4
-//    workers of concurrency 1; skipped with a message without `node` or `npm install` in bullmq/;
+// 2. end to end, side by side with BullMQ (bullmq/bench.mjs) against the same server, R rounds of
+//    four runs, one after the other so that both see the same machine:
+//    - delayq single calls: 4 producers put_after N jobs due U[0, 2 s], 4 consumers run the plain
+//      loop `while (auto j = q.take(..)) q.ack(*j);` until every job is acked;
+//    - BullMQ single calls: 4 producers awaiting each add, 4 workers of concurrency 1;
+//    - delayq batched: the same with put_many/take_many/ack_many of 100 (--batch-jobs jobs);
+//    - BullMQ at its best: 4 producers calling addBulk with 100 jobs, one worker of concurrency C
+//      (--bullmq-concurrency, default 100), --batch-jobs jobs;
+//    each with jobs/s, redis-server CPU per job (INFO cpu, user + sys, over the run) and client CPU
+//    per job (this process's getrusage for delayq, the server being another process; the node
+//    process's own process.cpuUsage() for BullMQ), the medians in one table with the ratios
+//    delayq / BullMQ; then delayq's INFO commandstats per command, for the last run of each mode.
+//    BullMQ is skipped with a message without `node` or `npm install` in bullmq/;
+// 3. the scripts one by one (also part of 2.): one more delayq run of each mode with SLOWLOG
+//    logging every command, to split EVALSHA, one line in commandstats, by script and call shape;
 // 4. lateness (take returned - due time) with producers paced at 2 000 jobs/s in all and two of
 //    the four consumers busy 5 ms with every job they take (an idle consumer must get the job);
 // 5. commands per second sent by one idle consumer (INFO commandstats);
@@ -18,7 +29,11 @@
 //    payloads);
 // 7. the sharded queue (8 shards) end to end on this one server and on a local Redis Cluster of 3
 //    masters + 3 replicas that this program starts (needs ports whose port + 10000 is free).
-// Lateness uses the system clock of this machine, which the local servers share.
+// --only e2e runs 2. and 3. (all four series, the table, commandstats, the scripts); --only delayq
+// delayq's two series alone, --only bullmq and --only bullmq-batch one BullMQ series each, --only
+// scripts 3. alone. Lateness uses the system clock of this machine, which the local servers share.
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -26,8 +41,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <delayq/redis/delay_queue.hpp>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -49,6 +66,7 @@ struct config {
     int idle_seconds = 20;
     int repeat = 3;
     int port = 0;
+    int bullmq_concurrency = 100;  // the batched BullMQ worker's
     std::string only;
 };
 
@@ -219,38 +237,491 @@ double repeated(const config& cfg, const run_shape& shape, const std::string& wh
     return median(rates);
 }
 
-// The BullMQ baseline (bullmq/bench.mjs), when node and the npm package are there.
-void bullmq(int port, int jobs, int repeat) {
+// One command on a fresh connection to the server at `port` (this program's own, or --port's).
+delayq_test::reply command(int port, const std::vector<std::string>& args) {
+    redisContext* c = redisConnect("127.0.0.1", port);
+    if (c == nullptr || c->err != 0) {
+        const std::string msg = c != nullptr ? c->errstr : "out of memory";
+        redisFree(c);
+        throw std::runtime_error("cannot connect to redis-server: " + msg);
+    }
+    std::vector<const char*> argv;
+    std::vector<std::size_t> len;
+    for (const auto& a : args) {
+        argv.push_back(a.data());
+        len.push_back(a.size());
+    }
+    auto* r = static_cast<redisReply*>(
+        redisCommandArgv(c, static_cast<int>(args.size()), argv.data(), len.data()));
+    const std::string err = c->errstr;
+    redisFree(c);
+    if (r == nullptr) throw std::runtime_error("command to redis-server failed: " + err);
+    return delayq_test::reply(r);
+}
+
+std::string text(int port, const std::vector<std::string>& args) {
+    auto r = command(port, args);
+    return r->str != nullptr ? std::string(r->str, r->len) : std::string();
+}
+
+// The number after `key` in `s` (an INFO field "name:", a JSON key "\"name\":"), if there.
+std::optional<double> number_after(const std::string& s, const std::string& key) {
+    const auto at = s.find(key);
+    if (at == std::string::npos) return std::nullopt;
+    return std::strtod(s.c_str() + at + key.size(), nullptr);
+}
+
+// redis-server's CPU time so far, user + system, in seconds (INFO cpu: getrusage of the server).
+double server_cpu(int port) {
+    const std::string info = text(port, {"INFO", "cpu"});
+    return number_after(info, "used_cpu_user:").value_or(0) +
+           number_after(info, "used_cpu_sys:").value_or(0);
+}
+
+// This process's CPU time so far, every thread, user + system, in seconds. The redis-server it
+// started is another process, and counts only in server_cpu().
+double own_cpu() {
+    rusage u{};
+    ::getrusage(RUSAGE_SELF, &u);
+    const auto s = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec / 1e6; };
+    return s(u.ru_utime) + s(u.ru_stime);
+}
+
+// One end-to-end run's figures.
+struct figures {
+    double jobs_per_s = 0;
+    double server_us = 0;  // redis-server CPU per job, µs
+    double client_us = 0;  // the client's CPU per job, µs (all its threads)
+    std::string lateness;
+};
+
+// The runs of one of the four end-to-end series, and their medians.
+struct series {
+    std::string name;
+    int jobs = 0;
+    std::vector<figures> runs;
+
+    template <class F>
+    std::vector<double> each(F f) const {
+        std::vector<double> v;
+        for (const auto& r : runs) v.push_back(f(r));
+        return v;
+    }
+    double jobs_per_s() const {
+        return median(each([](auto& r) { return r.jobs_per_s; }));
+    }
+    double server_us() const {
+        return median(each([](auto& r) { return r.server_us; }));
+    }
+    double client_us() const {
+        return median(each([](auto& r) { return r.client_us; }));
+    }
+    void print() const {
+        if (runs.empty()) return;
+        const auto one = [](const std::vector<double>& v) {
+            std::string s;
+            for (double x : v) {
+                char b[32];
+                std::snprintf(b, sizeof b, "%s%.1f", s.empty() ? "" : ", ", x);
+                s += b;
+            }
+            return s;
+        };
+        std::printf(
+            "%s: %d jobs, median %.0f jobs/s (runs: %s); per job: redis-server CPU %.1f µs "
+            "(runs: %s), client CPU %.1f µs (runs: %s); last run's %s\n",
+            name.c_str(), jobs, jobs_per_s(),
+            list(each([](auto& r) { return r.jobs_per_s; })).c_str(), server_us(),
+            one(each([](auto& r) { return r.server_us; })).c_str(), client_us(),
+            one(each([](auto& r) { return r.client_us; })).c_str(), runs.back().lateness.c_str());
+    }
+};
+
+// One delayq end-to-end run with its CPU figures; `stats` gets INFO commandstats over the run.
+template <class Queue>
+figures measured(int port, Queue& q, const run_shape& shape, std::string* stats = nullptr) {
+    (void)q.size();  // connected before the clocks start
+    command(port, {"CONFIG", "RESETSTAT"});
+    const double server0 = server_cpu(port);
+    const double client0 = own_cpu();
+    lateness late;
+    figures f;
+    f.jobs_per_s = end_to_end(q, shape, late);
+    const double jobs = shape.jobs / 4 * 4;
+    f.client_us = (own_cpu() - client0) * 1e6 / jobs;
+    f.server_us = (server_cpu(port) - server0) * 1e6 / jobs;
+    if (stats != nullptr) *stats = text(port, {"INFO", "commandstats"});
+    f.lateness = late.report();
+    return f;
+}
+
+// Why BullMQ cannot run here, or "" when it can (bullmq/bench.mjs needs node and the npm package).
+std::string bullmq_missing() {
     const std::string dir = DELAYQ_BULLMQ_DIR;
-    if (std::system("command -v node >/dev/null 2>&1") != 0) {
-        std::printf("bullmq: skipped (no `node` on PATH)\n");
-        return;
+    if (std::system("command -v node >/dev/null 2>&1") != 0) return "no `node` on PATH";
+    if (::access((dir + "/node_modules/bullmq/package.json").c_str(), R_OK) != 0)
+        return "not installed: run `npm install` in " + dir;
+    return "";
+}
+
+// One run of bullmq/bench.mjs in `mode` (single or batch); its figures come from the JSON line it
+// prints (its own process.cpuUsage() and INFO cpu, both over the run). `version` gets BullMQ's.
+std::optional<figures> bullmq_run(int port, int jobs, const std::string& mode, int concurrency,
+                                  std::string& version) {
+    const std::string cmd = "node " + std::string(DELAYQ_BULLMQ_DIR) + "/bench.mjs --port " +
+                            std::to_string(port) + " --jobs " + std::to_string(jobs) + " --mode " +
+                            mode + " --concurrency " + std::to_string(concurrency);
+    std::unique_ptr<FILE, int (*)(FILE*)> p(::popen(cmd.c_str(), "r"), ::pclose);
+    std::string out;
+    char buf[512];
+    while (p && std::fgets(buf, sizeof buf, p.get()) != nullptr) out += buf;
+    const auto rate = number_after(out, "\"jobs_per_s\":");
+    const auto client = number_after(out, "\"client_cpu_s\":");
+    const auto server = number_after(out, "\"server_cpu_s\":");
+    if (!rate || !client || !server) {
+        std::printf("bullmq (%s): failed: %s\n", mode.c_str(), out.c_str());
+        return std::nullopt;
     }
-    if (::access((dir + "/node_modules/bullmq/package.json").c_str(), R_OK) != 0) {
-        std::printf("bullmq: skipped (not installed: run `npm install` in %s)\n", dir.c_str());
-        return;
+    if (std::getenv("BENCH_VERBOSE")) std::printf("%s", out.c_str());
+    const auto v = out.find("\"bullmq\":\"");
+    if (v != std::string::npos) version = out.substr(v + 10, out.find('"', v + 10) - v - 10);
+    figures f;
+    f.jobs_per_s = *rate;
+    f.client_us = *client * 1e6 / jobs;
+    f.server_us = *server * 1e6 / jobs;
+    const auto late = [&](const char* key) { return number_after(out, key).value_or(-1); };
+    char b[128];
+    std::snprintf(b, sizeof b, "lateness p50 %.0f ms, p99 %.0f ms, max %.0f ms", late("\"p50\":"),
+                  late("\"p99\":"), late("\"max\":"));
+    f.lateness = b;
+    return f;
+}
+
+// INFO commandstats of one run, per command: calls, calls a job, µs a call, µs a job, heaviest
+// first. The commands the scripts run inside the server are counted too (their time is also
+// inside EVALSHA's).
+void print_commandstats(const std::string& stats, int jobs, const std::string& what) {
+    struct row {
+        std::string name;
+        double calls, usec;
+    };
+    std::vector<row> rows;
+    std::size_t at = 0;
+    while ((at = stats.find("cmdstat_", at)) != std::string::npos) {
+        const auto colon = stats.find(':', at);
+        const auto end = stats.find_first_of("\r\n", colon);
+        const std::string line = stats.substr(colon, end - colon);
+        rows.push_back({stats.substr(at + 8, colon - at - 8),
+                        number_after(line, "calls=").value_or(0),
+                        number_after(line, ",usec=").value_or(0)});
+        at = end;
     }
-    std::vector<double> rates;
-    for (int i = 0; i < repeat; ++i) {
-        const std::string cmd = "node " + dir + "/bench.mjs --port " + std::to_string(port) +
-                                " --jobs " + std::to_string(jobs);
-        std::unique_ptr<FILE, int (*)(FILE*)> p(::popen(cmd.c_str(), "r"), ::pclose);
-        std::string out;
-        char buf[512];
-        while (p && std::fgets(buf, sizeof buf, p.get()) != nullptr) out += buf;
-        const auto eq = out.find(" = ");
-        if (eq == std::string::npos) {
-            std::printf("bullmq: failed: %s\n", out.c_str());
+    std::sort(rows.begin(), rows.end(), [](auto& a, auto& b) { return a.usec > b.usec; });
+    std::printf(
+        "INFO commandstats, %s (%d jobs; commands the scripts run are counted too, their time is "
+        "inside EVALSHA's):\n"
+        "| command | calls | calls a job | µs a call | µs a job |\n|---|---|---|---|---|\n",
+        what.c_str(), jobs);
+    for (const auto& r : rows)
+        std::printf("| %s | %.0f | %.3f | %.2f | %.2f |\n", r.name.c_str(), r.calls, r.calls / jobs,
+                    r.calls > 0 ? r.usec / r.calls : 0.0, r.usec / jobs);
+}
+
+// The median figures of the four series side by side, with the ratios delayq / BullMQ.
+void print_table(const series& ds, const series& bs, const series& db, const series& bb) {
+    const auto cell = [](const series& s, double (series::*f)() const, const char* fmt) {
+        if (s.runs.empty()) return std::string("–");
+        char b[64];
+        std::snprintf(b, sizeof b, fmt, (s.*f)());
+        return std::string(b);
+    };
+    const auto ratio = [](const series& a, const series& b, double (series::*f)() const) {
+        if (a.runs.empty() || b.runs.empty()) return std::string("–");
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%.2f×", (a.*f)() / (b.*f)());
+        return std::string(buf);
+    };
+    std::printf(
+        "\nper job, medians | delayq single | BullMQ single | delayq / BullMQ | delayq batched | "
+        "BullMQ batched | delayq / BullMQ\n|---|---|---|---|---|---|---|\n");
+    const struct {
+        const char* what;
+        double (series::*f)() const;
+        const char* fmt;
+    } rows[] = {{"redis-server CPU", &series::server_us, "%.1f µs"},
+                {"client CPU", &series::client_us, "%.1f µs"},
+                {"end-to-end jobs/s", &series::jobs_per_s, "%.0f"}};
+    for (const auto& r : rows)
+        std::printf("| %s | %s | %s | %s | %s | %s | %s |\n", r.what, cell(ds, r.f, r.fmt).c_str(),
+                    cell(bs, r.f, r.fmt).c_str(), ratio(ds, bs, r.f).c_str(),
+                    cell(db, r.f, r.fmt).c_str(), cell(bb, r.f, r.fmt).c_str(),
+                    ratio(db, bb, r.f).c_str());
+    std::printf("\n");
+}
+
+// EVALSHA's µs a call in INFO commandstats text, 0 if none.
+double evalsha_per_call(const std::string& stats) {
+    const auto at = stats.find("cmdstat_evalsha:");
+    if (at == std::string::npos) return 0;
+    return number_after(stats.substr(at), "usec_per_call=").value_or(0);
+}
+
+// EVALSHA's µs a job in INFO commandstats text of a run of `jobs` jobs, 0 if none.
+double evalsha_per_job(const std::string& stats, int jobs) {
+    const auto at = stats.find("cmdstat_evalsha:");
+    if (at == std::string::npos) return 0;
+    return number_after(stats.substr(at), ",usec=").value_or(0) / jobs;
+}
+
+// Splits the server's time in scripts by script and call shape, which INFO commandstats cannot
+// (every EVALSHA is one line there): with slowlog-log-slower-than 0 the server logs every command
+// with its arguments and µs, the commands a script runs just before the script itself (client
+// "?:0"), so each script call's own commands are known too. A thread moves the log out every 20 ms
+// (SLOWLOG GET -1 and RESET in one MULTI, so no entry is lost between them). Logging costs the
+// server time inside the scripts (each command a script runs is logged while the script runs), so
+// this is a run of its own, not one of the timed ones; see print() for how much it adds.
+class script_tap {
+  public:
+    explicit script_tap(int port) : port_(port) {
+        using namespace delayq::redis::detail;
+        for (std::size_t i = 0; i < scripts.size(); ++i)
+            names_[text(port, {"SCRIPT", "LOAD", std::string(scripts[i])})] = script_names[i];
+        for (const char* k : {"slowlog-log-slower-than", "slowlog-max-len"}) {
+            auto r = command(port, {"CONFIG", "GET", k});
+            if (r->elements == 2) saved_.emplace_back(k, r->element[1]->str);
+        }
+        command(port, {"CONFIG", "SET", "slowlog-max-len", "1000000"});
+        per_command_ = log_cost(port);
+        command(port, {"SLOWLOG", "RESET"});
+        ctx_ = redisConnect("127.0.0.1", port);
+        if (ctx_ == nullptr || ctx_->err != 0)
+            throw std::runtime_error("script_tap: no connection");
+        command(port, {"CONFIG", "SET", "slowlog-log-slower-than", "0"});
+        thread_ = std::thread([this] {
+            while (!stop_.load()) {
+                poll();
+                std::this_thread::sleep_for(20ms);
+            }
+        });
+    }
+    script_tap(const script_tap&) = delete;
+    script_tap& operator=(const script_tap&) = delete;
+    ~script_tap() {
+        finish();
+        redisFree(ctx_);
+    }
+
+    // Stops logging, takes in the rest, and puts the server's settings back.
+    void finish() {
+        if (!thread_.joinable()) return;
+        stop_ = true;
+        thread_.join();
+        command(port_, {"CONFIG", "SET", "slowlog-log-slower-than", "-1"});
+        poll();
+        for (const auto& [k, v] : saved_) command(port_, {"CONFIG", "SET", k, v});
+    }
+
+    // `timed_per_job`: EVALSHA's µs a job in a timed run of the same shape (commandstats), to
+    // check the estimates against; 0 if unknown.
+    void print(int jobs, const std::string& what, double timed_per_job) const {
+        const double per_command = per_command_;
+        std::printf(
+            "scripts one by one, %s (%d jobs; one more run, every command logged: %.0f log "
+            "entries, %lld lost)\n"
+            "(logging the commands a script runs slows the script by %.2f µs a command, measured "
+            "with a script of 200 ZRANGEs; 'est. µs a call' takes that out)\n",
+            what.c_str(), jobs, entries_, lost_, per_command);
+        std::printf(
+            "| script: call shape | calls | calls a job | µs a call (logged) | est. µs a call | "
+            "of which its commands | the rest (Lua, redis.call, setup) | est. µs a job | commands "
+            "a call "
+            "|\n|---|---|---|---|---|---|---|---|---|\n");
+        std::vector<std::pair<std::string, const klass*>> order;
+        for (const auto& [label, c] : classes_) order.emplace_back(label, &c);
+        std::sort(order.begin(), order.end(),
+                  [](auto& a, auto& b) { return a.second->usec > b.second->usec; });
+        double total_est = 0, total_inner = 0;
+        for (const auto& [label, c] : order) {
+            const double n = c->calls;
+            const double est = c->usec / n - per_command * c->inner_calls / n;
+            std::string cmds;
+            std::vector<std::pair<std::string, double>> by(c->inner.begin(), c->inner.end());
+            std::sort(by.begin(), by.end(), [](auto& a, auto& b) { return a.second > b.second; });
+            for (const auto& [name, k] : by) {
+                char b[64];
+                std::snprintf(b, sizeof b, "%s%s %.2f", cmds.empty() ? "" : ", ", name.c_str(),
+                              k / n);
+                cmds += b;
+            }
+            total_est += est * n;
+            total_inner += c->inner_usec;
+            std::printf("| %s | %.0f | %.3f | %.2f | %.2f | %.2f | %.2f | %.2f | %s |\n",
+                        label.c_str(), n, n / jobs, c->usec / n, est, c->inner_usec / n,
+                        est - c->inner_usec / n, est * n / jobs, cmds.c_str());
+        }
+        char timed[96] = "";
+        if (timed_per_job > 0)
+            std::snprintf(timed, sizeof timed, "; EVALSHA in the timed run's commandstats: %.2f",
+                          timed_per_job);
+        std::printf(
+            "in all: %.2f µs of scripts a job (est.%s), of which %.2f µs in the commands they "
+            "run, %.2f µs the rest\n\n",
+            total_est / jobs, timed, total_inner / jobs, (total_est - total_inner) / jobs);
+    }
+
+  private:
+    // The µs the log adds to a script for each command the script runs: EVALSHA of a script of
+    // 200 ZRANGEs (4 arguments, like most of the queue's commands) with and without the log,
+    // commandstats' µs a call, the best of 5 rounds of 10 calls each.
+    static double log_cost(int port) {
+        const std::string lua =
+            "for i = 1, 200 do redis.call('ZRANGE', KEYS[1], 0, 0) end return 0";
+        const std::string sha = text(port, {"SCRIPT", "LOAD", lua});
+        const auto best = [&](const char* slower_than) {
+            command(port, {"CONFIG", "SET", "slowlog-log-slower-than", slower_than});
+            double b = 1e300;
+            for (int round = 0; round < 5; ++round) {
+                command(port, {"CONFIG", "RESETSTAT"});
+                for (int i = 0; i < 10; ++i) command(port, {"EVALSHA", sha, "1", "bench-log-cost"});
+                b = std::min(b, evalsha_per_call(text(port, {"INFO", "commandstats"})));
+            }
+            return b;
+        };
+        const double off = best("-1");
+        const double on = best("0");
+        command(port, {"CONFIG", "SET", "slowlog-log-slower-than", "-1"});
+        return std::max(0.0, (on - off) / 200);
+    }
+
+    struct klass {
+        double calls = 0, usec = 0, inner_calls = 0, inner_usec = 0;
+        std::map<std::string, double> inner;  // command -> calls
+    };
+    struct logged {
+        std::string name;
+        long long usec;
+    };
+
+    static std::string str(const redisReply* r) {
+        return r->str != nullptr ? std::string(r->str, r->len) : std::to_string(r->integer);
+    }
+
+    // A call's shape: the script, and for put and consume what the call asks for.
+    std::string label(const std::vector<std::string>& args, std::size_t argc) const {
+        const std::string cmd = upper(args[0]);
+        if (cmd == "FCALL" || cmd == "FCALL_RO") return "FCALL " + args[1];
+        std::string name = "EVAL";
+        if (cmd == "EVALSHA") {
+            const auto it = names_.find(args[1]);
+            name = it != names_.end() ? it->second : "sha " + args[1].substr(0, 8);
+        }
+        // EVALSHA sha 5 due leased data seq dead channel shard, then the script's own.
+        const auto bucket = [](std::size_t n) {
+            return n <= 1 ? std::to_string(n) : n < 100 ? std::string("2-99") : std::string("100+");
+        };
+        if (name == "put" && argc >= 10) return "put of " + bucket((argc - 10) / 4);
+        if (name != "consume" || argc < 15) return name;
+        // lease_ms max_attempts reclaim_batch take hold_ms (how id token)*
+        const std::size_t settles = (argc - 15) / 3;
+        const std::size_t take = std::strtoull(args[13].c_str(), nullptr, 10);
+        std::string kinds;
+        for (std::size_t i = 15; i < args.size() && i + 2 < argc; i += 3) {
+            const char k = args[i].empty() ? '?' : args[i][0];
+            const std::string kind = k == 'a'   ? "ack"
+                                     : k == 'n' ? "nack"
+                                     : k == 'r' ? "release"
+                                     : k == 'x' ? "extend"
+                                                : "?";
+            if (kinds.empty())
+                kinds = kind;
+            else if (kinds != kind)
+                kinds = "mixed";
+        }
+        std::string s = "consume:";
+        if (settles > 0) s += " " + kinds + " " + bucket(settles);
+        if (take > 0)
+            s += std::string(settles > 0 ? " +" : "") + " take " + bucket(take) +
+                 (args[14] != "0" ? " kept" : "");
+        if (settles == 0 && take == 0) s += " nothing";
+        return s;
+    }
+
+    static std::string upper(std::string s) {
+        for (auto& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+        return s;
+    }
+
+    void add(const redisReply* e, bool first) {
+        // Between two polls one entry is always missing: the SLOWLOG GET that the RESET after it
+        // clears. Any other gap is a lost entry.
+        const long long id = e->element[0]->integer;
+        if (last_id_ >= 0 && id - last_id_ - (first ? 2 : 1) != 0) {
+            lost_ += id - last_id_ - (first ? 2 : 1);
+            if (std::getenv("BENCH_VERBOSE"))
+                std::printf("slowlog gap: %lld after %lld (first of a poll: %d)\n", id, last_id_,
+                            first ? 1 : 0);
+        }
+        last_id_ = id;
+        ++entries_;
+        const long long usec = e->element[2]->integer;
+        const redisReply* a = e->element[3];
+        std::vector<std::string> args;
+        for (std::size_t i = 0; i < a->elements; ++i) args.push_back(str(a->element[i]));
+        if (args.empty()) return;
+        if (str(e->element[4]) == "?:0") {  // run by a script: its call comes next
+            inner_.push_back({upper(args[0]), usec});
             return;
         }
-        rates.push_back(std::atof(out.c_str() + eq + 3));
-        if (i + 1 == repeat)
-            std::printf("bullmq end to end (single calls, %s",
-                        out.substr(0, out.find(':')).c_str());
+        const std::string cmd = upper(args[0]);
+        if (cmd != "EVALSHA" && cmd != "EVAL" && cmd != "FCALL" && cmd != "FCALL_RO") {
+            inner_.clear();
+            return;
+        }
+        // The log keeps 32 arguments at most: the last then says "... (N more arguments)".
+        std::size_t argc = args.size();
+        if (argc == 32 && args.back().rfind("... (", 0) == 0)
+            argc = 31 + std::strtoull(args.back().c_str() + 5, nullptr, 10);
+        klass& k = classes_[label(args, argc)];
+        ++k.calls;
+        k.usec += static_cast<double>(usec);
+        for (const auto& i : inner_) {
+            ++k.inner[i.name];
+            ++k.inner_calls;
+            k.inner_usec += static_cast<double>(i.usec);
+        }
+        inner_.clear();
     }
-    std::printf("): %d jobs, median %.0f jobs/s (runs: %s)\n", jobs, median(rates),
-                list(rates).c_str());
-}
+
+    void poll() {
+        for (const char* c : {"MULTI", "SLOWLOG GET -1", "SLOWLOG RESET", "EXEC"})
+            redisAppendCommand(ctx_, c);
+        redisReply* last = nullptr;
+        for (int i = 0; i < 4; ++i) {
+            void* r = nullptr;
+            if (redisGetReply(ctx_, &r) != REDIS_OK) throw std::runtime_error("script_tap: lost");
+            if (last != nullptr) freeReplyObject(last);
+            last = static_cast<redisReply*>(r);
+        }
+        const delayq_test::reply exec(last);
+        if (exec->type != REDIS_REPLY_ARRAY || exec->elements < 1) return;
+        const redisReply* log = exec->element[0];
+        for (std::size_t i = log->elements; i-- > 0;)  // oldest first
+            add(log->element[i], i + 1 == log->elements);
+    }
+
+    int port_;
+    std::map<std::string, std::string> names_;  // SHA1 -> script name
+    std::vector<std::pair<std::string, std::string>> saved_;
+    redisContext* ctx_ = nullptr;
+    std::atomic<bool> stop_{false};
+    std::thread thread_;
+    std::vector<logged> inner_;
+    std::map<std::string, klass> classes_;
+    long long last_id_ = -1;
+    long long lost_ = 0;
+    double entries_ = 0;
+    double per_command_ = 0;
+};
 
 // One consumer waiting in take(1 h) on an empty queue; counts the commands it sends
 // (commandstats also counts the commands its scripts run inside the server: those are left out).
@@ -326,11 +797,14 @@ int main(int argc, char** argv) {
             cfg.repeat = std::max(1, v);
         else if (a == "--port")
             cfg.port = v;
+        else if (a == "--bullmq-concurrency")
+            cfg.bullmq_concurrency = std::max(1, v);
         else {
             std::fprintf(stderr,
                          "usage: %s [--jobs N] [--batch-jobs N] [--paced-seconds S] "
                          "[--idle-seconds S] [--repeat R] "
-                         "[--port P] [--only put|e2e|paced|idle|memory|sharded|bullmq]\n",
+                         "[--port P] [--bullmq-concurrency C] [--only "
+                         "put|e2e|delayq|bullmq|bullmq-batch|scripts|paced|idle|memory|sharded]\n",
                          argv[0]);
             return 2;
         }
@@ -354,13 +828,79 @@ int main(int argc, char** argv) {
         put_only(cfg.port, cfg.jobs, 1);
         put_only(cfg.port, cfg.batch_jobs, 100);
     }
-    if (want("e2e")) {
-        repeated(cfg, {cfg.jobs, 0, 1, 0}, "end to end (single calls: put_after, take, ack)",
-                 single("bench-e2e-1-"));
-        repeated(cfg, {cfg.batch_jobs, 0, 100, 0}, "end to end (batches of 100)",
-                 single("bench-e2e-100-"));
+    const bool e2e = want("e2e");
+    const bool ours = e2e || want("delayq");  // delayq's two end-to-end series
+    const bool bull_single = e2e || want("bullmq");
+    const bool bull_batch = e2e || want("bullmq-batch");
+    std::string stats_single, stats_batch;  // delayq's commandstats, the last run of each mode
+    if (ours || bull_single || bull_batch) {
+        const std::string missing = bull_single || bull_batch ? bullmq_missing() : "";
+        if (!missing.empty()) std::printf("bullmq: skipped (%s)\n", missing.c_str());
+        const bool bull = missing.empty();
+        const std::string conc = std::to_string(cfg.bullmq_concurrency);
+        series ds{"delayq end to end (single calls: put_after, take, ack)", cfg.jobs, {}};
+        series bs{"", cfg.jobs, {}};
+        series db{"delayq end to end (batches of 100)", cfg.batch_jobs, {}};
+        series bb{"", cfg.batch_jobs, {}};
+        std::string version;
+        // Round by round, so that a machine that gets busier or quieter weighs on both sides.
+        const auto add = [](series& to, const char* what, int round, const figures& f) {
+            to.runs.push_back(f);
+            std::printf(
+                "  round %d, %s: %.0f jobs/s, per job redis-server CPU %.1f µs, client CPU "
+                "%.1f µs\n",
+                round + 1, what, f.jobs_per_s, f.server_us, f.client_us);
+        };
+        for (int i = 0; i < cfg.repeat; ++i) {
+            if (ours) {
+                auto q = single("bench-e2e-1-")(i);
+                add(ds, "delayq single", i,
+                    measured(cfg.port, *q, {cfg.jobs, 0, 1, 0}, &stats_single));
+            }
+            if (bull_single && bull)
+                if (auto f = bullmq_run(cfg.port, cfg.jobs, "single", 1, version))
+                    add(bs, "BullMQ single", i, *f);
+            if (ours) {
+                auto q = single("bench-e2e-100-")(i);
+                add(db, "delayq batched", i,
+                    measured(cfg.port, *q, {cfg.batch_jobs, 0, 100, 0}, &stats_batch));
+            }
+            if (bull_batch && bull)
+                if (auto f = bullmq_run(cfg.port, cfg.batch_jobs, "batch", cfg.bullmq_concurrency,
+                                        version))
+                    add(bb, "BullMQ batched", i, *f);
+        }
+        bs.name = "bullmq " + version +
+                  " end to end (single calls: 4 producers awaiting each add, 4 workers of "
+                  "concurrency 1)";
+        bb.name = "bullmq " + version + " end to end (addBulk of 100, one worker of concurrency " +
+                  conc + ")";
+        for (const series* s : {&ds, &bs, &db, &bb}) s->print();
+        if (e2e) print_table(ds, bs, db, bb);
+        if (ours) {
+            print_commandstats(stats_single, cfg.jobs, "delayq single calls, last run");
+            print_commandstats(stats_batch, cfg.batch_jobs, "delayq batches of 100, last run");
+            std::printf("\n");
+        }
     }
-    if (want("bullmq") || want("e2e")) bullmq(cfg.port, cfg.jobs, cfg.repeat);
+    if (e2e || want("scripts")) {
+        const struct {
+            run_shape shape;
+            const char* what;
+            const std::string& timed;
+        } runs[] = {{{cfg.jobs, 0, 1, 0}, "single calls", stats_single},
+                    {{cfg.batch_jobs, 0, 100, 0}, "batches of 100", stats_batch}};
+        for (const auto& r : runs) {
+            delayq::redis::delay_queue q(
+                queue_options(cfg.port, "bench-scripts-" + std::to_string(r.shape.batch)));
+            (void)q.size();
+            script_tap tap(cfg.port);
+            lateness late;
+            end_to_end(q, r.shape, late);
+            tap.finish();
+            tap.print(r.shape.jobs / 4 * 4, r.what, evalsha_per_job(r.timed, r.shape.jobs / 4 * 4));
+        }
+    }
     if (want("paced")) {
         lateness late;
         delayq::redis::delay_queue q(queue_options(cfg.port, "bench-paced"));
