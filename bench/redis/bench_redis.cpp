@@ -615,17 +615,18 @@ class script_tap {
             const auto it = names_.find(args[1]);
             name = it != names_.end() ? it->second : "sha " + args[1].substr(0, 8);
         }
-        // EVALSHA sha 5 due leased data seq dead channel shard, then the script's own.
+        // EVALSHA sha numkeys KEYS... channel shard, then the script's own.
+        const std::size_t base = 5 + std::strtoull(args[2].c_str(), nullptr, 10);
         const auto bucket = [](std::size_t n) {
             return n <= 1 ? std::to_string(n) : n < 100 ? std::string("2-99") : std::string("100+");
         };
-        if (name == "put" && argc >= 10) return "put of " + bucket((argc - 10) / 4);
-        if (name != "consume" || argc < 15) return name;
+        if (name == "put" && argc >= base) return "put of " + bucket((argc - base) / 4);
+        if (name != "consume" || argc < base + 5) return name;
         // lease_ms max_attempts reclaim_batch take hold_ms (how id token)*
-        const std::size_t settles = (argc - 15) / 3;
-        const std::size_t take = std::strtoull(args[13].c_str(), nullptr, 10);
+        const std::size_t settles = (argc - base - 5) / 3;
+        const std::size_t take = std::strtoull(args[base + 3].c_str(), nullptr, 10);
         std::string kinds;
-        for (std::size_t i = 15; i < args.size() && i + 2 < argc; i += 3) {
+        for (std::size_t i = base + 5; i < args.size() && i + 2 < argc; i += 3) {
             const char k = args[i].empty() ? '?' : args[i][0];
             const std::string kind = k == 'a'   ? "ack"
                                      : k == 'n' ? "nack"
@@ -641,7 +642,7 @@ class script_tap {
         if (settles > 0) s += " " + kinds + " " + bucket(settles);
         if (take > 0)
             s += std::string(settles > 0 ? " +" : "") + " take " + bucket(take) +
-                 (args[14] != "0" ? " kept" : "");
+                 (args[base + 4] != "0" ? " kept" : "");
         if (settles == 0 && take == 0) s += " nothing";
         return s;
     }

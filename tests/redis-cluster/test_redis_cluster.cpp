@@ -332,7 +332,7 @@ TEST_CASE(
     CHECK(c.master_of(slot) == new_master);
     CHECK(q.size() == 0);
     // Nothing of the queue is left on either node, and the jobs were on the new master.
-    CHECK(c.at_port(new_master).keys("dq:v2:{failover}:d*").empty());
+    CHECK(c.at_port(new_master).keys("dq:v3:{failover}:[ed]*").empty());
 }
 
 TEST_CASE(

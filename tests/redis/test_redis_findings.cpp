@@ -208,7 +208,7 @@ TEST_CASE("'no deadline' is spelled once: the scripts take it from the C++ const
     REQUIRE(q.put_after("later", "", std::chrono::milliseconds::max()));
     REQUIRE(q.put_after("moved", "", 1h));
     REQUIRE(q.reschedule("moved", std::chrono::milliseconds::max()));
-    const auto due = srv.keys("dq:*{q}*:due");
+    const auto due = srv.keys("dq:*{q}*:events");
     REQUIRE(due.size() == 1);
     CHECK(srv.text({"ZSCORE", due.front(), "later"}) == std::to_string(max_ms));
     CHECK(srv.text({"ZSCORE", due.front(), "moved"}) == std::to_string(max_ms));
@@ -216,7 +216,7 @@ TEST_CASE("'no deadline' is spelled once: the scripts take it from the C++ const
     auto j = q.take(1s);
     REQUIRE(j);
     CHECK(j->id == "now");
-    const auto leased = srv.keys("dq:*{q}*:leased");
+    const auto leased = srv.keys("dq:*{q}*:events");
     REQUIRE(leased.size() == 1);
     CHECK(srv.text({"ZSCORE", leased.front(), "now"}) == std::to_string(max_ms));
     CHECK(j->lease_deadline >
@@ -291,4 +291,33 @@ TEST_CASE("take(0) in four threads at once: none gives up while jobs are due", "
     CHECK(took[0] + took[1] + took[2] + took[3] == n);
     for (int k : took) CHECK(k > 0);
     CHECK(q.size() == 0);
+}
+
+TEST_CASE("a queue written in key layout v2 is refused with layout_error, its jobs untouched",
+          "[finding]") {
+    redis_server srv;
+    // What delayq with layout v2 left: a waiting job, its payload in a bucket, a token counter.
+    REQUIRE(srv.command({"ZADD", "dq:v2:{q}:due", "1000", "old"})->integer == 1);
+    REQUIRE(srv.command({"HSET", "dq:v2:{q}:data:7", "pold", "payload"})->integer == 1);
+    REQUIRE(srv.command({"SET", "dq:v2:{q}:seq", "41"})->type == REDIS_REPLY_STATUS);
+    delay_queue q(opts(srv));
+    try {
+        q.put_after("new", "", 0ms);
+        FAIL("no layout_error");
+    } catch (const delayq::redis::layout_error& e) {
+        CHECK(e.version() == "v2");
+        CHECK(contains(e.what(), "layout v2"));
+        CHECK(contains(e.what(), "{q}"));
+    }
+    CHECK_THROWS_AS(q.take(0ms), delayq::redis::layout_error);
+    CHECK_THROWS_AS(q.size(), delayq::redis::layout_error);
+    // Nothing was written in either layout.
+    CHECK(srv.text({"ZSCORE", "dq:v2:{q}:due", "old"}) == "1000");
+    CHECK(srv.text({"HGET", "dq:v2:{q}:data:7", "pold"}) == "payload");
+    CHECK(srv.keys("dq:v3:*").empty());
+    // Another queue on the same server is not concerned.
+    auto o = opts(srv);
+    o.name = "other";
+    delay_queue fresh(o);
+    CHECK(fresh.put_after("new", "", 0ms));
 }

@@ -26,9 +26,10 @@ namespace {
 // A deadline already due by any server clock on this machine.
 const auto past = std::chrono::system_clock::time_point(std::chrono::hours(24));
 
-// Milliseconds from the server's now to the end of `id`'s lease; -1 when it is not leased.
+// Milliseconds from the server's now to the end of `id`'s lease (its score: the job is leased);
+// -1 when it is not queued.
 long long lease_left_ms(const redis_server& srv, const std::string& id) {
-    const std::string score = srv.text({"ZSCORE", "dq:v2:{q}:leased", id});
+    const std::string score = srv.text({"ZSCORE", "dq:v3:{q}:events", id});
     if (score.empty()) return -1;
     return std::stoll(score) - srv.time_ms();
 }
@@ -190,14 +191,14 @@ namespace {
 // Every command the queue sends, and every command its scripts run (Redis 7 checks those against
 // the user too): docs/redis.md, "ACL", lists the same.
 const std::vector<std::string> acl_commands{
-    "+evalsha", "+eval",   "+script|load",   "+subscribe", "+hlen", "+cluster|slots", "+asking",
-    "+time",    "+zrange", "+zrangebyscore", "+zadd",      "+zrem", "+zscore",        "+zcard",
-    "+hget",    "+hmget",  "+hset",          "+hsetnx",    "+hdel", "+incrby",        "+publish"};
+    "+evalsha", "+eval",   "+script|load", "+subscribe", "+hlen", "+cluster|slots", "+asking",
+    "+time",    "+zrange", "+exists",      "+zadd",      "+zrem", "+zscore",        "+zcard",
+    "+hget",    "+hmget",  "+hset",        "+hsetnx",    "+hdel", "+incrby",        "+publish"};
 
 // Creates the ACL user `dq` (password s3cret) that holds exactly the documented permissions.
 void add_queue_user(const redis_server& srv) {
     std::vector<std::string> cmd{"ACL", "SETUSER", "dq",       "reset",
-                                 "on",  ">s3cret", "~dq:v2:*", "&dq:v2:*"};
+                                 "on",  ">s3cret", "~dq:v3:*", "&dq:v3:*"};
     cmd.insert(cmd.end(), acl_commands.begin(), acl_commands.end());
     auto r = srv.command(cmd);
     REQUIRE(r->type == REDIS_REPLY_STATUS);

@@ -134,7 +134,7 @@ TEST_CASE("an absolute deadline is kept as server time rounded up to the millise
     CHECK(j->id == "past");
     CHECK(j->deadline == now - 1h);
     CHECK_FALSE(q.take(0ms));
-    CHECK(srv.text({"ZSCORE", "dq:v2:{q}:due", "later"}) ==
+    CHECK(srv.text({"ZSCORE", "dq:v3:{q}:events", "later"}) ==
           std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
                              (now + 1h + 1ms).time_since_epoch())
                              .count()));
@@ -155,9 +155,10 @@ TEST_CASE("cancel removes a waiting or a leased job: the holder's ack is then re
     CHECK_FALSE(q.nack(*j, 0ms));
     CHECK(q.size() == 0);
     // Nothing is left behind in Redis.
-    CHECK(srv.command({"EXISTS", "dq:v2:{q}:due", "dq:v1:{q}:leased", "dq:v1:{q}:data",
-                       "dq:v1:{q}:meta"})
-              ->integer == 0);
+    CHECK(
+        srv.command({"EXISTS", "dq:v3:{q}:events", "dq:v3:{q}:data", "dq:v3:{q}:dead"})->integer ==
+        0);
+    CHECK(srv.keys("dq:v3:{q}:data:*").empty());
 }
 
 TEST_CASE("reschedule moves a waiting job: false for unknown or leased ids") {
@@ -322,7 +323,7 @@ TEST_CASE("max_attempts moves a job to the dead-letter hash") {
     CHECK_FALSE(q.take(3s));
     CHECK(q.size() == 0);
     CHECK(q.dead_size() == 1);
-    CHECK(srv.text({"HGET", "dq:v2:{q}:dead", "j"}) == "payload");
+    CHECK(srv.text({"HGET", "dq:v3:{q}:dead", "j"}) == "payload");
     // A nack of the last attempt dead-letters at once.
     REQUIRE(q.put_after("k", "", 0ms));
     auto c = q.take(1s);

@@ -45,7 +45,7 @@ TEST_CASE(
         REQUIRE(a.put_after(id, "p", 1h));
         CHECK_FALSE(b.put_after(id, "again", 1h));  // idempotent by id across objects
         const auto shard = delayq::redis::detail::fnv1a(id) % 8;
-        CHECK(srv.text({"ZSCORE", "dq:v2:{q#" + std::to_string(shard) + "}:due", id}) != "");
+        CHECK(srv.text({"ZSCORE", "dq:v3:{q#" + std::to_string(shard) + "}:events", id}) != "");
     }
     CHECK(a.size() == 50);
     CHECK(b.cancel("order-7"));

@@ -159,7 +159,7 @@ class queue_base {
         return n;
     }
 
-    /// Jobs moved to the dead-letter hashes `dq:v2:{tag}:dead` (id -> payload).
+    /// Jobs moved to the dead-letter hashes `dq:v3:{tag}:dead` (id -> payload).
     std::size_t dead_size() {
         std::size_t n = 0;
         for (std::size_t s = 0; s < client_.shards(); ++s) n += client_.dead_size(s);

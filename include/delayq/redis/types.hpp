@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace delayq::redis {
 
@@ -21,6 +22,19 @@ namespace delayq::redis {
 class error : public std::runtime_error {
   public:
     using std::runtime_error::runtime_error;
+};
+
+/// The queue's keys on the server were written in an older key layout, which this version does
+/// not read (docs/redis.md, "Upgrading"). Nothing was changed: the jobs are still there for the
+/// version that wrote them. version() names that layout ("v2").
+class layout_error : public error {
+  public:
+    layout_error(const std::string& what, std::string version)
+        : error(what), version_(std::move(version)) {}
+    const std::string& version() const noexcept { return version_; }
+
+  private:
+    std::string version_;
 };
 
 /// The options of delay_queue and sharded_delay_queue. Bad values (an empty `name`, a name with
@@ -37,8 +51,9 @@ struct options {
     unsigned max_attempts = 0;  ///< 0: redeliver forever; else dead-letter after this many
     /// The longest a waiting take goes without asking the server, >= 2 ms.
     std::chrono::milliseconds max_block = std::chrono::seconds(5);
-    std::size_t reclaim_batch = 100;  ///< ended leases reclaimed per script call, > 0
-    bool prefetch = true;             ///< ack also leases the next due job for the next take()
+    /// Jobs whose last attempt ended that one script call moves to the dead letters, > 0.
+    std::size_t reclaim_batch = 100;
+    bool prefetch = true;  ///< ack also leases the next due job for the next take()
     /// The Redis ACL user to log in as (AUTH user password); empty: `default`, or no AUTH at all
     /// when `password` is empty too. docs/redis.md lists the permissions the user needs.
     std::string user;

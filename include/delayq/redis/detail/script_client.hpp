@@ -89,13 +89,14 @@ class script_client {
         : opt_(std::move(o)),
           router_(endpoint{opt_.host, opt_.port, opt_.user, opt_.password}, opt_.io_timeout),
           shards_(shards) {
-        channel_ = "dq:v2:{" + opt_.name + (sharded ? "#*" : "") + "}:wake";
+        const std::string v(layout);
+        channel_ = "dq:" + v + ":{" + opt_.name + (sharded ? "#*" : "") + "}:wake";
         for (std::size_t i = 0; i < shards; ++i) {
             shard& s = shards_[i];
             s.index = std::to_string(i);
-            const std::string prefix =
-                "dq:v2:{" + opt_.name + (sharded ? "#" + s.index : "") + "}:";
-            for (std::size_t k = 0; k < k_count; ++k) s.keys[k] = prefix + key_names[k];
+            s.tag = "{" + opt_.name + (sharded ? "#" + s.index : "") + "}";
+            for (std::size_t k = 0; k < k_count; ++k)
+                s.keys[k] = "dq:" + v + ":" + s.tag + ":" + key_names[k];
             s.slot = slot_of(s.keys[0]);
         }
         lease_ms_ = std::to_string(opt_.lease.count());
@@ -132,11 +133,12 @@ class script_client {
     // `patient`: see router::call.
     reply_ptr eval(std::size_t s, script_id id, std::span<const std::string_view> args,
                    bool patient = true) {
-        const shard& at = shards_[s];
+        shard& at = shards_[s];
+        if (!at.layout_checked.load(std::memory_order_acquire)) check_layout(at, patient);
         std::vector<std::string_view> argv;
         argv.reserve(5 + k_count + args.size());
-        argv.insert(argv.end(), {"EVALSHA", sha(at, id, patient), "5"});
-        static_assert(k_count == 5);
+        argv.insert(argv.end(), {"EVALSHA", sha(at, id, patient), "4"});
+        static_assert(k_count == 4);
         argv.insert(argv.end(), at.keys.begin(), at.keys.end());
         argv.insert(argv.end(), {std::string_view(channel_), std::string_view(at.index)});
         argv.insert(argv.end(), args.begin(), args.end());
@@ -232,9 +234,38 @@ class script_client {
   private:
     struct shard {
         std::string index;                      // ARGV[2] of its scripts
+        std::string tag;                        // its hash tag, braces included
         std::array<std::string, k_count> keys;  // KEYS, in scripts.hpp's order
         std::uint16_t slot = 0;
+        std::atomic<bool> layout_checked{false};
     };
+
+    // Before a shard's first script call: a queue written in an older key layout (scripts.hpp)
+    // is refused, with its keys left as they are, rather than read as empty. Its keys share the
+    // shard's hash tag, so one EXISTS on the shard's node sees them. A user whose ACL does not
+    // reach the old keys (NOPERM) cannot have written them through this name: nothing to refuse.
+    void check_layout(shard& at, bool patient) {
+        for (std::string_view old : older_layouts) {
+            std::vector<std::string> keys;
+            for (const char* k : older_keys)
+                keys.push_back("dq:" + std::string(old) + ":" + at.tag + ":" + k);
+            std::vector<std::string_view> argv{"EXISTS"};
+            argv.insert(argv.end(), keys.begin(), keys.end());
+            auto r = router_.call(at.slot, argv, patient);
+            if (error_starts_with(r.get(), "NOPERM")) continue;
+            if (integer(r) > 0)
+                throw layout_error("delayq::redis: queue " + at.tag + " holds jobs in key layout " +
+                                       std::string(old) + " (dq:" + std::string(old) + ":" +
+                                       at.tag +
+                                       ":*), which this version of delayq does not read "
+                                       "(it uses " +
+                                       std::string(layout) +
+                                       "); they are left as they are: drain them with the "
+                                       "version that wrote them (docs/redis.md, \"Upgrading\")",
+                                   std::string(old));
+        }
+        at.layout_checked.store(true, std::memory_order_release);
+    }
 
     // SHA1s come from SCRIPT LOAD, once per object; they never change.
     std::string_view sha(const shard& s, script_id id, bool patient) {

@@ -4,9 +4,10 @@
 // A job's states (the server's clock decides every "due" and "ended"):
 //
 // clang-format off
-//   waiting  in `due` (score: due ms); its payload in its bucket ("p" field), "m" once delivered
-//   leased   in `leased` (score: lease end ms); "m" field = "attempts:token:lease end"
-//   kept     leased by the take inside an ack, for a take() to come (see stash.hpp): in `leased`
+//   waiting  in `events` (score: due ms); its payload in its bucket ("p" field); "m" =
+//            "attempts:0:0" once delivered
+//   leased   in `events` (score: lease end ms); "m" = "attempts:token:lease end"
+//   kept     leased by the take inside an ack, for a take() to come (see stash.hpp): in `events`
 //            (score: hold end ms, a short lease); "m" = "attempts:token:hold end:lease end", its
 //            attempts not counting this delivery
 //   dead     in `dead` (id -> payload)
@@ -21,10 +22,12 @@
 // | kept    | leased  | extend (take() handed it to user code): attempts + 1, the whole lease|
 // | waiting | gone    | cancel                                                               |
 // | leased  | gone    | ack; cancel (and so kept: the ack proves it was handed out)          |
-// | leased  | waiting | nack (kept: attempts + 1 first); the lease ending (reclaimed by the  |
-// |         |         | next consume call); release (kept: not counted; leased: attempts - 1)|
-// | kept    | waiting | release, or its hold ending: its attempt never counted               |
-// | leased  | dead    | nack, or the lease ending, once attempts reach max_attempts          |
+// | leased  | waiting | nack (kept: attempts + 1 first); release (kept: not counted; leased: |
+// |         |         | attempts - 1)                                                        |
+// | kept    | waiting | release: its attempt never counted                                   |
+// | leased  | leased  | its lease (or hold) ended: a take hands it out again, as any due job |
+// | leased  | dead    | nack, or a take finding its lease ended, once attempts reach         |
+// |         |         | max_attempts                                                         |
 // clang-format on
 //
 // ack, nack, release and extend need the job's current token while its lease holds (lease end, or
@@ -33,20 +36,29 @@
 // clock alone when the object that kept it never calls again (stopped, killed, or simply done
 // taking); only a job handed to user code gets the whole lease and counts as an attempt.
 //
-// The idea. Keys of a queue shard with hash tag T (`{name}`, or `{name#i}` for a sharded queue)
-// are `dq:v2:T:<part>`. Every script gets the same five KEYS, in this order:
+// The idea. One sorted set holds every queued job, scored by the time something must happen to
+// it: a waiting job's due time, a leased job's lease end. Both mean "hand it out then": a job whose
+// lease ended is due again, at its lease end. So a take is one look at the set's head, whatever
+// the head holds, and a lease, a nack or a release only moves the job's score (one ZADD); the
+// earliest event of any kind is the head (one ZRANGE). (Layout v2 had a sorted set per state, and
+// each consume call first moved ended leases over: two more calls per job, docs/redis.md "Cost
+// per job".)
+//
+// Keys of a queue shard with hash tag T (`{name}`, or `{name#i}` for a sharded queue) are
+// `dq:v3:T:<part>`. Every script gets the same four KEYS, in this order:
 //
 // clang-format off
-//   KEYS[1] due     zset  id -> due time (server ms)      waiting jobs
-//   KEYS[2] leased  zset  id -> lease end (server ms)     jobs handed out
-//   KEYS[3] data    never created itself: it names the buckets `data:0` .. `data:1023`, hashes
+//   KEYS[1] events  zset  id -> due time or lease end (server ms)   every queued job
+//   KEYS[2] data    never created itself: it names the buckets `data:0` .. `data:1023`, hashes
 //                   that hold "p" .. id -> payload and "m" .. id -> "attempts:token:lease end";
 //                   a job's bucket is a hash of its id
-//   KEYS[4] seq     string                                the fencing-token counter
-//   KEYS[5] dead    hash  id -> payload                   jobs past max_attempts
+//   KEYS[3] seq     string                                          the fencing-token counter
+//   KEYS[4] dead    hash  id -> payload                             jobs past max_attempts
 // clang-format on
 //
 // and ARGV[1] = the wake-up channel, ARGV[2] = the shard's number; the rest is each script's own.
+// A queue written in an older layout (`dq:v2:T:due` and the rest) is not read: the client refuses
+// it with layout_error (script_client.hpp), and its keys stay as they are.
 //
 // Why buckets: a waiting job costs one zset entry and one hash entry, and a big hash costs Redis
 // about 80 bytes per entry; a hash of at most 128 short entries is stored as one compact listpack
@@ -70,14 +82,13 @@
 // SHA1) is fixed for a build.
 //
 // Wake-ups. Consumers wait on the pub/sub channel. A script that may make the shard's next event
-// (the earliest due time or lease end) earlier publishes "<shard> <ms until then>": put and
-// reschedule when the job comes before the earliest waiting one, consume when a nack or a release
-// makes the next event earlier than it was. Nothing else can make it earlier (acks, cancels and
-// takes remove events; a take leases a job that was due, so its lease (or hold) ends after the
-// event it replaces; an extend moves a hold end later; a reclaim turns a lease end into a due time
-// at the same moment). So a consumer that
-// knows a time before which nothing is due (from its last script) and hears every message since
-// never sleeps past a due job.
+// (the head of `events`: the earliest due time or lease end) earlier publishes "<shard> <ms until
+// then>": put and reschedule when the job comes before the head, consume when a nack or a release
+// makes the head earlier than it was. Nothing else can make it earlier (acks, cancels and burials
+// remove events; a take leases a job that was due, so its lease (or hold) ends after the event it
+// replaces; an extend moves a hold end later; a lease that ends is due at that same moment). So a
+// consumer that knows a time before which nothing is due (from its last script) and hears every
+// message since never sleeps past a due job.
 #pragma once
 
 #include <array>
@@ -86,8 +97,14 @@
 
 namespace delayq::redis::detail {
 
-enum key_id : std::size_t { k_due, k_leased, k_data, k_seq, k_dead, k_count };
-inline constexpr std::array<const char*, k_count> key_names{"due", "leased", "data", "seq", "dead"};
+enum key_id : std::size_t { k_events, k_data, k_seq, k_dead, k_count };
+inline constexpr std::array<const char*, k_count> key_names{"events", "data", "seq", "dead"};
+
+// The layout version, in every key's name; and the older layouts' keys that say a queue was
+// written in one of them (script_client.hpp refuses such a queue).
+inline constexpr std::string_view layout = "v3";
+inline constexpr std::array<std::string_view, 1> older_layouts{"v2"};
+inline constexpr std::array<const char*, 4> older_keys{"due", "leased", "seq", "dead"};
 
 enum script_id : std::size_t { s_put, s_consume, s_cancel, s_reschedule, s_size, s_count };
 
@@ -138,12 +155,13 @@ consteval lua_text<digits_of(N)> decimal() {
 
 // The scripts' common opening; see "Time" and "Wake-ups" above. Its first line is max_ms, in
 // the constant's own digits. Each redis.call costs about as much as the rest of a small script,
-// so the scripts make as few as they can (one put: TIME, ZRANGE, HSETNX, ZADD).
+// so the scripts make as few as they can (one put: TIME, ZRANGE, HSETNX, ZADD; an ack with the
+// take inside it: nine).
 inline constexpr auto prelude = lua("local max_ms = ") + decimal<max_ms>() + lua(R"lua(
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local later = tonumber(t[1]) * 1000 + math.ceil(tonumber(t[2]) / 1000)
-local due, leased, data, seq, dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local events, data, seq, dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local function due_at(ms) return math.min(later + ms, max_ms) end
 local function bucket(id)
   local h = #id
@@ -153,8 +171,8 @@ local function bucket(id)
   end
   return data .. ':' .. (h % 1024)
 end
-local function head(z)
-  local h = redis.call('ZRANGE', z, 0, 0, 'WITHSCORES')
+local function head()
+  local h = redis.call('ZRANGE', events, '0', '0', 'WITHSCORES')
   return h[2] and tonumber(h[2])
 end
 local function publish(at)
@@ -165,10 +183,9 @@ end
 
 // ARGV channel shard (id payload mode ms)*; mode 'a': ms is a due time, 'r': a delay.
 // Returns one 1 (queued) or 0 (already queued: nothing changes) per job. Publishes when a job
-// comes before the earliest waiting one (the lease ends may be earlier still: then the message
-// says nothing new, which does no harm).
+// comes before the shard's earliest event.
 inline constexpr auto put_lua = prelude + lua(R"lua(
-local first, earliest, out = head(due), nil, {}
+local first, earliest, out = head(), nil, {}
 for i = 3, #ARGV, 4 do
   local id = ARGV[i]
   if redis.call('HSETNX', bucket(id), 'p' .. id, ARGV[i + 1]) == 0 then
@@ -176,7 +193,7 @@ for i = 3, #ARGV, 4 do
   else
     local at = tonumber(ARGV[i + 3])
     if ARGV[i + 2] == 'r' then at = due_at(at) end
-    redis.call('ZADD', due, at, id)
+    redis.call('ZADD', events, at, id)
     if not earliest or at < earliest then earliest = at end
     out[#out + 1] = 1
   end
@@ -185,34 +202,30 @@ if earliest and (not first or earliest < first) then publish(earliest) end
 return out
 )lua");
 
-// ARGV channel shard lease_ms max_attempts reclaim_batch take_count hold_ms (how id token)*
+// ARGV channel shard lease_ms max_attempts bury_batch take_count hold_ms (how id token)*
 // Settles the listed leases (how: 'a' ack, 'n<ms>' nack due ms from now, 'r<ms>' release back
-// to its due time ms, its delivery not counted, 'x' extend a kept job to its whole lease), reclaims
-// up to reclaim_batch ended leases, then leases up to take_count due jobs, earliest first: for the
-// whole lease when hold_ms is 0, else kept for hold_ms (the reply still gives the attempts and
-// the lease end the job has once extended). meta holds "attempts:token:lease_end" (kept:
+// to its due time ms, its delivery not counted, 'x' extend a kept job to its whole lease), then
+// leases up to take_count due jobs, earliest first: for the whole lease when hold_ms is 0, else
+// kept for hold_ms (the reply still gives the attempts and the lease end the job has once
+// extended). A due job whose lease ended after its last attempt (max_attempts) goes to `dead`
+// instead, at most bury_batch of them per call. meta holds "attempts:token:lease_end" (kept:
 // "attempts:token:hold_end:lease_end"), so one HGET proves a lease; a settled lease's token is
 // cleared (0), so it cannot settle again.
 // Returns {next, ok*, n, (id, payload, due, attempts, token, lease_end)*n}: next is the ms until
-// the next event after all that (0: more is due now; -1: nothing is queued), possibly earlier
-// than the truth (a lease end that went away during the call), never later; one ok (1 settled,
+// the next event after all that (0: more is due now; -1: nothing is queued); one ok (1 settled,
 // 0 the lease was lost) per settlement.
 inline constexpr auto consume_lua = prelude + lua(R"lua(
 local lease_ms, max_attempts, hold_ms = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[7])
 local out, before = {0}, false
-local first_lease = head(leased)
-local function attempts_of(m) return m and tonumber(string.match(m, '^(%d+)')) or 0 end
-local function bury(id, b)
-  redis.call('HSET', dead, id, redis.call('HGET', b, 'p' .. id) or '')
+local function bury(id, b, payload)
+  redis.call('ZREM', events, id)
+  redis.call('HSET', dead, id, payload or '')
   redis.call('HDEL', b, 'p' .. id, 'm' .. id)
 end
 -- Back to waiting, due at `at`. The next event may get earlier: remember it as it was.
 local function requeue(id, at)
-  if before == false then
-    before = head(due)
-    if first_lease and (not before or first_lease < before) then before = first_lease end
-  end
-  redis.call('ZADD', due, at, id)
+  if before == false then before = head() end
+  redis.call('ZADD', events, at, id)
 end
 for i = 8, #ARGV, 3 do
   local how, id, ok = ARGV[i], ARGV[i + 1], 0
@@ -230,79 +243,79 @@ for i = 8, #ARGV, 3 do
     if kind == 'x' then  -- the lease becomes the whole lease; an extended one stays as it is
       if kept then
         redis.call('HSET', b, 'm' .. id, string.format('%d:%s:%s', a, token, whole))
-        redis.call('ZADD', leased, whole, id)
+        redis.call('ZADD', events, whole, id)
       end
+    elseif kind == 'a' then
+      redis.call('ZREM', events, id)
+      redis.call('HDEL', b, 'p' .. id, 'm' .. id)
+    elseif kind == 'r' then
+      if not kept then a = a - 1 end
+      if a > 0 then redis.call('HSET', b, 'm' .. id, string.format('%d:0:0', a)) else redis.call('HDEL', b, 'm' .. id) end
+      requeue(id, ms)
+    elseif max_attempts > 0 and a >= max_attempts then
+      bury(id, b, redis.call('HGET', b, 'p' .. id))
     else
-      redis.call('ZREM', leased, id)
-      if kind == 'a' then
-        redis.call('HDEL', b, 'p' .. id, 'm' .. id)
-      elseif kind == 'r' then
-        if not kept then a = a - 1 end
-        if a > 0 then redis.call('HSET', b, 'm' .. id, string.format('%d:0:0', a)) else redis.call('HDEL', b, 'm' .. id) end
-        requeue(id, ms)
-      elseif max_attempts > 0 and a >= max_attempts then
-        bury(id, b)
-      else
-        redis.call('HSET', b, 'm' .. id, string.format('%d:0:0', a))
-        requeue(id, due_at(ms))
-      end
+      redis.call('HSET', b, 'm' .. id, string.format('%d:0:0', a))
+      requeue(id, due_at(ms))
     end
   end
   out[#out + 1] = ok
 end
-if first_lease and first_lease <= now then
-  -- Ended leases: back to waiting at their lease end (or dead). The next event stays where it was.
-  -- A kept job's attempts do not count its kept delivery: it is never buried for that.
-  local ended = redis.call('ZRANGEBYSCORE', leased, '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[5]))
-  for i = 1, #ended, 2 do
-    local id = ended[i]
-    redis.call('ZREM', leased, id)
+-- The due jobs to lease, and one more event: the earliest that stays tells when the next is due.
+-- The jobs leased here stay at the head (their scores change at the end), so a look after a
+-- burial starts after them.
+local want, budget = tonumber(ARGV[6]), tonumber(ARGV[5])
+local n, rows, next_due = 0, {}, nil
+repeat
+  local heads = redis.call('ZRANGE', events, n, want, 'WITHSCORES')
+  local buried, k = false, 0
+  while heads[2 * k + 2] do
+    local at = tonumber(heads[2 * k + 2])
+    if at > now or n == want then next_due = at break end
+    local id = heads[2 * k + 1]
+    k = k + 1
     local b = bucket(id)
-    if max_attempts > 0 and attempts_of(redis.call('HGET', b, 'm' .. id)) >= max_attempts then
-      bury(id, b)
+    local pm = redis.call('HMGET', b, 'p' .. id, 'm' .. id)
+    local a, token = 0, '0'
+    if pm[2] then a, token = string.match(pm[2], '^(%d+):(%d+):') a = tonumber(a) end
+    -- A job whose lease ended is due again; after its last attempt, it is dead instead.
+    if token ~= '0' and max_attempts > 0 and a >= max_attempts then
+      if budget == 0 then next_due = now break end
+      budget = budget - 1
+      bury(id, b, pm[1])
+      buried = true
     else
-      redis.call('ZADD', due, tonumber(ended[i + 1]), id)
+      n = n + 1
+      rows[n] = {id, b, pm[1] or '', at, a + 1}
     end
   end
-end
--- The due jobs to lease, and one more: the earliest that stays tells when the next is due.
-local want = tonumber(ARGV[6])
-local heads = redis.call('ZRANGE', due, 0, want, 'WITHSCORES')
-local n = 0
-while n < want and heads[2 * n + 2] and tonumber(heads[2 * n + 2]) <= now do n = n + 1 end
+until next_due or not buried
 out[#out + 1] = n
-local next_due = heads[2 * n + 2] and tonumber(heads[2 * n + 2])
 local lease_end = math.min(now + lease_ms, max_ms)
 local hold_end = hold_ms > 0 and math.min(now + hold_ms, lease_end) or lease_end
 if n > 0 then
   local token = redis.call('INCRBY', seq, n) - n
-  local ids, leases = {}, {}
+  local leases = {}
   for k = 1, n do
-    local id = heads[2 * k - 1]
-    local b = bucket(id)
-    local pm = redis.call('HMGET', b, 'p' .. id, 'm' .. id)
-    local attempts = attempts_of(pm[2]) + 1
+    local r = rows[k]
     token = token + 1
     if hold_ms > 0 then
-      redis.call('HSET', b, 'm' .. id, string.format('%d:%d:%d:%d', attempts - 1, token, hold_end, lease_end))
+      redis.call('HSET', r[2], 'm' .. r[1], string.format('%d:%d:%d:%d', r[5] - 1, token, hold_end, lease_end))
     else
-      redis.call('HSET', b, 'm' .. id, string.format('%d:%d:%d', attempts, token, lease_end))
+      redis.call('HSET', r[2], 'm' .. r[1], string.format('%d:%d:%d', r[5], token, lease_end))
     end
-    ids[k] = id
-    leases[2 * k - 1], leases[2 * k] = hold_end, id
-    out[#out + 1] = id
-    out[#out + 1] = pm[1] or ''
-    out[#out + 1] = tonumber(heads[2 * k])
-    out[#out + 1] = attempts
+    leases[2 * k - 1], leases[2 * k] = hold_end, r[1]
+    out[#out + 1] = r[1]
+    out[#out + 1] = r[3]
+    out[#out + 1] = r[4]
+    out[#out + 1] = r[5]
     out[#out + 1] = token
     out[#out + 1] = lease_end
   end
-  redis.call('ZREM', due, unpack(ids))
-  redis.call('ZADD', leased, unpack(leases))
-  if not first_lease or hold_end < first_lease then first_lease = hold_end end
+  redis.call('ZADD', events, unpack(leases))
 end
 local after = next_due
-if first_lease and (not after or first_lease < after) then after = first_lease end
+if n > 0 and (not after or hold_end < after) then after = hold_end end
 if before ~= false and after and (not before or after < before) then publish(after) end
 out[1] = after and math.max(after - now, 0) or -1
 return out
@@ -312,24 +325,26 @@ return out
 inline constexpr auto cancel_lua = prelude + lua(R"lua(
 local id = ARGV[3]
 if redis.call('HDEL', bucket(id), 'p' .. id, 'm' .. id) == 0 then return 0 end
-redis.call('ZREM', due, id)
-redis.call('ZREM', leased, id)
+redis.call('ZREM', events, id)
 return 1
 )lua");
 
 // ARGV channel shard id delay_ms. Returns 1 if the job was waiting and is due delay_ms from now.
+// A leased or kept job (a token in its "m") is not waiting, even once its lease ended.
 inline constexpr auto reschedule_lua = prelude + lua(R"lua(
 local id = ARGV[3]
-if not redis.call('ZSCORE', due, id) then return 0 end
-local first, at = head(due), due_at(tonumber(ARGV[4]))
-redis.call('ZADD', due, at, id)
+if not redis.call('ZSCORE', events, id) then return 0 end
+local m = redis.call('HGET', bucket(id), 'm' .. id)
+if m and not string.match(m, '^%d+:0:') then return 0 end
+local first, at = head(), due_at(tonumber(ARGV[4]))
+redis.call('ZADD', events, at, id)
 if at < first then publish(at) end
 return 1
 )lua");
 
 // ARGV channel shard. Returns the number of queued jobs, waiting plus leased.
 inline constexpr auto size_lua = lua(R"lua(
-return redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[2])
+return redis.call('ZCARD', KEYS[1])
 )lua");
 
 inline constexpr std::array<std::string_view, s_count> scripts{
