@@ -17,10 +17,11 @@ untested by accident.
       `doc_blocks.py check` with CHECK-ARGS; ctest runs this when it starts, so the tests are the
       blocks the files hold then.
   doc_blocks.py check --root SRC --block FILE:LINE --cxx COMPILER... --include DIR...
-                      [--have hiredis] [--have boost]
+                      [--have hiredis] [--have sqlite] [--have boost]
       compiles that block with each compiler (-std=c++20 -Wall -Wextra -Wpedantic -Werror
       -fsyntax-only). Diagnostics name the markdown file and its line. A block that needs
-      hiredis (<delayq/redis/...>) or Boost (<boost/...>) is skipped (exit 77) when it is missing.
+      hiredis (<delayq/redis/...>), SQLite (<delayq/sqlite/...>) or Boost (<boost/...>) is
+      skipped (exit 77) when it is missing.
 """
 import argparse, os, re, subprocess, sys, tempfile
 
@@ -96,6 +97,8 @@ def needs(body):
     wanted = []
     if re.search(r"#\s*include\s*<delayq/redis/", text):
         wanted.append("hiredis")
+    if re.search(r"#\s*include\s*<delayq/sqlite/", text):
+        wanted.append("sqlite")
     if re.search(r"#\s*include\s*<boost/", text):
         wanted.append("boost")
     return wanted

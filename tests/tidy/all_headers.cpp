@@ -11,8 +11,13 @@
 #include <delayq/manual_clock.hpp>
 #include <delayq/missed_tick.hpp>
 #include <delayq/timeout.hpp>
+#include <delayq/job.hpp>
+#include <delayq/job_queue.hpp>
 #if __has_include(<hiredis/hiredis.h>)
 #include <delayq/redis/delay_queue.hpp>
+#endif
+#if __has_include(<sqlite3.h>)
+#include <delayq/sqlite/delay_queue.hpp>
 #endif
 
 #include <chrono>
@@ -100,6 +105,15 @@ int main() try {
     ro.name = "tidy";
     delayq::redis::delay_queue rq(ro);
     (void)rq.put_after("a", "b", std::chrono::milliseconds(1));
+    static_assert(delayq::job_queue<delayq::redis::delay_queue>);
+#endif
+#if __has_include(<sqlite3.h>)
+    delayq::sqlite::options so;
+    so.path = "tidy.db";
+    delayq::sqlite::delay_queue sq(so);
+    (void)sq.put_after("a", "b", std::chrono::milliseconds(1));
+    if (auto j = sq.take(std::chrono::milliseconds(0))) (void)sq.ack(*j);
+    static_assert(delayq::job_queue<delayq::sqlite::delay_queue>);
 #endif
     return 0;
 } catch (...) {

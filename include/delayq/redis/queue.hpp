@@ -63,10 +63,7 @@ class queue_base {
         return client_.put(client_.shard_of(id), args).front();
     }
 
-    struct put_request {
-        std::string_view id, payload;
-        std::chrono::milliseconds delay{0};
-    };
+    using put_request = delayq::put_request;
 
     /// put_after for many jobs: one script call per shard and 500 jobs. Element i of the result
     /// is what put_after would have returned for jobs[i]; a duplicate id is refused.

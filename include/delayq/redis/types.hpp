@@ -1,8 +1,9 @@
 // The public types of the Redis backend: the options a queue is made with, the job that take()
 // hands out, and the error that any call may throw. Part of <delayq/redis/delay_queue.hpp>.
 //
-// The idea. Plain data with no code and nothing beyond the standard library, so that every part
-// of the backend can name them: the queue classes, and the parts under detail/ too (a job is what
+// The idea. Plain data with no code and nothing beyond the standard library and the job queues'
+// shared vocabulary (<delayq/job.hpp>: the job, the put request, the base of the errors, which the
+// SQLite backend shares), so that every part of the backend can name them: the queue classes, and the parts under detail/ too (a job is what
 // the scripts' replies are decoded into and what the prefetch stash keeps; every layer, down to
 // the wire, throws error). This is the one public header that detail/ includes: moved into
 // detail/, the types would leave the API reference, which documents no detail/ header.
@@ -15,13 +16,15 @@
 #include <string>
 #include <utility>
 
+#include "../job.hpp"
+
 namespace delayq::redis {
 
 /// A server or connection problem: the message names the command and carries the server's own
 /// words, or says what went wrong with the connection.
-class error : public std::runtime_error {
+class error : public delayq::queue_error {
   public:
-    using std::runtime_error::runtime_error;
+    using queue_error::queue_error;
 };
 
 /// The queue's keys on the server were written in an older key layout, which this version does
@@ -60,17 +63,12 @@ struct options {
     std::string password;  ///< its password (or the server's requirepass, with no user)
 };
 
-/// One delivery of a job, as take() hands it out: what ack() and nack() need to prove that the
-/// caller still holds the lease.
-struct job {
-    std::string id;                                  ///< the id it was put with
-    std::string payload;                             ///< its payload, binary-safe
-    std::chrono::system_clock::time_point deadline;  ///< when this delivery was due (server clock)
-    unsigned attempts = 0;                           ///< 1 at the first delivery
-    /// Fencing token of this lease: greater at each lease of the job, unique within its shard
-    /// only (see sharded_delay_queue).
-    std::uint64_t token = 0;
-    std::chrono::system_clock::time_point lease_deadline;  ///< the lease ends then (server clock)
-};
+/// One delivery of a job, as take() hands it out (delayq::job, the type every backend shares).
+/// Times are the server's clock; the fencing token is unique within the job's shard only (see
+/// sharded_delay_queue).
+using delayq::job;
+
+/// One job of put_many() (delayq::put_request).
+using delayq::put_request;
 
 }  // namespace delayq::redis

@@ -247,6 +247,7 @@ class script_client {
     void check_layout(shard& at, bool patient) {
         for (std::string_view old : older_layouts) {
             std::vector<std::string> keys;
+            keys.reserve(older_keys.size());
             for (const char* k : older_keys)
                 keys.push_back("dq:" + std::string(old) + ":" + at.tag + ":" + k);
             std::vector<std::string_view> argv{"EXISTS"};

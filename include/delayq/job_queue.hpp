@@ -1,0 +1,98 @@
+// delayq::job_queue<Q>: the contract that every durable job queue backend meets (today
+// delayq::redis::delay_queue and delayq::sqlite::delay_queue), written once as a concept so that
+// code, and one behaviour suite (tests/contract/), can be written against any of them.
+//
+// The semantics that the signatures cannot say, and that every backend keeps:
+// - An id is "queued" while its job waits or is leased. put() and put_after() of a queued id
+//   return false and change nothing; after ack() or cancel() (or a move to the dead letters) the id
+//   may be put again.
+// - take(max_wait) leases the earliest due job (not before its deadline), waiting up to max_wait
+//   (not at all when <= 0) without polling; attempts is 1 at the first delivery, +1 at each
+//   redelivery (after nack() or a lease that ended).
+// - ack() and nack() succeed only while the lease holds and with the lease's token (fencing):
+//   false once the lease ended, the job was delivered again, or it was cancelled.
+// - cancel() removes a waiting or leased job; reschedule() moves a waiting job only.
+// - With max_attempts N > 0, a job whose N-th delivery is nacked or whose N-th lease ends moves to
+//   the dead letters (dead_size()) instead of waiting again.
+// - size() counts the queued jobs: waiting plus leased.
+#pragma once
+
+#include <chrono>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "job.hpp"
+
+namespace delayq {
+
+namespace detail {
+
+template <class Q>
+struct put_request_of {
+    using type = delayq::put_request;
+};
+template <class Q>
+requires requires {
+    typename Q::put_request;
+}
+struct put_request_of<Q> {
+    using type = typename Q::put_request;
+};
+
+}  // namespace detail
+
+/// The job type of queue Q: what its take() hands out (delayq::job, or a backend's own type with
+/// the same members).
+template <class Q>
+using job_type_t = typename std::remove_cvref_t<decltype(std::declval<Q&>().take(
+    std::chrono::milliseconds{}))>::value_type;
+
+/// The request type of Q's put_many(): Q::put_request if Q names one, else delayq::put_request.
+template <class Q>
+using put_request_t = typename detail::put_request_of<Q>::type;
+
+/// A job as every backend hands it out: the members of delayq::job.
+template <class J>
+concept job_like = requires(const J& j) {
+    { j.id } -> std::convertible_to<std::string_view>;
+    { j.payload } -> std::convertible_to<std::string_view>;
+    { j.deadline } -> std::convertible_to<std::chrono::system_clock::time_point>;
+    { j.attempts } -> std::convertible_to<unsigned>;
+    { j.token } -> std::convertible_to<std::uint64_t>;
+    { j.lease_deadline } -> std::convertible_to<std::chrono::system_clock::time_point>;
+};
+
+/// A durable, leased job queue: the members and the semantics above.
+template <class Q>
+concept job_queue = requires {
+    typename job_type_t<Q>;
+}
+&&job_like<job_type_t<Q>>&& requires(Q& q, std::string_view s,
+                                     std::chrono::system_clock::time_point tp,
+                                     std::chrono::milliseconds d, std::size_t n,
+                                     const job_type_t<Q>& j, std::span<const job_type_t<Q>> js,
+                                     std::span<const put_request_t<Q>> ps) {
+    { q.put(s, s, tp) } -> std::same_as<bool>;
+    { q.put_after(s, s, d) } -> std::same_as<bool>;
+    { q.put_many(ps) } -> std::same_as<std::vector<bool>>;
+    { q.cancel(s) } -> std::same_as<bool>;
+    { q.reschedule(s, d) } -> std::same_as<bool>;
+    { q.take(d) } -> std::same_as<std::optional<job_type_t<Q>>>;
+    { q.take_many(n, d) } -> std::same_as<std::vector<job_type_t<Q>>>;
+    { q.ack(j) } -> std::same_as<bool>;
+    { q.ack_many(js) } -> std::same_as<std::vector<bool>>;
+    { q.nack(j, d) } -> std::same_as<bool>;
+    { q.size() } -> std::same_as<std::size_t>;
+    { q.dead_size() } -> std::same_as<std::size_t>;
+    q.get_options();
+};
+
+}  // namespace delayq

@@ -1,0 +1,973 @@
+// delayq::sqlite::delay_queue: a durable delay queue in one SQLite file, with no server. The job
+// API of delayq::redis::delay_queue (delayq::job_queue), for work that must survive a crash or a
+// restart on one machine. See docs/sqlite.md.
+//
+// The idea. The jobs live in the file (detail/schema.hpp has the layout), never wholesale in
+// memory; the object holds one SQLite connection, which a mutex serializes, and what it knows
+// about the next event: a time (system clock, ms) before which nothing in the file comes due or
+// ends its lease.
+//
+// Durability. A put that returned is in the file and fsynced (options::durable_puts). Every write
+// (put, cancel, reschedule, the take's lease, ack, nack) goes through one group commit
+// (detail/group_commit.hpp): the calls of concurrent threads share one transaction, and one fsync
+// when the group holds a put, cancel or reschedule (they decide whether and when a job runs).
+// A group of takes, acks and nacks alone commits without waiting for the disk
+// (synchronous=NORMAL in WAL mode): it survives a crash of the process, and a power cut may undo
+// the last of them, which only means a redelivery (at-least-once).
+//
+// Waiting without polling. take() follows delay_queue's leader-follower pattern: one waiting
+// thread, the leader, sleeps until the next event it knows of; the others sleep on a condition
+// variable until the leader leaves. A put, nack or reschedule through this object that makes the
+// next event earlier wakes the leader, so within a process nothing polls. Another process (or
+// another object on the same file) cannot wake it: the leader looks at `PRAGMA data_version`,
+// which changes when another connection commits, every options::foreign_changes while it waits,
+// and at the file again when it changed. That read costs no I/O (it reads the WAL index in shared
+// memory), so the default, 200 ms, costs an idle consumer five cheap checks a second; it is also
+// the bound on how late a system clock stepped forward is noticed.
+//
+// Time. Due times and lease ends are milliseconds on std::chrono::system_clock, so that they mean
+// the same after a reboot and in every process. A job is due once the system clock, rounded down
+// to the ms, reaches its due time; delays are added to the clock rounded up: never early by the
+// system clock. The leader sleeps on the steady clock, at most foreign_changes at a time, so a
+// clock stepped forward hands out what became due within foreign_changes, and a clock stepped back
+// holds jobs until it reaches their due times again.
+#pragma once
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#ifdef S2_STATS
+#include <atomic>
+#include <cstdio>
+#endif
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "../detail/time.hpp"
+#include "../job.hpp"
+#include "detail/group_commit.hpp"
+#include "detail/handle.hpp"
+#include "detail/schema.hpp"
+
+namespace delayq::sqlite {
+
+/// The options of delay_queue. Bad values make its constructor throw std::invalid_argument.
+struct options {
+    std::string path;  ///< the queue's file; created (with its tables) if it does not exist
+    /// How long a taken job is invisible to other consumers before it is delivered again (> 0).
+    std::chrono::milliseconds lease = std::chrono::seconds(30);
+    /// How long a call waits for a lock that another process holds (>= 0); then busy_error.
+    std::chrono::milliseconds busy_timeout = std::chrono::seconds(5);
+    unsigned max_attempts = 0;  ///< 0: redeliver forever; else dead-letter after this many
+    /// A put that returned is fsynced (on disk); false: in the OS's cache only, lost by a power
+    /// cut (not by a crash of the process), for many more puts a second.
+    bool durable_puts = true;
+    /// At worst how late a waiting take sees a put by another process (or another object on the
+    /// same file): how often it reads `PRAGMA data_version` while it waits (> 0).
+    std::chrono::milliseconds foreign_changes = std::chrono::milliseconds(200);
+    std::size_t reclaim_batch = 100;  ///< ended leases reclaimed per take, > 0
+    std::size_t commit_batch = 1000;  ///< puts per group commit at most (a put_many is whole), > 0
+    /// The file may grow to about this many bytes (0: as far as the disk allows); beyond it,
+    /// puts throw disk_full_error. In whole pages of the file (4 KiB by default).
+    std::uint64_t max_size = 0;
+    /// ack() also leases the next due job, in its own transaction, and keeps it for this object's
+    /// next take(): one transaction per job instead of two in the loop `while (auto j =
+    /// q.take(t)) { work(*j); q.ack(*j); }`. See "Prefetch" in docs/sqlite.md.
+    bool prefetch = true;
+};
+
+/// What went wrong with the queue's file; the subclasses name the problems a caller can act on.
+/// `what()` names the file and the problem; code() is SQLite's extended result code (0 when the
+/// problem is delayq's own finding).
+class error : public queue_error {
+  public:
+    error(const std::string& what, int code) : queue_error(what), code_(code) {}
+    int code() const noexcept { return code_; }
+
+  private:
+    int code_;
+};
+/// The file holds something else: not SQLite at all, or another application's database.
+class not_a_queue_error : public error {
+  public:
+    using error::error;
+};
+/// The file is a queue of a later format, written by a newer delayq.
+class newer_version_error : public error {
+  public:
+    using error::error;
+};
+/// The file is damaged (SQLITE_CORRUPT, a damaged header).
+class corrupt_error : public error {
+  public:
+    using error::error;
+};
+/// The disk is full, or the file reached options::max_size or RLIMIT_FSIZE (SQLITE_FULL).
+class disk_full_error : public error {
+  public:
+    using error::error;
+};
+/// Another connection held the file's lock for longer than options::busy_timeout (SQLITE_BUSY).
+class busy_error : public error {
+  public:
+    using error::error;
+};
+/// The file (or its directory, for the WAL) cannot be written (SQLITE_READONLY).
+class read_only_error : public error {
+  public:
+    using error::error;
+};
+
+/// A durable delay queue in one SQLite file; see docs/sqlite.md. Every member may be called from
+/// many threads at once, and several processes may open the same file.
+class delay_queue {
+  public:
+    using job = delayq::job;
+    using put_request = delayq::put_request;
+
+    /// Opens (or creates) the queue in `o.path`. Throws std::invalid_argument for bad options, and
+    /// an error of this family when the file cannot be a queue (see the classes above).
+    explicit delay_queue(options o)
+        : opt_(checked(std::move(o))),
+          db_(opt_.path, &raise, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE),
+          st_(set_up(db_, opt_)),
+          wal_path_(sqlite3_filename_wal(sqlite3_db_filename(db_.get(), "main"))) {
+        detail::statement::use u(st_.data_version);
+        if (u->step()) data_version_ = u->integer(0);
+    }
+
+    /// Gives back the jobs that acks kept for a take() that never came (see "Prefetch" above);
+    /// if that fails, their short hold ends by itself.
+    ~delay_queue() {
+        std::vector<kept> left;
+        {
+            std::lock_guard lk(m_);
+            left.swap(stash_);
+            stopping_ = true;
+        }
+        keeper_cv_.notify_all();
+        if (keeper_.joinable()) keeper_.join();
+        try {
+            give_back(left);
+        } catch (...) {  // the holds end by themselves
+        }
+        if (wal_fd_ >= 0) ::close(wal_fd_);
+#ifdef S2_STATS
+        std::fprintf(stderr, "S2 groups %ld ops %ld syncs %ld\n", (long)s2_groups, (long)s2_ops,
+                     (long)s2_syncs);
+#endif
+    }
+
+    delay_queue(const delay_queue&) = delete;
+    delay_queue& operator=(const delay_queue&) = delete;
+
+    const options& get_options() const noexcept {
+        return opt_;
+    }
+
+    /// Queues `id` to be due at `deadline` (rounded up to the ms). False if `id` is already queued
+    /// (waiting or leased); nothing changes then. Durable when it returns (durable_puts).
+    bool put(std::string_view id, std::string_view payload,
+             std::chrono::system_clock::time_point deadline) {
+        check_id(id);
+        op o{op::put, id};
+        o.payload = payload;
+        o.due = to_ms(deadline);
+        return run_one(o);
+    }
+
+    /// Queues `id` to be due `delay` from now. False if already queued.
+    bool put_after(std::string_view id, std::string_view payload, std::chrono::milliseconds delay) {
+        check_id(id);
+        op o{op::put, id};
+        o.payload = payload;
+        o.due = due_after(delay);
+        return run_one(o);
+    }
+
+    /// put_after for many jobs, in one transaction. Element i of the result is what put_after
+    /// would have returned for jobs[i]; a duplicate id within the call is refused.
+    std::vector<bool> put_many(std::span<const put_request> jobs) {
+        std::vector<op> ops;
+        ops.reserve(jobs.size());
+        for (const auto& r : jobs) {
+            check_id(r.id);
+            ops.push_back(op{op::put, r.id});
+            ops.back().payload = r.payload;
+            ops.back().due = due_after(r.delay);
+        }
+        return run_all(ops);
+    }
+
+    /// Removes a waiting or leased job (the holder's ack or nack then returns false). False if
+    /// `id` is not queued. Durable when it returns (durable_puts).
+    bool cancel(std::string_view id) {
+        check_id(id);
+        {
+            // A job an ack kept must not be handed out, nor extended, once cancelled.
+            std::lock_guard lk(m_);
+            std::erase_if(stash_, [&](const kept& k) { return k.j.id == id; });
+            std::erase_if(handed_, [&](const handed& h) { return h.id == id; });
+        }
+        op o{op::cancel, id};
+        return run_one(o);
+    }
+
+    /// Gives a waiting job a new due time, `delay` from now. False for an unknown or leased id.
+    /// Durable when it returns (durable_puts).
+    bool reschedule(std::string_view id, std::chrono::milliseconds delay) {
+        check_id(id);
+        op o{op::reschedule, id};
+        o.due = due_after(delay);
+        return run_one(o);
+    }
+
+    /// Leases the earliest due job, waiting up to `max_wait` for one (not at all when <= 0).
+    std::optional<job> take(std::chrono::milliseconds max_wait) {
+        auto jobs = take_jobs(1, max_wait);
+        if (jobs.empty()) return std::nullopt;
+        return std::move(jobs.front());
+    }
+
+    /// Leases up to `max_jobs` (at most 500) due jobs, earliest first, in one transaction,
+    /// waiting up to `max_wait` for the first. Every job has its own token.
+    std::vector<job> take_many(std::size_t max_jobs, std::chrono::milliseconds max_wait) {
+        return take_jobs(std::clamp<std::size_t>(max_jobs, 1, max_take), max_wait);
+    }
+
+    /// Done with the job: it is gone for good. False if the lease was lost (ended, or cancelled,
+    /// or the job delivered again).
+    bool ack(const job& j) {
+        check_id(j.id);
+        op o{op::ack, j.id};
+        o.token = token_of(j);
+        std::vector<job> next;
+        {
+            std::lock_guard lk(m_);
+            // At most one kept job per job in user code: one per consumer thread in the loop.
+            if (prefetch_ && in_hand_ > stash_.size() && start_keeper()) {
+                o.want = 1;
+                o.jobs = &next;
+            }
+            if (in_hand_ > 0) --in_hand_;
+        }
+        const auto sent = steady::now();  // the hold begins after this
+        run_one(o);
+        std::lock_guard lk(m_);
+        forget_handed(j);  // settled (or lost): nothing to extend
+        if (!next.empty()) {
+            stash_.push_back(kept{std::move(next.front()), sent});
+            if (sent + window_ < keeper_until_) keeper_cv_.notify_one();
+        }
+        return o.ok;
+    }
+
+    /// ack for many jobs, in one transaction; element i is what ack(jobs[i]) would have returned.
+    std::vector<bool> ack_many(std::span<const job> jobs) {
+        std::vector<op> ops;
+        ops.reserve(jobs.size());
+        for (const auto& j : jobs) {
+            check_id(j.id);
+            ops.push_back(op{op::ack, j.id});
+            ops.back().token = token_of(j);
+        }
+        auto out = run_all(ops);
+        settled(jobs);
+        return out;
+    }
+
+    /// Back to the queue, due `retry_after` from now, or to the dead letters if this was its
+    /// max_attempts-th delivery. False if the lease was lost.
+    bool nack(const job& j, std::chrono::milliseconds retry_after) {
+        check_id(j.id);
+        op o{op::nack, j.id};
+        o.token = token_of(j);
+        o.due = due_after(retry_after);
+        run_one(o);
+        settled(std::span<const job>(&j, 1));
+        return o.ok;
+    }
+
+    /// Jobs queued: waiting plus leased. Counts the file's rows: O(n).
+    std::size_t size() {
+        return count(st_.count_jobs);
+    }
+
+    /// Jobs moved to the dead letters (the `dead` table: id, payload, attempts, when) after
+    /// max_attempts deliveries.
+    std::size_t dead_size() {
+        return count(st_.count_dead);
+    }
+
+  private:
+    using steady = std::chrono::steady_clock;
+    using milliseconds = std::chrono::milliseconds;
+
+    // Due times stay below 10^14 ms (year 5138), as in the Redis backend: a lease end added to
+    // one never overflows.
+    static constexpr long long max_ms = 99'999'999'999'999LL;
+    static constexpr long long never = std::numeric_limits<long long>::max();
+    static constexpr std::size_t max_take = 500;  // jobs per take_many: one short transaction
+
+    // One change to the file, as the group commit runs it (see "Durability" above): every
+    // write of the queue goes through it, so that concurrent calls share transactions.
+    struct op {
+        enum kind_t : unsigned char { put, cancel, reschedule, ack, nack, lease, extend, release };
+        kind_t kind;
+        std::string_view id;
+        std::string_view payload{};        // put
+        long long due = 0;                 // put, reschedule, nack: the new due time
+        long long token = 0;               // ack, nack, extend, release: the lease's
+        std::size_t want = 0;              // lease, ack: at most this many jobs
+        std::vector<job>* jobs = nullptr;  // lease: the jobs leased; ack: the job kept, if any
+        bool ok = false;                   // the result: queued, removed, moved, settled
+    };
+
+    using group_type = detail::group_commit<op>;
+
+    struct kept {  // a job that an ack leased for this object's next take()
+        job j;
+        steady::time_point sent;  // the ack was sent then: its hold began after that
+    };
+    struct handed {  // a kept job that take() handed out: its lease is to be made whole
+        std::string id;
+        std::uint64_t token = 0;
+        steady::time_point at;  // then, unless an ack or nack of it came first
+    };
+
+    // Every statement the queue runs, prepared once (SQLITE_PREPARE_PERSISTENT).
+    struct statements {
+        explicit statements(detail::database& db)
+            : begin(db, "BEGIN IMMEDIATE"),
+              commit(db, "COMMIT"),
+              rollback(db, "ROLLBACK"),
+              insert(db, "INSERT OR IGNORE INTO jobs(id, payload, due) VALUES(?1, ?2, ?3)"),
+              cancel(db, "DELETE FROM jobs WHERE id = ?1"),
+              reschedule(db, "UPDATE jobs SET due = ?1 WHERE id = ?2 AND lease_end IS NULL"),
+              ended(db,
+                    "SELECT id, attempts FROM jobs WHERE lease_end <= ?1 ORDER BY lease_end "
+                    "LIMIT ?2"),
+              requeue_ended(db,
+                            "UPDATE jobs SET due = lease_end, lease_end = NULL, token = 0 WHERE "
+                            "id = ?1"),
+              bury_copy(db,
+                        "INSERT OR REPLACE INTO dead(id, payload, attempts, died) SELECT id, "
+                        "payload, attempts, ?2 FROM jobs WHERE id = ?1"),
+              bury_delete(db, "DELETE FROM jobs WHERE id = ?1"),
+              due(db,
+                  "SELECT id, payload, due, attempts FROM jobs WHERE lease_end IS NULL AND due "
+                  "<= ?1 ORDER BY due LIMIT ?2"),
+              lease(db,
+                    "UPDATE jobs SET lease_end = ?1, token = ?2, attempts = attempts + 1 WHERE "
+                    "id = ?3"),
+              keep(db, "UPDATE jobs SET lease_end = ?1, token = -?2 WHERE id = ?3"),
+              extend(db,
+                     "UPDATE jobs SET lease_end = ?1, token = ?2, attempts = attempts + 1 WHERE "
+                     "id = ?3 AND token = -?2 AND lease_end > ?4"),
+              release(db,
+                      "UPDATE jobs SET lease_end = NULL, token = 0 WHERE id = ?1 AND token = -?2"),
+              count_kept(db,
+                         "UPDATE jobs SET attempts = attempts + 1, token = -token WHERE id = ?1"),
+              get_token(db, "SELECT value FROM meta WHERE name = 'token'"),
+              set_token(db, "UPDATE meta SET value = ?1 WHERE name = 'token'"),
+              next(db,
+                   "SELECT (SELECT min(due) FROM jobs WHERE lease_end IS NULL), (SELECT "
+                   "min(lease_end) FROM jobs WHERE lease_end IS NOT NULL)"),
+              ack(db, "DELETE FROM jobs WHERE id = ?1 AND token IN (?2, -?2) AND lease_end > ?3"),
+              held(db,
+                   "SELECT attempts, token < 0 FROM jobs WHERE id = ?1 AND token IN (?2, -?2) AND "
+                   "lease_end > ?3"),
+              requeue_at(db, "UPDATE jobs SET due = ?1, lease_end = NULL, token = 0 WHERE id = ?2"),
+              count_jobs(db, "SELECT count(*) FROM jobs"),
+              count_dead(db, "SELECT count(*) FROM dead"),
+              data_version(db, "PRAGMA data_version") {}
+
+        detail::statement begin, commit, rollback, insert, cancel, reschedule, ended, requeue_ended,
+            bury_copy, bury_delete, due, lease, keep, extend, release, count_kept, get_token,
+            set_token, next, ack, held, requeue_at, count_jobs, count_dead, data_version;
+    };
+
+    [[noreturn]] static void raise(detail::problem p, const std::string& what, int code) {
+        switch (p) {
+            case detail::problem::not_a_queue:
+                throw not_a_queue_error(what, code);
+            case detail::problem::newer_version:
+                throw newer_version_error(what, code);
+            case detail::problem::corrupt:
+                throw corrupt_error(what, code);
+            case detail::problem::disk_full:
+                throw disk_full_error(what, code);
+            case detail::problem::busy:
+                throw busy_error(what, code);
+            case detail::problem::read_only:
+                throw read_only_error(what, code);
+            default:
+                throw error(what, code);
+        }
+    }
+
+    static options checked(options o) {
+        const auto check = [](bool ok, const char* what) {
+            if (!ok)
+                throw std::invalid_argument(std::string("delayq::sqlite::delay_queue: ") + what);
+        };
+        check(!o.path.empty(), "options.path is empty");
+        check(o.lease > milliseconds::zero(), "options.lease must be > 0");
+        check(o.lease.count() <= max_ms, "options.lease is too long");
+        check(o.busy_timeout >= milliseconds::zero(), "options.busy_timeout must be >= 0");
+        check(o.busy_timeout.count() <= std::numeric_limits<int>::max(),
+              "options.busy_timeout is too long");
+        check(o.foreign_changes > milliseconds::zero(), "options.foreign_changes must be > 0");
+        check(o.reclaim_batch > 0, "options.reclaim_batch must be > 0");
+        check(o.commit_batch > 0, "options.commit_batch must be > 0");
+        return o;
+    }
+
+    // Makes the newly opened `db` a queue with o's settings, before any statement is prepared.
+    static detail::database& set_up(detail::database& db, const options& o) {
+        db.set_busy_timeout(o.busy_timeout.count());
+        detail::open_queue(db);
+        db.exec("PRAGMA synchronous=NORMAL");
+        // The WAL is reused from its start after each checkpoint but keeps the size it grew to
+        // (a put_many of a million jobs): cut it back to 64 MiB then.
+        db.exec("PRAGMA journal_size_limit=67108864");
+        if (o.max_size > 0) {
+            const auto page =
+                static_cast<std::uint64_t>(detail::query_integer(db, "PRAGMA page_size"));
+            const std::uint64_t pages = std::max<std::uint64_t>(o.max_size / page, 1);
+            db.exec(("PRAGMA max_page_count=" + std::to_string(pages)).c_str());
+        }
+        return db;
+    }
+
+    static void check_id(std::string_view id) {
+        if (id.empty())
+            throw std::invalid_argument("delayq::sqlite::delay_queue: a job id must not be empty");
+    }
+
+    static long long token_of(const job& j) noexcept {
+        return static_cast<long long>(std::min<std::uint64_t>(j.token, never));
+    }
+
+    // The system clock in ms, rounded down: what is due now.
+    static long long now_ms() {
+        using namespace std::chrono;
+        return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
+    }
+    static long long to_ms(std::chrono::system_clock::time_point tp) {
+        const long long ms =
+            delayq::detail::saturating_ceil<milliseconds>(tp.time_since_epoch()).count();
+        return std::clamp(ms, 0LL, max_ms);
+    }
+    static std::chrono::system_clock::time_point from_ms(long long ms) {
+        return std::chrono::system_clock::time_point(
+            delayq::detail::saturating_ceil<std::chrono::system_clock::duration>(milliseconds(ms)));
+    }
+    // Due `delay` from now: the clock rounded up, plus the delay; never early.
+    static long long due_after(milliseconds delay) {
+        const long long d = std::clamp<long long>(delay.count(), 0, max_ms);
+        return std::min(to_ms(std::chrono::system_clock::now()) + d, max_ms);
+    }
+
+    detail::write_transaction begin() {
+        return detail::write_transaction(st_.begin, st_.commit, st_.rollback);
+    }
+
+    std::size_t count(detail::statement& s) {
+        std::lock_guard g(db_m_);
+        detail::statement::use u(s);
+        return u->step() ? static_cast<std::size_t>(u->integer(0)) : 0;
+    }
+
+    bool run_one(op& o) {
+        run(std::span<op>(&o, 1));
+        return o.ok;
+    }
+
+    std::vector<bool> run_all(std::span<op> ops) {
+        if (!ops.empty()) run(ops);
+        std::vector<bool> out(ops.size());
+        for (std::size_t i = 0; i < ops.size(); ++i) out[i] = ops[i].ok;
+        return out;
+    }
+
+    // Runs `ops` in one transaction, shared with the ops of the calls that run at the same time;
+    // returns once the puts, cancels and reschedules among them are on disk (durable_puts).
+    void run(std::span<op> ops) {
+        group_type::batch b{ops, nullptr, false, {}};
+        const auto k = ops.front().kind;
+        if (k == op::put || k == op::cancel || k == op::reschedule) {
+            puts_.submit(b, opt_.commit_batch, [this](std::span<group_type::batch* const> group) {
+                commit(group);
+                if (opt_.durable_puts) sync_wal();
+            });
+            return;
+        }
+        writes_.submit(b, opt_.commit_batch,
+                       [this](std::span<group_type::batch* const> group) { commit(group); });
+    }
+
+    // An fsync of the WAL, which holds every commit so far (a checkpoint fsyncs what it copies
+    // into the main file before the WAL is reused). Run by one caller at a time (sync_barrier),
+    // outside db_m_: SQLite goes on writing meanwhile, through its own descriptor.
+    void sync_wal() {
+#ifdef S2_STATS
+        ++s2_syncs;
+#endif
+        if (wal_fd_ < 0) {
+            wal_fd_ = ::open(wal_path_.c_str(), O_RDONLY | O_CLOEXEC);
+            if (wal_fd_ < 0) sync_failed("cannot open the WAL to fsync it");
+        }
+        if (::fdatasync(wal_fd_) != 0) sync_failed("fsync of the WAL failed");
+    }
+    [[noreturn]] void sync_failed(const char* doing) {
+        const int e = errno;
+        const bool full = e == ENOSPC || e == EDQUOT || e == EFBIG;
+        db_.fail(full ? detail::problem::disk_full : detail::problem::other,
+                 std::string(full ? "the disk is full (" : "") + doing + ": " + std::strerror(e) +
+                     (full ? ")" : ""),
+                 SQLITE_IOERR_FSYNC);
+    }
+
+    // The group commit's leader: one transaction for the whole group, fsynced if it holds a put,
+    // cancel or reschedule (durable_puts); then what it learned about the next event.
+    void commit(std::span<group_type::batch* const> group) {
+#ifdef S2_STATS
+        ++s2_groups;
+        for (auto* b : group) s2_ops += b->items.size();
+#endif
+        std::lock_guard g(db_m_);
+        detail::write_transaction t = begin();
+        const long long now = now_ms();
+        bool reclaimed = false;
+        for (auto* b : group)
+            for (op& o : b->items) {
+                if ((o.kind == op::lease || o.jobs != nullptr) && !reclaimed) {
+                    reclaim(now);
+                    reclaimed = true;
+                }
+                apply(o, now);
+            }
+        long long next = never;
+        {
+            detail::statement::use u(st_.next);
+            if (u->step()) {
+                if (!u->is_null(0)) next = u->integer(0);
+                if (!u->is_null(1)) next = std::min(next, u->integer(1));
+            }
+        }
+        long long version = 0;
+        {
+            // Read inside the write transaction: no other connection commits before ours, so a
+            // later change of it means a commit that this transaction did not see.
+            detail::statement::use u(st_.data_version);
+            if (u->step()) version = u->integer(0);
+        }
+        t.commit();
+        data_version_ = version;
+
+        // Under db_m_, so that these updates come in the order of the commits.
+        std::lock_guard lk(m_);
+        const bool earlier = next < next_ms_;
+        next_ms_ = next;
+        if (earlier) {  // a put, nack or reschedule came before what the leader waits for
+            leader_cv_.notify_one();
+            if (leader_ == nullptr) cv_.notify_one();
+        }
+    }
+
+    // Under db_m_, in a write transaction: one op.
+    void apply(op& o, long long now) {
+        switch (o.kind) {
+            case op::put: {
+                detail::statement::use u(st_.insert);
+                o.ok = u->bind(o.id, o.payload, o.due).run() == 1;
+                break;
+            }
+            case op::cancel: {
+                detail::statement::use u(st_.cancel);
+                o.ok = u->bind(o.id).run() == 1;
+                break;
+            }
+            case op::reschedule: {
+                detail::statement::use u(st_.reschedule);
+                o.ok = u->bind(o.due, o.id).run() == 1;
+                break;
+            }
+            case op::ack: {
+                {
+                    detail::statement::use u(st_.ack);
+                    o.ok = u->bind(o.id, o.token, now).run() == 1;
+                }
+                if (o.jobs != nullptr) lease_due(o, now, true);
+                break;
+            }
+            case op::nack: {
+                long long attempts = 0;
+                bool uncounted = false;
+                {
+                    detail::statement::use u(st_.held);
+                    if (!u->bind(o.id, o.token, now).step()) break;
+                    attempts = u->integer(0);
+                    uncounted = u->integer(1) != 0;
+                }
+                if (uncounted) {  // a kept job that user code had: this delivery counts
+                    detail::statement::use u(st_.count_kept);
+                    u->bind(o.id).run();
+                    ++attempts;
+                }
+                o.ok = true;
+                if (opt_.max_attempts > 0 && attempts >= opt_.max_attempts) {
+                    bury(o.id, now);
+                } else {
+                    detail::statement::use u(st_.requeue_at);
+                    u->bind(o.due, o.id).run();
+                }
+                break;
+            }
+            case op::lease:
+                lease_due(o, now, false);
+                break;
+            case op::extend: {
+                const long long lease_end = std::min(now + opt_.lease.count(), max_ms);
+                detail::statement::use u(st_.extend);
+                o.ok = u->bind(lease_end, o.token, o.id, now).run() == 1;
+                break;
+            }
+            case op::release: {
+                detail::statement::use u(st_.release);
+                o.ok = u->bind(o.id, o.token).run() == 1;
+                break;
+            }
+        }
+    }
+
+    // Under db_m_, in a write transaction: the job `id` goes to the dead letters.
+    void bury(std::string_view id, long long now) {
+        {
+            detail::statement::use u(st_.bury_copy);
+            u->bind(id, now).run();
+        }
+        detail::statement::use u(st_.bury_delete);
+        u->bind(id).run();
+    }
+
+    // Under db_m_, in a write transaction: leases up to o.want due jobs, earliest first, each
+    // with a new token, into *o.jobs. `keep`: for this object's next take() (an ack's), held for
+    // hold_ only and its attempt not counted, which the negative token marks in the file.
+    void lease_due(op& o, long long now, bool keep) {
+        std::vector<job>& out = *o.jobs;
+        std::vector<long long> dues;
+        {
+            detail::statement::use u(st_.due);
+            u->bind(now, static_cast<long long>(o.want));
+            while (u->step()) {
+                job j;
+                j.id = u->blob(0);
+                j.payload = u->blob(1);
+                dues.push_back(u->integer(2));
+                j.attempts = static_cast<unsigned>(u->integer(3) + 1);
+                out.push_back(std::move(j));
+            }
+        }
+        if (!keep) o.ok = !out.empty();
+        if (out.empty()) return;
+        long long token = 0;
+        {
+            detail::statement::use u(st_.get_token);
+            if (u->step()) token = u->integer(0);
+        }
+        const long long lease_end = std::min(now + opt_.lease.count(), max_ms);
+        const long long hold_end = std::min(now + hold_.count(), max_ms);
+        for (std::size_t i = 0; i < out.size(); ++i) {
+            job& j = out[i];
+            j.token = static_cast<std::uint64_t>(++token);
+            j.deadline = from_ms(dues[i]);
+            // A kept job's lease is made whole when take() hands it out (see take_kept).
+            j.lease_deadline = from_ms(lease_end);
+            detail::statement::use u(keep ? st_.keep : st_.lease);
+            u->bind(keep ? hold_end : lease_end, token, std::string_view(j.id)).run();
+        }
+        detail::statement::use u(st_.set_token);
+        u->bind(token).run();
+    }
+
+    // Under db_m_, in a write transaction.
+    void reclaim(long long now) {
+        std::vector<std::pair<std::string, long long>> ended;
+        {
+            detail::statement::use u(st_.ended);
+            u->bind(now, static_cast<long long>(opt_.reclaim_batch));
+            while (u->step()) ended.emplace_back(u->blob(0), u->integer(1));
+        }
+        for (const auto& [id, attempts] : ended) {
+            if (opt_.max_attempts > 0 && attempts >= opt_.max_attempts) {
+                bury(id, now);
+            } else {
+                detail::statement::use u(st_.requeue_ended);
+                u->bind(std::string_view(id)).run();
+            }
+        }
+    }
+
+    // Whether another connection committed since this object last looked at the file.
+    bool foreign_changed() {
+        std::lock_guard g(db_m_);
+        detail::statement::use u(st_.data_version);
+        if (!u->step()) return false;
+        const long long v = u->integer(0);
+        if (v == data_version_) return false;
+        data_version_ = v;
+        return true;
+    }
+
+    // Unlocks `lk` while it lives, and locks it again however the scope is left.
+    struct unlocked {
+        explicit unlocked(std::unique_lock<std::mutex>& lk) : lk_(lk) { lk_.unlock(); }
+        ~unlocked() { lk_.lock(); }
+        unlocked(const unlocked&) = delete;
+        unlocked& operator=(const unlocked&) = delete;
+        std::unique_lock<std::mutex>& lk_;
+    };
+
+    // The leader-follower wait of delay_queue (see the top of this file). Looks at the file on
+    // entry (another process may have put something), then whenever what the object knows says
+    // something is due, or another connection committed.
+    std::vector<job> take_jobs(std::size_t want, milliseconds max_wait) {
+        const auto start = steady::now();
+        const auto limit = max_wait > milliseconds::zero()
+                               ? delayq::detail::saturating_add(start, max_wait)
+                               : start;
+        auto checked_at = start;  // when this call last knew of every foreign commit
+        bool look = true;
+        std::unique_lock lk(m_);
+        const char self = 0;
+        struct hand_over {  // however the call ends, it no longer leads; a follower may
+            delay_queue& q;
+            const void* self;
+            ~hand_over() {
+                if (q.leader_ == self) {
+                    q.leader_ = nullptr;
+                    q.cv_.notify_one();
+                }
+            }
+        } guard{*this, &self};
+
+        for (;;) {
+            if (!stash_.empty()) {
+                auto got = take_kept(want);
+                if (!got.empty()) {
+                    in_hand_ += got.size();
+                    return got;
+                }
+            }
+            if (look || next_ms_ <= now_ms()) {
+                look = false;
+                std::vector<job> got;
+                {
+                    unlocked u(lk);
+                    op o{op::lease, {}};
+                    o.want = want;
+                    o.jobs = &got;
+                    run_one(o);
+                }
+                if (!got.empty()) {
+                    if (next_ms_ <= now_ms()) cv_.notify_one();  // more is due: a follower
+                    in_hand_ += got.size();
+                    return got;
+                }
+                continue;
+            }
+            const auto now = steady::now();
+            if (now >= limit) return {};
+            if (leader_ != nullptr && leader_ != &self) {
+                cv_.wait_until(lk, limit);
+                continue;
+            }
+            leader_ = &self;
+            auto until = std::min(limit, checked_at + opt_.foreign_changes);
+            if (next_ms_ != never) {
+                const long long sys = now_ms();
+                until = std::min(until, delayq::detail::saturating_add(
+                                            now, milliseconds(std::max(next_ms_ - sys, 0LL))));
+            }
+            leader_cv_.wait_until(lk, until);
+            const auto woke = steady::now();
+            if (woke >= checked_at + opt_.foreign_changes) {
+                checked_at = woke;
+                unlocked u(lk);
+                if (foreign_changed()) look = true;
+            }
+        }
+    }
+
+    // Under m_: up to `want` kept jobs that are still fresh (kept within window_), handed to user
+    // code now: the keeper makes their leases whole (the attempt counted) unless an ack or nack
+    // of them comes within half the window. Stale ones are left to the keeper to give back.
+    std::vector<job> take_kept(std::size_t want) {
+        std::vector<job> out;
+        const auto now = steady::now();
+        for (auto it = stash_.begin(); it != stash_.end() && out.size() < want;) {
+            if (now - it->sent >= window_) {
+                ++it;
+                continue;
+            }
+            const auto at = std::max(now, it->sent + window_ / 2);
+            handed_.push_back(handed{it->j.id, it->j.token, at});
+            if (at < keeper_until_) keeper_cv_.notify_one();
+            out.push_back(std::move(it->j));
+            it = stash_.erase(it);
+        }
+        return out;
+    }
+
+    // Under m_: the keeper thread runs (started now if need be); false if it cannot be started,
+    // and then nothing is kept.
+    bool start_keeper() {
+        if (keeper_.joinable()) return true;
+        if (stopping_) return false;
+        try {
+            keeper_ = std::thread([this] { keep(); });
+        } catch (const std::system_error&) {
+            return false;
+        }
+        return true;
+    }
+
+    // Under m_: `j` was acked or nacked, which proved its hand-over by itself.
+    void forget_handed(const job& j) {
+        std::erase_if(handed_, [&](const handed& h) { return h.token == j.token && h.id == j.id; });
+    }
+
+    // The jobs in `js` were acked or nacked: out of user code, nothing to extend.
+    void settled(std::span<const job> js) {
+        std::lock_guard lk(m_);
+        for (const auto& j : js) forget_handed(j);
+        in_hand_ -= std::min(in_hand_, js.size());
+    }
+
+    // Gives kept jobs back to the queue, due as before an ack kept them, in one transaction.
+    void give_back(const std::vector<kept>& ks) {
+        if (ks.empty()) return;
+        std::vector<op> ops;
+        ops.reserve(ks.size());
+        for (const auto& k : ks) {
+            ops.push_back(op{op::release, k.j.id});
+            ops.back().token = token_of(k.j);
+        }
+        run(ops);
+    }
+
+    // The keeper thread: extends the kept jobs that take() handed out and that no ack or nack
+    // settled within half the window, and gives back the kept jobs that no take() came for
+    // within the window. Failures are left alone: a hold that is neither extended nor given back
+    // ends by itself (the holder of an unextended job then finds its lease lost, as after any
+    // lost lease).
+    void keep() noexcept {
+        std::unique_lock lk(m_);
+        std::vector<handed> due;
+        std::vector<kept> stale;
+        while (!stopping_) {
+            try {
+                const auto now = steady::now();
+                auto next = steady::time_point::max();
+                due.reserve(handed_.size());  // the moves below then cannot throw
+                stale.reserve(stash_.size());
+                std::erase_if(handed_, [&](handed& h) {
+                    if (h.at > now) {
+                        next = std::min(next, h.at);
+                        return false;
+                    }
+                    due.push_back(std::move(h));
+                    return true;
+                });
+                std::erase_if(stash_, [&](kept& k) {
+                    if (k.sent + window_ > now) {
+                        next = std::min(next, k.sent + window_);
+                        return false;
+                    }
+                    stale.push_back(std::move(k));
+                    return true;
+                });
+                if (due.empty() && stale.empty()) {
+                    keeper_until_ = next;
+                    if (next == steady::time_point::max())
+                        keeper_cv_.wait(lk);
+                    else
+                        keeper_cv_.wait_until(lk, next);
+                    keeper_until_ = steady::time_point::min();  // awake: it looks again anyway
+                    continue;
+                }
+                lk.unlock();
+                if (!due.empty()) {
+                    std::vector<op> ops;
+                    ops.reserve(due.size());
+                    for (const auto& h : due) {
+                        ops.push_back(op{op::extend, h.id});
+                        ops.back().token = static_cast<long long>(h.token);
+                    }
+                    run(ops);
+                }
+                give_back(stale);
+            } catch (...) {  // no memory, or the file failed: the holds end by themselves
+            }
+            due.clear();
+            stale.clear();
+            if (!lk.owns_lock()) lk.lock();
+        }
+    }
+
+    options opt_;
+    // How long an ack's kept job is held in the file for this object (its attempt not counted),
+    // and how long after the ack take() may hand it out; prefetch_: options::prefetch, unless the
+    // lease is too short for a window. As the Redis backend's prefetch (redis/detail/stash.hpp).
+    milliseconds hold_ = std::min(milliseconds(400), opt_.lease / 4);
+    milliseconds window_ = hold_ / 4;
+    bool prefetch_ = opt_.prefetch && window_ >= milliseconds(1);
+    std::mutex db_m_;  // guards db_, st_ and data_version_; taken before m_, never after
+    detail::database db_;
+    statements st_;
+    long long data_version_ = 0;  // PRAGMA data_version when this object last read the file
+    std::string wal_path_;        // the WAL's file, which sync_wal() fsyncs
+#ifdef S2_STATS
+    std::atomic<long> s2_groups{0}, s2_ops{0}, s2_syncs{0};
+#endif
+    int wal_fd_ = -1;  // open on it once needed; used by one sync_wal() at a time
+
+    group_type puts_;    // puts, cancels and reschedules: committed, then fsynced
+    group_type writes_;  // the other writes: committed without waiting for the disk
+
+    std::mutex m_;
+    std::condition_variable leader_cv_;  // the leader sleeps here
+    std::condition_variable cv_;         // the followers sleep here
+    long long next_ms_ = 0;              // nothing in the file is due or ends before (ms)
+    const void* leader_ = nullptr;       // the waiting take that sleeps with a timer
+
+    // Prefetch, under m_ (see "Prefetch" above).
+    std::vector<kept> stash_;     // jobs acks kept for the next take(), oldest first
+    std::vector<handed> handed_;  // kept jobs handed out, whose leases are to be made whole
+    std::size_t in_hand_ = 0;     // jobs take() handed out, not yet acked or nacked
+    std::condition_variable keeper_cv_;
+    steady::time_point keeper_until_ = steady::time_point::max();  // when the keeper wakes
+    bool stopping_ = false;                                        // the destructor has begun
+    std::thread keeper_;  // last: it starts after, and is joined before, everything it uses
+};
+
+}  // namespace delayq::sqlite

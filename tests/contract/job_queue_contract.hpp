@@ -1,0 +1,389 @@
+// The behaviour suite of delayq::job_queue, written once for every backend. A test file defines
+// `delayq_contract_fixtures`, a std::tuple of fixture types, and then includes this header; each
+// TEST_CASE below runs once per fixture.
+//
+// A fixture F is default-constructible (a fresh, empty queue: a temporary file, a new queue name on
+// a server started for the test) and has
+//   using queue = Q;                                        // satisfies delayq::job_queue
+//   std::unique_ptr<Q> make(delayq_contract::settings s);   // a new handle on F's queue
+// Each make() returns another handle on the same queue, as another process would open it: a
+// handle must see what another handle put. settings carries what the tests vary.
+//
+// No assertion here bounds a wall-clock time tighter than seconds: the machines that run this are
+// shared and slow. Waking is checked by what comes out (the earlier job, not the later one), and
+// "never early" against the system clock, which every backend's deadlines are on.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <delayq/job_queue.hpp>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "catch.hpp"
+
+namespace delayq_contract {
+
+using namespace std::chrono_literals;
+
+/// What the tests vary between handles; the fixture maps it onto its backend's options.
+struct settings {
+    std::chrono::milliseconds lease = std::chrono::seconds(30);
+    unsigned max_attempts = 0;
+};
+
+/// A deadline already due by any clock on this machine.
+inline const auto past = std::chrono::system_clock::time_point(std::chrono::hours(24));
+
+/// "j" followed by n (appended: g++ 12 warns wrongly of -Wrestrict inside "j" + to_string(n)).
+inline std::string id_of(const char* prefix, std::size_t n) {
+    std::string s(prefix);
+    s += std::to_string(n);
+    return s;
+}
+
+}  // namespace delayq_contract
+
+TEMPLATE_LIST_TEST_CASE("contract: the queue meets delayq::job_queue", "[contract]",
+                        delayq_contract_fixtures) {
+    STATIC_REQUIRE(delayq::job_queue<typename TestType::queue>);
+}
+
+TEMPLATE_LIST_TEST_CASE("contract: put, take, ack, and a binary payload goes through intact",
+                        "[contract]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    TestType f;
+    auto q = f.make({});
+    const std::string payload("a\0b\r\n\xff", 6);
+    REQUIRE(q->put_after("j1", payload, 0ms));
+    CHECK(q->size() == 1);
+    auto j = q->take(5s);
+    REQUIRE(j);
+    CHECK(j->id == "j1");
+    CHECK(j->payload == payload);
+    CHECK(j->attempts == 1);
+    CHECK(j->deadline <= std::chrono::system_clock::now());
+    CHECK(j->lease_deadline - j->deadline >= 30s);
+    CHECK(q->size() == 1);  // leased still counts
+    CHECK(q->ack(*j));
+    CHECK_FALSE(q->ack(*j));
+    CHECK(q->size() == 0);
+    CHECK_FALSE(q->take(0ms));
+}
+
+TEMPLATE_LIST_TEST_CASE("contract: put is idempotent by id while the job is queued", "[contract]",
+                        delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    TestType f;
+    auto q = f.make({});
+    CHECK(q->put("a", "first", past));
+    CHECK_FALSE(q->put("a", "second", past));       // waiting
+    CHECK_FALSE(q->put_after("a", "second", 0ms));  // waiting
+    auto j = q->take(5s);
+    REQUIRE(j);
+    CHECK(j->payload == "first");
+    CHECK_FALSE(q->put("a", "third", past));  // leased
+    CHECK(q->size() == 1);
+    CHECK(q->ack(*j));
+    CHECK(q->put("a", "fourth", past));  // free again after ack
+    CHECK(q->cancel("a"));
+    CHECK(q->put("a", "fifth", past));  // and after cancel
+    auto k = q->take(5s);
+    REQUIRE(k);
+    CHECK(k->payload == "fifth");
+    CHECK(k->attempts == 1);  // a new job: its attempts start again
+}
+
+TEMPLATE_LIST_TEST_CASE("contract: jobs come out earliest first, never before their deadline",
+                        "[contract]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    TestType f;
+    auto q = f.make({});
+    REQUIRE(q->put("c", "", past + 3ms));
+    REQUIRE(q->put("a", "", past + 1ms));
+    REQUIRE(q->put("b", "", past + 2ms));
+    const auto later = std::chrono::system_clock::now() + 700ms;
+    REQUIRE(q->put("later", "", later));
+    for (const char* id : {"a", "b", "c"}) {
+        auto j = q->take(5s);
+        REQUIRE(j);
+        CHECK(j->id == id);
+        CHECK(q->ack(*j));
+    }
+    CHECK_FALSE(q->take(0ms));  // max_wait <= 0 does not block, and "later" is not due
+    auto j = q->take(30s);
+    REQUIRE(j);
+    CHECK(j->id == "later");
+    CHECK(std::chrono::system_clock::now() >= later);
+    CHECK(j->deadline >= later - 1ms);
+}
+
+TEMPLATE_LIST_TEST_CASE("contract: nack redelivers, and an ack with an old token is refused",
+                        "[contract]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    TestType f;
+    auto q = f.make({});
+    REQUIRE(q->put_after("n", "x", 0ms));
+    auto first = q->take(5s);
+    REQUIRE(first);
+    CHECK(q->nack(*first, 0ms));
+    CHECK_FALSE(q->nack(*first, 0ms));  // settled: the lease is gone
+    auto second = q->take(5s);
+    REQUIRE(second);
+    CHECK(second->id == "n");
+    CHECK(second->attempts == 2);
+    CHECK(second->token > first->token);
+    CHECK_FALSE(q->ack(*first));  // fencing: the first delivery's token is stale
+    CHECK(q->size() == 1);
+    CHECK(q->ack(*second));
+    CHECK(q->size() == 0);
+}
+
+TEMPLATE_LIST_TEST_CASE("contract: nack's retry_after delays the redelivery", "[contract]",
+                        delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    TestType f;
+    auto q = f.make({});
+    REQUIRE(q->put_after("r", "x", 0ms));
+    auto j = q->take(5s);
+    REQUIRE(j);
+    const auto nacked = std::chrono::system_clock::now();
+    REQUIRE(q->nack(*j, 500ms));
+    CHECK_FALSE(q->take(0ms));
+    auto again = q->take(30s);
+    REQUIRE(again);
+    CHECK(std::chrono::system_clock::now() >= nacked + 500ms);
+    CHECK(again->attempts == 2);
+    CHECK(q->ack(*again));
+}
+
+TEMPLATE_LIST_TEST_CASE(
+    "contract: a lease that ends redelivers the job, and the late holder is fenced", "[contract]",
+    delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    TestType f;
+    auto q = f.make({.lease = 300ms});
+    REQUIRE(q->put_after("l", "x", 0ms));
+    auto first = q->take(5s);
+    REQUIRE(first);
+    CHECK(first->lease_deadline - first->deadline >= 300ms);
+    auto second = q->take(30s);  // comes back once the lease ends
+    REQUIRE(second);
+    CHECK(std::chrono::system_clock::now() >= first->lease_deadline);
+    CHECK(second->id == "l");
+    CHECK(second->attempts == 2);
+    CHECK(second->token > first->token);
+    CHECK_FALSE(q->ack(*first));
+    CHECK_FALSE(q->nack(*first, 0ms));
+    CHECK(q->ack(*second));
+    CHECK(q->size() == 0);
+}
+
+TEMPLATE_LIST_TEST_CASE("contract: after max_attempts deliveries a job is dead-lettered",
+                        "[contract]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    TestType f;
+    auto q = f.make({.lease = 300ms, .max_attempts = 2});
+    REQUIRE(q->put_after("nacked", "x", 0ms));
+    for (unsigned attempt = 1; attempt <= 2; ++attempt) {
+        auto j = q->take(5s);
+        REQUIRE(j);
+        CHECK(j->attempts == attempt);
+        CHECK(q->nack(*j, 0ms));
+    }
+    CHECK(q->size() == 0);
+    CHECK(q->dead_size() == 1);
+    CHECK_FALSE(q->take(0ms));
+
+    // The lease ending counts as a failed delivery too.
+    REQUIRE(q->put_after("expired", "y", 0ms));
+    auto a = q->take(5s);
+    REQUIRE(a);
+    auto b = q->take(30s);  // after the first lease ended
+    REQUIRE(b);
+    CHECK(b->attempts == 2);
+    // The second lease ends too; the job is dead once the queue notices (the next take).
+    CHECK_FALSE(q->take(1500ms));
+    CHECK(q->size() == 0);
+    CHECK(q->dead_size() == 2);
+    CHECK_FALSE(q->ack(*b));
+
+    // A dead job's id is free again.
+    CHECK(q->put_after("nacked", "z", 0ms));
+    CHECK(q->size() == 1);
+}
+
+TEMPLATE_LIST_TEST_CASE("contract: cancel removes a waiting or a leased job", "[contract]",
+                        delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    TestType f;
+    auto q = f.make({});
+    REQUIRE(q->put_after("w", "x", 60s));
+    CHECK(q->cancel("w"));
+    CHECK_FALSE(q->cancel("w"));
+    CHECK_FALSE(q->cancel("unknown"));
+    REQUIRE(q->put_after("l", "x", 0ms));
+    auto j = q->take(5s);
+    REQUIRE(j);
+    CHECK(q->cancel("l"));
+    CHECK_FALSE(q->ack(*j));  // the holder learns its job is gone
+    CHECK_FALSE(q->nack(*j, 0ms));
+    CHECK(q->size() == 0);
+    CHECK(q->dead_size() == 0);
+}
+
+TEMPLATE_LIST_TEST_CASE("contract: reschedule moves a waiting job only", "[contract]",
+                        delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    TestType f;
+    auto q = f.make({});
+    CHECK_FALSE(q->reschedule("unknown", 0ms));
+    REQUIRE(q->put_after("w", "x", 60s));
+    CHECK_FALSE(q->take(0ms));
+    CHECK(q->reschedule("w", 0ms));
+    auto j = q->take(30s);
+    REQUIRE(j);
+    CHECK(j->id == "w");
+    CHECK_FALSE(q->reschedule("w", 0ms));  // leased
+    CHECK(q->ack(*j));
+    REQUIRE(q->put("v", "x", past));
+    CHECK(q->reschedule("v", 60s));  // later: no longer due
+    CHECK_FALSE(q->take(0ms));
+    CHECK(q->size() == 1);
+}
+
+TEMPLATE_LIST_TEST_CASE("contract: put_many, take_many and ack_many", "[contract]",
+                        delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    using request = delayq::put_request_t<typename TestType::queue>;
+    using job = delayq::job_type_t<typename TestType::queue>;
+    TestType f;
+    auto q = f.make({});
+    std::vector<std::string> ids;
+    for (std::size_t i = 0; i < 10; ++i) ids.push_back(id_of("m", i));
+    std::vector<request> reqs;
+    for (std::size_t i = 0; i < ids.size(); ++i)
+        reqs.push_back(request{ids[i], "p", std::chrono::milliseconds(0)});
+    reqs.push_back(request{ids[3], "dup", std::chrono::milliseconds(0)});  // refused
+    const auto put = q->put_many(reqs);
+    REQUIRE(put.size() == 11);
+    CHECK(std::count(put.begin(), put.end(), true) == 10);
+    CHECK_FALSE(put.back());
+    CHECK(q->size() == 10);
+    CHECK(q->put_many(std::vector<request>{}).empty());
+
+    std::vector<job> got;
+    for (int round = 0; round < 20 && got.size() < 10; ++round) {
+        auto some = q->take_many(20, 5s);
+        CHECK_FALSE(some.empty());
+        for (auto& j : some) got.push_back(std::move(j));
+    }
+    REQUIRE(got.size() == 10);
+    std::set<std::string> seen;
+    std::set<std::uint64_t> tokens;
+    for (const auto& j : got) {
+        seen.insert(j.id);
+        tokens.insert(j.token);
+        CHECK(j.attempts == 1);
+        CHECK(j.payload == "p");
+    }
+    CHECK(seen.size() == 10);
+    CHECK(tokens.size() == 10);  // every job its own lease
+    const auto acked = q->ack_many(got);
+    CHECK(std::count(acked.begin(), acked.end(), true) == 10);
+    const auto again = q->ack_many(got);
+    CHECK(std::count(again.begin(), again.end(), true) == 0);
+    CHECK(q->size() == 0);
+}
+
+TEMPLATE_LIST_TEST_CASE("contract: a take waiting for a later job wakes for an earlier put",
+                        "[contract]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    TestType f;
+    auto q = f.make({});
+    REQUIRE(q->put_after("late", "x", 60s));
+    std::atomic<bool> waiting{false};
+    std::optional<delayq::job_type_t<typename TestType::queue>> got;
+    std::thread taker([&] {
+        waiting = true;
+        got = q->take(30s);
+    });
+    while (!waiting) std::this_thread::yield();
+    std::this_thread::sleep_for(200ms);  // most likely asleep in take by now; either way works
+    REQUIRE(q->put_after("early", "y", 0ms));
+    taker.join();
+    REQUIRE(got);
+    CHECK(got->id == "early");
+    CHECK(q->ack(*got));
+}
+
+TEMPLATE_LIST_TEST_CASE("contract: another handle's put wakes a waiting take", "[contract]",
+                        delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    TestType f;
+    auto consumer = f.make({});
+    auto producer = f.make({});
+    REQUIRE(producer->put_after("late", "x", 60s));
+    std::optional<delayq::job_type_t<typename TestType::queue>> got;
+    std::thread taker([&] { got = consumer->take(30s); });
+    std::this_thread::sleep_for(200ms);
+    REQUIRE(producer->put_after("early", "y", 0ms));
+    taker.join();
+    REQUIRE(got);
+    CHECK(got->id == "early");
+    CHECK(producer->ack(*got));  // a lease is the queue's, not the handle's
+    CHECK(consumer->size() == 1);
+}
+
+TEMPLATE_LIST_TEST_CASE("contract: 4 producers and 4 consumers, every job in and out once",
+                        "[contract]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    TestType f;
+    auto q = f.make({});
+    constexpr std::size_t producers = 4, consumers = 4, per_producer = 300;
+    constexpr std::size_t total = producers * per_producer;
+    std::mutex m;
+    std::map<std::string, int> acked;
+    // Catch's assertions are not thread-safe: the threads count, the test checks after.
+    std::atomic<std::size_t> done{0}, early{0}, put_refused{0}, garbled{0};
+    std::vector<std::thread> threads;
+    for (std::size_t p = 0; p < producers; ++p)
+        threads.emplace_back([&, p] {
+            for (std::size_t i = 0; i < per_producer; ++i) {
+                const std::string id = id_of(p == 0 ? "a" : p == 1 ? "b" : p == 2 ? "c" : "d", i);
+                const auto delay = std::chrono::milliseconds((i * 7 + p * 13) % 200);
+                if (!q->put_after(id, id, delay)) ++put_refused;
+            }
+        });
+    for (std::size_t c = 0; c < consumers; ++c)
+        threads.emplace_back([&] {
+            while (done < total) {
+                auto j = q->take(200ms);
+                if (!j) continue;
+                if (std::chrono::system_clock::now() < j->deadline) ++early;
+                if (j->payload != j->id) ++garbled;
+                if (q->ack(*j)) {
+                    std::lock_guard lk(m);
+                    ++acked[j->id];
+                    ++done;
+                }
+            }
+        });
+    for (auto& t : threads) t.join();
+    CHECK(put_refused == 0);
+    CHECK(early == 0);
+    CHECK(garbled == 0);
+    CHECK(acked.size() == total);
+    CHECK(std::all_of(acked.begin(), acked.end(), [](const auto& e) { return e.second == 1; }));
+    CHECK(q->size() == 0);
+}

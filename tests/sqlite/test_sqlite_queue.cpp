@@ -1,0 +1,609 @@
+// delayq::sqlite::delay_queue beyond the shared contract (test_sqlite_contract.cpp): options, the
+// file across reopening, other processes, group commit, and every typed error.
+#include <fcntl.h>
+#include <spawn.h>
+#include <sqlite3.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "catch.hpp"
+#include "expect_error.hpp"
+#include "sqlite_files.hpp"
+
+using namespace std::chrono_literals;
+using delayq::sqlite::delay_queue;
+using delayq::test::contains;
+using delayq::test::message_of;
+using delayq_sqlite_test::opts;
+using delayq_sqlite_test::temp_dir;
+
+namespace {
+
+const auto past = std::chrono::system_clock::time_point(std::chrono::hours(24));
+
+std::string numbered(const char* prefix, std::size_t n) {
+    std::string s(prefix);
+    s += std::to_string(n);
+    return s;
+}
+
+// Runs the helper program with `args`; its first line of output.
+std::string helper(const std::string& args) {
+    const std::string cmd = std::string(DELAYQ_SQLITE_HELPER) + " " + args + " 2>&1";
+    std::FILE* p = ::popen(cmd.c_str(), "r");
+    REQUIRE(p);
+    std::string out;
+    char buf[512];
+    while (std::fgets(buf, sizeof buf, p)) out += buf;
+    ::pclose(p);
+    if (!out.empty() && out.back() == '\n') out.pop_back();
+    return out;
+}
+
+// Runs `sql` on `path` through a plain SQLite connection of its own.
+void raw_exec(const std::string& path, const char* sql) {
+    sqlite3* db = nullptr;
+    REQUIRE(sqlite3_open(path.c_str(), &db) == SQLITE_OK);
+    char* err = nullptr;
+    const int rc = sqlite3_exec(db, sql, nullptr, nullptr, &err);
+    const std::string msg = err ? err : "";
+    sqlite3_free(err);
+    sqlite3_close(db);
+    INFO(msg);
+    REQUIRE(rc == SQLITE_OK);
+}
+
+std::string read_all(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void write_at(const std::string& path, long offset, const std::string& bytes) {
+    std::FILE* f = std::fopen(path.c_str(), "r+b");
+    REQUIRE(f);
+    std::fseek(f, offset, SEEK_SET);
+    std::fwrite(bytes.data(), 1, bytes.size(), f);
+    std::fclose(f);
+}
+
+}  // namespace
+
+TEST_CASE("bad options and ids are std::invalid_argument naming the problem") {
+    temp_dir dir;
+    auto fails_with = [](delayq::sqlite::options bad, const std::string& word) {
+        try {
+            delay_queue q(std::move(bad));
+        } catch (const std::invalid_argument& e) {
+            return contains(e.what(), word);
+        }
+        return false;
+    };
+    delayq::sqlite::options o;
+    CHECK(fails_with(o, "path"));
+    o = opts(dir.file());
+    o.lease = 0ms;
+    CHECK(fails_with(o, "lease"));
+    o = opts(dir.file());
+    o.busy_timeout = -1ms;
+    CHECK(fails_with(o, "busy_timeout"));
+    o = opts(dir.file());
+    o.foreign_changes = 0ms;
+    CHECK(fails_with(o, "foreign_changes"));
+    o = opts(dir.file());
+    o.reclaim_batch = 0;
+    CHECK(fails_with(o, "reclaim_batch"));
+    o = opts(dir.file());
+    o.commit_batch = 0;
+    CHECK(fails_with(o, "commit_batch"));
+    delay_queue q(opts(dir.file()));
+    CHECK(q.get_options().path == dir.file());
+    CHECK_THROWS_AS(q.put_after("", "x", 0ms), std::invalid_argument);
+    CHECK_THROWS_AS(q.cancel(""), std::invalid_argument);
+}
+
+TEST_CASE("the file is marked as a delayq queue and is in WAL mode") {
+    temp_dir dir;
+    { delay_queue q(opts(dir.file())); }
+    const std::string bytes = read_all(dir.file());
+    REQUIRE(bytes.size() >= 100);
+    CHECK(bytes.compare(0, 16, std::string("SQLite format 3", 16)) == 0);
+    CHECK(bytes[18] == 2);                                     // WAL (1 is the rollback journal)
+    CHECK(bytes.substr(68, 4) == "dQuq");                      // application_id, big-endian
+    CHECK(bytes.substr(60, 4) == std::string("\0\0\0\1", 4));  // user_version: format 1
+}
+
+TEST_CASE("a reopened file holds every pending job, and leases and tokens carry on") {
+    temp_dir dir;
+    auto o = opts(dir.file());
+    o.lease = 2s;
+    delayq::job held;
+    {
+        delay_queue q(o);
+        for (std::size_t i = 0; i < 100; ++i) REQUIRE(q.put(numbered("p", i), "x", past));
+        REQUIRE(q.put_after("later", "y", 1h));
+        auto j = q.take(5s);
+        REQUIRE(j);
+        held = *j;
+    }
+    delay_queue q(o);
+    CHECK(q.size() == 101);
+    std::size_t taken = 0;
+    std::uint64_t max_token = 0;
+    while (taken < 99) {
+        auto some = q.take_many(50, 5s);
+        REQUIRE_FALSE(some.empty());
+        for (const auto& j : some) {
+            CHECK(j.id != held.id);  // still leased by the holder before the reopen
+            CHECK(j.token > held.token);
+            max_token = std::max<std::uint64_t>(max_token, j.token);
+        }
+        taken += some.size();
+        const auto acked = q.ack_many(some);
+        CHECK(std::count(acked.begin(), acked.end(), true) == static_cast<long>(some.size()));
+    }
+    CHECK(taken == 99);
+    auto again = q.take(30s);  // the held job, once its lease ended
+    REQUIRE(again);
+    CHECK(again->id == held.id);
+    CHECK(again->attempts == 2);
+    CHECK(again->token > max_token);
+    CHECK_FALSE(q.ack(held));
+    CHECK(q.ack(*again));
+    CHECK(q.size() == 1);  // "later"
+}
+
+TEST_CASE("prefetch: an ack keeps the next due job for the next take, its attempt uncounted") {
+    temp_dir dir;
+    auto o = opts(dir.file());
+    o.lease = 2s;  // a hold of 400 ms, a window of 100 ms
+    delay_queue q(o);
+    delay_queue other(o);
+    REQUIRE(q.put("a", "x", past));
+    REQUIRE(q.put("b", "y", past + 1ms));
+    auto a = q.take(5s);
+    REQUIRE(a);
+    CHECK(a->id == "a");
+    CHECK(q.ack(*a));  // keeps "b" for q's next take
+    CHECK(q.size() == 1);
+    CHECK_FALSE(other.take(0ms));  // held in the file for q
+    auto b = q.take(0ms);          // no transaction needed: q kept it
+    REQUIRE(b);
+    CHECK(b->id == "b");
+    CHECK(b->payload == "y");
+    CHECK(b->attempts == 1);
+    CHECK(b->token > a->token);
+    // Worked for longer than the hold: the keeper made its lease whole, so the ack still holds.
+    std::this_thread::sleep_for(700ms);
+    CHECK_FALSE(other.take(0ms));
+    CHECK(q.ack(*b));
+    CHECK(q.size() == 0);
+}
+
+TEST_CASE("prefetch: a kept job that no take comes for goes back, its attempt uncounted") {
+    temp_dir dir;
+    auto o = opts(dir.file());
+    o.lease = 2s;
+    o.max_attempts = 1;  // a counted delivery of "b" would dead-letter it at its hold's end
+    delay_queue q(o);
+    delay_queue other(o);
+    REQUIRE(q.put("a", "x", past));
+    REQUIRE(q.put("b", "y", past + 1ms));
+    auto a = q.take(5s);
+    REQUIRE(a);
+    CHECK(q.ack(*a));         // keeps "b"; q never takes it
+    auto b = other.take(5s);  // q's keeper gives it back after the window
+    REQUIRE(b);
+    CHECK(b->id == "b");
+    CHECK(b->attempts == 1);
+    CHECK(other.ack(*b));
+    CHECK(other.dead_size() == 0);
+}
+
+TEST_CASE("prefetch: a kept job comes back by itself when its object dies with it") {
+    temp_dir dir;
+    auto o = opts(dir.file());
+    o.max_attempts = 1;
+    delay_queue q(o);
+    REQUIRE(q.put("a", "x", past));
+    REQUIRE(q.put("b", "y", past + 1ms));
+    CHECK(helper("take-ack-die " + dir.file()) == "acked a");
+    CHECK(q.size() == 1);
+    CHECK_FALSE(q.take(0ms));  // held for the dead process, for 400 ms at most
+    const auto start = std::chrono::steady_clock::now();
+    auto b = q.take(5s);
+    REQUIRE(b);
+    CHECK(std::chrono::steady_clock::now() - start < 3s);  // the short hold, not the 30 s lease
+    CHECK(b->id == "b");
+    CHECK(b->attempts == 1);  // no user code saw the kept delivery
+    CHECK(q.ack(*b));
+    CHECK(q.dead_size() == 0);
+}
+
+TEST_CASE("prefetch: a nack of a kept job counts its delivery, and cancel drops a kept job") {
+    temp_dir dir;
+    auto o = opts(dir.file());
+    o.lease = 2s;
+    o.max_attempts = 1;
+    delay_queue q(o);
+    REQUIRE(q.put("a", "x", past));
+    REQUIRE(q.put("b", "y", past + 1ms));
+    REQUIRE(q.put("c", "z", past + 2ms));
+    auto a = q.take(5s);
+    REQUIRE(a);
+    CHECK(q.ack(*a));  // keeps "b"
+    auto b = q.take(0ms);
+    REQUIRE(b);
+    CHECK(b->id == "b");
+    CHECK(q.nack(*b, 0ms));  // its first delivery, counted: max_attempts reached
+    CHECK(q.dead_size() == 1);
+    auto c = q.take(5s);
+    REQUIRE(c);
+    CHECK(c->id == "c");
+    REQUIRE(q.put("d", "w", past + 3ms));
+    CHECK(q.ack(*c));  // keeps "d"
+    CHECK(q.cancel("d"));
+    CHECK_FALSE(q.take(0ms));
+    CHECK(q.size() == 0);
+
+    o.prefetch = false;
+    delay_queue plain(o);
+    REQUIRE(plain.put("e", "x", past));
+    REQUIRE(plain.put("f", "y", past + 1ms));
+    auto e = plain.take(5s);
+    REQUIRE(e);
+    CHECK(plain.ack(*e));  // keeps nothing: another handle takes "f" at once
+    auto f = q.take(0ms);
+    REQUIRE(f);
+    CHECK(f->id == "f");
+    CHECK(q.ack(*f));
+}
+
+TEST_CASE("a put by another process wakes a waiting take") {
+    temp_dir dir;
+    delay_queue q(opts(dir.file()));  // foreign_changes: 50 ms
+    REQUIRE(q.put_after("late", "x", 1h));
+    std::optional<delayq::job> got;
+    std::thread taker([&] { got = q.take(30s); });
+    std::this_thread::sleep_for(200ms);
+    CHECK(helper("put " + dir.file() + " other 0") == "queued");
+    taker.join();
+    REQUIRE(got);
+    CHECK(got->id == "other");
+    CHECK(got->payload == "from another process");
+    CHECK(helper("put " + dir.file() + " late 0") == "refused");  // idempotent across processes
+    CHECK(q.ack(*got));
+}
+
+TEST_CASE("concurrent puts share commits and every one is in the file") {
+    temp_dir dir;
+    auto o = opts(dir.file());
+    o.commit_batch = 7;  // groups of at most 7: several groups at once
+    delay_queue q(o);
+    constexpr std::size_t threads = 8, each = 100;
+    std::vector<std::thread> ts;
+    std::atomic<std::size_t> refused{0};
+    for (std::size_t t = 0; t < threads; ++t)
+        ts.emplace_back([&, t] {
+            for (std::size_t i = 0; i < each; ++i)
+                if (!q.put_after(numbered(t % 2 ? "odd" : "even", t * each + i), "x", 1h))
+                    ++refused;
+        });
+    for (auto& t : ts) t.join();
+    CHECK(refused == 0);
+    CHECK(q.size() == threads * each);
+    delay_queue reopened(o);
+    CHECK(reopened.size() == threads * each);
+}
+
+TEST_CASE("durable_puts = false queues the same way") {
+    temp_dir dir;
+    auto o = opts(dir.file());
+    o.durable_puts = false;
+    delay_queue q(o);
+    REQUIRE(q.put_after("a", "x", 0ms));
+    CHECK_FALSE(q.put_after("a", "x", 0ms));
+    auto j = q.take(5s);
+    REQUIRE(j);
+    CHECK(q.ack(*j));
+}
+
+TEST_CASE("far deadlines and delays saturate instead of overflowing") {
+    temp_dir dir;
+    delay_queue q(opts(dir.file()));
+    CHECK(q.put("max", "x", std::chrono::system_clock::time_point::max()));
+    CHECK(q.put_after("long", "x", std::chrono::milliseconds::max()));
+    CHECK(q.put("min", "x", std::chrono::system_clock::time_point::min()));  // due at once
+    auto j = q.take(5s);
+    REQUIRE(j);
+    CHECK(j->id == "min");
+    CHECK_FALSE(q.take(0ms));
+    CHECK(q.size() == 3);
+}
+
+TEST_CASE("errors: a file that is not a queue is not_a_queue_error and stays untouched") {
+    temp_dir dir;
+    SECTION("a text file") {
+        const std::string path = dir.file("notes.txt");
+        std::ofstream(path) << "dear diary, today I was opened as a queue\n";
+        const std::string before = read_all(path);
+        const auto msg =
+            message_of<delayq::sqlite::not_a_queue_error>([&] { delay_queue q(opts(path)); });
+        CHECK(contains(msg, path));
+        CHECK(contains(msg, "not a delayq queue"));
+        CHECK(read_all(path) == before);
+    }
+    SECTION("another application's SQLite database") {
+        const std::string path = dir.file("app.db");
+        raw_exec(path, "CREATE TABLE customers(name TEXT); INSERT INTO customers VALUES('ann')");
+        const std::string before = read_all(path);
+        const auto msg =
+            message_of<delayq::sqlite::not_a_queue_error>([&] { delay_queue q(opts(path)); });
+        CHECK(contains(msg, path));
+        CHECK(contains(msg, "another application"));
+        CHECK(read_all(path) == before);  // not even switched to WAL
+    }
+    SECTION("the family: not_a_queue_error is a delayq::sqlite::error and a queue_error") {
+        const std::string path = dir.file("x");
+        std::ofstream(path) << "x";
+        CHECK_THROWS_AS(delay_queue(opts(path)), delayq::sqlite::error);
+        CHECK_THROWS_AS(delay_queue(opts(path)), delayq::queue_error);
+    }
+}
+
+TEST_CASE("errors: a file of a later format is newer_version_error") {
+    temp_dir dir;
+    { delay_queue q(opts(dir.file())); }
+    raw_exec(dir.file(), "PRAGMA user_version = 2");
+    const auto msg =
+        message_of<delayq::sqlite::newer_version_error>([&] { delay_queue q(opts(dir.file())); });
+    CHECK(contains(msg, dir.file()));
+    CHECK(contains(msg, "newer delayq"));
+    CHECK(contains(msg, "format 2"));
+}
+
+TEST_CASE("errors: a damaged file is corrupt_error") {
+    temp_dir dir;
+    {
+        delay_queue q(opts(dir.file()));
+        std::vector<delayq::put_request> reqs;
+        std::vector<std::string> ids;
+        for (std::size_t i = 0; i < 2000; ++i) ids.push_back(numbered("c", i));
+        for (const auto& id : ids) reqs.push_back({id, "payload payload payload", 1h});
+        q.put_many(reqs);
+    }  // the last connection checkpoints the WAL into the file and removes it
+    SECTION("its header") {
+        write_at(dir.file(), 16, std::string("\x00\x03", 2));  // page size 3: impossible
+        const auto msg =
+            message_of<delayq::sqlite::corrupt_error>([&] { delay_queue q(opts(dir.file())); });
+        CHECK(contains(msg, dir.file()));
+        CHECK(contains(msg, "corrupt"));
+    }
+    SECTION("its pages") {
+        // Page 1 (the schema) intact, the tables' pages overwritten.
+        write_at(dir.file(), 4096, std::string(8 * 4096, '\x5a'));
+        const auto msg = message_of<delayq::sqlite::corrupt_error>([&] {
+            delay_queue q(opts(dir.file()));
+            q.size();
+            q.take(0ms);
+        });
+        CHECK(contains(msg, dir.file()));
+        CHECK(contains(msg, "corrupt"));
+    }
+}
+
+TEST_CASE("errors: a full disk is disk_full_error, and every put that returned is kept") {
+    temp_dir dir;
+    SECTION("options::max_size") {
+        auto o = opts(dir.file());
+        o.max_size = 64 * 1024;
+        std::size_t queued = 0;
+        const std::string payload(200, 'x');
+        std::string msg;
+        {
+            delay_queue q(o);
+            msg = message_of<delayq::sqlite::disk_full_error>([&] {
+                for (;; ++queued)
+                    if (!q.put_after(numbered("f", queued), payload, 1h))
+                        throw std::logic_error("a new id was refused");
+            });
+            CHECK(q.size() == queued);  // the object stays usable
+            REQUIRE(q.put_after("f0", "", 0ms) == false);
+        }
+        CHECK(queued > 10);
+        CHECK(contains(msg, dir.file()));
+        CHECK(contains(msg, "disk is full"));
+        o.max_size = 0;
+        delay_queue q(o);
+        CHECK(q.size() == queued);
+        CHECK(q.put_after("more", payload, 0ms));  // room again
+    }
+    SECTION("RLIMIT_FSIZE in another process") {
+        const std::string out = helper("fill " + dir.file() + " 200000");
+        INFO(out);
+        REQUIRE(out.rfind("disk_full_error ", 0) == 0);
+        const std::size_t queued = std::stoul(out.substr(16));
+        CHECK(queued > 10);
+        CHECK(contains(out, dir.file()));
+        delay_queue q(opts(dir.file()));
+        CHECK(q.size() == queued);
+    }
+}
+
+TEST_CASE("errors: a lock held past busy_timeout is busy_error, and then the queue works again") {
+    temp_dir dir;
+    auto o = opts(dir.file());
+    o.busy_timeout = 100ms;
+    delay_queue q(o);
+    REQUIRE(q.put("before", "x", past));
+    sqlite3* other = nullptr;
+    REQUIRE(sqlite3_open(dir.file().c_str(), &other) == SQLITE_OK);
+    REQUIRE(sqlite3_exec(other, "BEGIN EXCLUSIVE", nullptr, nullptr, nullptr) == SQLITE_OK);
+    const auto msg = message_of<delayq::sqlite::busy_error>([&] { q.put_after("x", "y", 0ms); });
+    CHECK(contains(msg, dir.file()));
+    CHECK(contains(msg, "busy_timeout (100 ms)"));
+    CHECK_THROWS_AS(q.take(0ms), delayq::sqlite::busy_error);
+    REQUIRE(sqlite3_exec(other, "COMMIT", nullptr, nullptr, nullptr) == SQLITE_OK);
+    sqlite3_close(other);
+    CHECK(q.put_after("x", "y", 0ms));
+    auto j = q.take(5s);
+    REQUIRE(j);
+    CHECK(j->id == "before");
+}
+
+TEST_CASE("errors: a read-only file is read_only_error") {
+    temp_dir dir;
+    {
+        delay_queue q(opts(dir.file()));
+        REQUIRE(q.put("kept", "x", past));
+    }
+    REQUIRE(::chmod(dir.file().c_str(), 0444) == 0);
+    REQUIRE(::chmod(dir.path().c_str(), 0755) == 0);  // others may enter, not write
+    if (::geteuid() != 0) {
+        const auto msg =
+            message_of<delayq::sqlite::read_only_error>([&] { delay_queue q(opts(dir.file())); });
+        CHECK(contains(msg, dir.file()));
+        CHECK(contains(msg, "read-only"));
+    } else {
+        // Root writes to a 0444 file regardless: the helper drops to user nobody first.
+        const std::string out = helper("nobody " + dir.file());
+        INFO(out);
+        if (out.rfind("cannot become nobody", 0) == 0) {
+            WARN("skipped: running as root and cannot switch to user nobody (" << out << ")");
+        } else {
+            CHECK(out.rfind("read_only_error ", 0) == 0);
+            CHECK(contains(out, dir.file()));
+            CHECK(contains(out, "read-only"));
+        }
+    }
+    ::chmod(dir.file().c_str(), 0644);
+    delay_queue q(opts(dir.file()));
+    CHECK(q.size() == 1);  // nothing lost
+}
+
+namespace {
+
+// A helper process whose output goes to `out`; killed with SIGKILL by kill().
+class process {
+  public:
+    process(const std::vector<std::string>& args, const std::string& out) {
+        std::vector<char*> argv;
+        std::string exe = DELAYQ_SQLITE_HELPER;
+        argv.push_back(exe.data());
+        std::vector<std::string> copy = args;
+        for (auto& a : copy) argv.push_back(a.data());
+        argv.push_back(nullptr);
+        posix_spawn_file_actions_t fa;
+        posix_spawn_file_actions_init(&fa);
+        posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+        const int rc = ::posix_spawn(&pid_, exe.c_str(), &fa, nullptr, argv.data(), environ);
+        posix_spawn_file_actions_destroy(&fa);
+        if (rc != 0) pid_ = -1;
+    }
+    ~process() { kill(); }
+    process(const process&) = delete;
+    process& operator=(const process&) = delete;
+    bool started() const noexcept { return pid_ > 0; }
+    void kill() {
+        if (pid_ <= 0) return;
+        ::kill(pid_, SIGKILL);
+        ::waitpid(pid_, nullptr, 0);
+        pid_ = -1;
+    }
+
+  private:
+    pid_t pid_ = -1;
+};
+
+// The second words of the lines of `path` that start with `word`.
+std::multiset<std::string> lines(const std::string& path, const std::string& word) {
+    std::multiset<std::string> out;
+    std::ifstream in(path);
+    std::string w, id;
+    while (in >> w >> id)
+        if (w == word) out.insert(id);
+    return out;
+}
+
+std::string integrity(const std::string& path) {
+    sqlite3* db = nullptr;
+    std::string result;
+    if (sqlite3_open(path.c_str(), &db) == SQLITE_OK) {
+        sqlite3_exec(
+            db, "PRAGMA integrity_check",
+            [](void* r, int, char** v, char**) {
+                *static_cast<std::string*>(r) += v[0] ? v[0] : "";
+                return 0;
+            },
+            &result, nullptr);
+    }
+    sqlite3_close(db);
+    return result;
+}
+
+}  // namespace
+
+TEST_CASE("kill -9 of producers and consumers mid-flow: no returned put lost, no double ack") {
+    temp_dir dir;
+    const std::string path = dir.file();
+    { delay_queue q(opts(path)); }  // created before the processes race to it
+    const std::string log = dir.file("log.txt");
+    for (int round = 0; round < 4; ++round) {
+        std::vector<std::unique_ptr<process>> ps;
+        const std::string prefix = numbered("r", static_cast<std::size_t>(round)) + "-";
+        ps.push_back(std::make_unique<process>(
+            std::vector<std::string>{"produce", path, prefix + "a", "400"}, log));
+        ps.push_back(std::make_unique<process>(
+            std::vector<std::string>{"produce", path, prefix + "b", "400"}, log));
+        ps.push_back(
+            std::make_unique<process>(std::vector<std::string>{"consume", path, "1000"}, log));
+        ps.push_back(
+            std::make_unique<process>(std::vector<std::string>{"consume", path, "1000"}, log));
+        for (const auto& p : ps) REQUIRE(p->started());
+        std::this_thread::sleep_for(std::chrono::milliseconds(300 + 150 * round));
+        for (auto& p : ps) p->kill();  // mid-transaction, quite likely, for some of them
+        INFO("round " << round);
+        CHECK(integrity(path) == "ok");
+    }
+    // Drain what is left (the killed consumers' leases end within a second).
+    auto o = opts(path);
+    o.lease = 1s;
+    delay_queue q(o);
+    std::multiset<std::string> drained;
+    std::size_t early = 0;
+    while (auto j = q.take(3s)) {
+        if (std::chrono::system_clock::now() < j->deadline) ++early;
+        if (q.ack(*j)) drained.insert(j->id);
+    }
+    CHECK(q.size() == 0);
+    CHECK(integrity(path) == "ok");
+
+    const auto put = lines(log, "put");
+    const auto acking = lines(log, "acking");
+    auto acked = lines(log, "acked");
+    acked.insert(drained.begin(), drained.end());
+    CHECK(put.size() > 100);  // the test tested something
+    CHECK(lines(log, "early").empty());
+    CHECK(early == 0);
+    std::size_t lost = 0, twice = 0;
+    for (const auto& id : put)
+        if (acked.count(id) == 0 && acking.count(id) == 0) ++lost;  // an ack may have been cut
+    for (auto it = acked.begin(); it != acked.end(); it = acked.upper_bound(*it))
+        if (acked.count(*it) > 1) ++twice;
+    CHECK(lost == 0);
+    CHECK(twice == 0);
+}
