@@ -119,7 +119,7 @@ TEST_CASE("ordering holds against a sorted reference for random deadlines") {
     CHECK(rest == ref);
 }
 
-TEST_CASE("peek shows a head that is not due; poll does not take it") {
+TEST_CASE("peek shows a head that is not due, and poll does not take it") {
     manual_clock::reset();
     queue q;
     q.put(item{1, at(10ms)});
@@ -281,7 +281,7 @@ TEST_CASE("take_for with a huge duration does not overflow") {
     CHECK(t.got->id == 1);
 }
 
-TEST_CASE("leader-follower: only one taker sleeps on the head; one element wakes one taker") {
+TEST_CASE("leader-follower: only one taker sleeps on the head, and one element wakes one taker") {
     manual_clock::reset();
     queue q;
     q.put(item{1, at(10ms)});

@@ -191,7 +191,7 @@ std::vector<std::string> put_spread(sharded_delay_queue& q, int count,
 
 TEST_CASE(
     "a sharded queue whose shard's master is killed: the live shards keep delivering, and the "
-    "dead shard's jobs come once its replica took over; none lost") {
+    "dead shard's jobs come once its replica took over, none lost") {
     redis_cluster c;  // cluster-require-full-coverage yes: the cluster is down for a moment
     const std::string name = "orders";
     const int victim = c.master_of_key("{" + name + "#0}");
