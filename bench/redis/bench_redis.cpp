@@ -4,7 +4,8 @@
 //
 //   bench_redis [--jobs N] [--batch-jobs N] [--paced-seconds S] [--idle-seconds S] [--repeat R]
 //               [--port P] [--bullmq-concurrency C]
-//               [--only put|e2e|delayq|bullmq|bullmq-batch|scripts|paced|idle|memory|sharded]
+//               [--only put|e2e|delayq|bullmq|bullmq-batch|scripts|paced|idle|memory|sharded|
+//                       sqlite|sqlite-reopen]
 //
 // 1. put-only rate: 4 producers, one shared queue object, delays far in the future;
 // 2. end to end, side by side with BullMQ (bullmq/bench.mjs) against the same server, R rounds of
@@ -29,10 +30,22 @@
 //    payloads);
 // 7. the sharded queue (8 shards) end to end on this one server and on a local Redis Cluster of 3
 //    masters + 3 replicas that this program starts (needs ports whose port + 10000 is free).
+// 8. delayq::sqlite's queue beside the Redis one (where SQLite is found; a queue file in a fresh
+//    temporary directory, every put fsynced): R rounds of the Redis queue's two end-to-end runs of
+//    2. (single calls, batches of 100), each followed by the same run on a sqlite::delay_queue in
+//    the same process, jobs/s and client CPU per job (the SQLite queue's whole cost: it has no
+//    server) side by side with the ratios sqlite / redis;
+// 9. reopening an SQLite queue of 1M pending jobs (put_many of 500, delays U[0, 2 s]): the time to
+//    open it in a fresh object and take the first due job, and the resident memory that added
+//    (/proc/self/statm) per pending job.
 // --only e2e runs 2. and 3. (all four series, the table, commandstats, the scripts); --only delayq
 // delayq's two series alone, --only bullmq and --only bullmq-batch one BullMQ series each, --only
-// scripts 3. alone. Lateness uses the system clock of this machine, which the local servers share.
+// scripts 3. alone; --only sqlite 8., --only sqlite-reopen 9. Lateness uses the system clock of
+// this machine, which the local servers share.
+#include <malloc.h>
+#include <stdlib.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -41,6 +54,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <delayq/redis/delay_queue.hpp>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -52,6 +66,10 @@
 
 #include "redis_cluster.hpp"
 #include "redis_server.hpp"
+
+#if DELAYQ_BENCH_SQLITE
+#include <delayq/sqlite/delay_queue.hpp>
+#endif
 
 using namespace std::chrono_literals;
 using clk = std::chrono::steady_clock;
@@ -775,6 +793,170 @@ void memory(const delayq_test::redis_server& srv, int n) {
                 static_cast<double>(after - before) / (per * 4), per * 4);
 }
 
+#if DELAYQ_BENCH_SQLITE
+// A fresh directory under the system's temporary one (the same disk: the fsyncs are real),
+// removed with everything in it at the end.
+class temp_dir {
+  public:
+    temp_dir() {
+        std::string pattern = std::filesystem::temp_directory_path() / "delayq-bench-XXXXXX";
+        if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+        path_ = pattern;
+    }
+    ~temp_dir() {
+        std::error_code ec;
+        std::filesystem::remove_all(path_, ec);
+    }
+    temp_dir(const temp_dir&) = delete;
+    temp_dir& operator=(const temp_dir&) = delete;
+    std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+  private:
+    std::filesystem::path path_;
+};
+
+std::unique_ptr<delayq::sqlite::delay_queue> sqlite_queue(const std::string& path) {
+    delayq::sqlite::options o;
+    o.path = path;  // the defaults otherwise: every put fsynced
+    return std::make_unique<delayq::sqlite::delay_queue>(o);
+}
+
+// One end-to-end run on an SQLite queue: jobs/s, and this process's CPU per job, which is the
+// queue's whole cost (no server; the redis-server is idle meanwhile).
+figures measured_locally(delayq::sqlite::delay_queue& q, const run_shape& shape) {
+    (void)q.size();
+    const double client0 = own_cpu();
+    lateness late;
+    figures f;
+    f.jobs_per_s = end_to_end(q, shape, late);
+    f.client_us = (own_cpu() - client0) * 1e6 / (shape.jobs / 4 * 4);
+    f.lateness = late.report();
+    return f;
+}
+
+// The medians of the Redis and SQLite series side by side, with the ratios sqlite / redis.
+void print_sqlite_table(const series& rs, const series& ss, const series& rb, const series& sb) {
+    const auto ratio = [](double a, double b) {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%.2f×", a / b);
+        return std::string(buf);
+    };
+    std::printf(
+        "\nper job, medians | delayq-redis single | delayq-sqlite single | sqlite / redis | "
+        "delayq-redis batched | delayq-sqlite batched | sqlite / redis\n"
+        "|---|---|---|---|---|---|---|\n");
+    std::printf("| end-to-end jobs/s | %.0f | %.0f | %s | %.0f | %.0f | %s |\n", rs.jobs_per_s(),
+                ss.jobs_per_s(), ratio(ss.jobs_per_s(), rs.jobs_per_s()).c_str(), rb.jobs_per_s(),
+                sb.jobs_per_s(), ratio(sb.jobs_per_s(), rb.jobs_per_s()).c_str());
+    std::printf("| client CPU | %.1f µs | %.1f µs | %s | %.1f µs | %.1f µs | %s |\n",
+                rs.client_us(), ss.client_us(), ratio(ss.client_us(), rs.client_us()).c_str(),
+                rb.client_us(), sb.client_us(), ratio(sb.client_us(), rb.client_us()).c_str());
+    std::printf(
+        "| client + redis-server CPU | %.1f µs | %.1f µs | %s | %.1f µs | %.1f µs | %s |\n\n",
+        rs.client_us() + rs.server_us(), ss.client_us(),
+        ratio(ss.client_us(), rs.client_us() + rs.server_us()).c_str(),
+        rb.client_us() + rb.server_us(), sb.client_us(),
+        ratio(sb.client_us(), rb.client_us() + rb.server_us()).c_str());
+}
+
+// The Redis queue's two end-to-end runs and the SQLite queue's, round by round, so that a machine
+// that gets busier or quieter weighs on both.
+void sqlite_beside_redis(const config& cfg) {
+    temp_dir dir;
+    series rs{"delayq-redis end to end (single calls: put_after, take, ack)", cfg.jobs, {}};
+    series ss{"delayq-sqlite end to end (single calls: put_after, take, ack; durable puts)",
+              cfg.jobs,
+              {}};
+    series rb{"delayq-redis end to end (batches of 100)", cfg.batch_jobs, {}};
+    series sb{"delayq-sqlite end to end (batches of 100; durable puts)", cfg.batch_jobs, {}};
+    const auto add = [](series& to, const char* what, int round, const figures& f) {
+        to.runs.push_back(f);
+        char server[64] = "";
+        if (f.server_us > 0)
+            std::snprintf(server, sizeof server, ", redis-server CPU %.1f µs", f.server_us);
+        std::printf("  round %d, %s: %.0f jobs/s, per job client CPU %.1f µs%s\n", round + 1, what,
+                    f.jobs_per_s, f.client_us, server);
+    };
+    for (int i = 0; i < cfg.repeat; ++i) {
+        const std::string n = std::to_string(i);
+        {
+            delayq::redis::delay_queue q(queue_options(cfg.port, "bench-sq-redis-1-" + n));
+            add(rs, "delayq-redis single", i, measured(cfg.port, q, {cfg.jobs, 0, 1, 0}));
+        }
+        add(ss, "delayq-sqlite single", i,
+            measured_locally(*sqlite_queue(dir.file("single-" + n + ".db")), {cfg.jobs, 0, 1, 0}));
+        {
+            delayq::redis::delay_queue q(queue_options(cfg.port, "bench-sq-redis-100-" + n));
+            add(rb, "delayq-redis batched", i, measured(cfg.port, q, {cfg.batch_jobs, 0, 100, 0}));
+        }
+        add(sb, "delayq-sqlite batched", i,
+            measured_locally(*sqlite_queue(dir.file("batched-" + n + ".db")),
+                             {cfg.batch_jobs, 0, 100, 0}));
+    }
+    for (const series* s : {&rs, &ss, &rb, &sb}) s->print();
+    print_sqlite_table(rs, ss, rb, sb);
+}
+
+// This process's resident memory in bytes (/proc/self/statm, resident pages).
+long long resident_bytes() {
+    std::FILE* f = std::fopen("/proc/self/statm", "r");
+    long long size = 0, resident = 0;
+    if (f != nullptr) {
+        if (std::fscanf(f, "%lld %lld", &size, &resident) != 2) resident = 0;
+        std::fclose(f);
+    }
+    return resident * ::sysconf(_SC_PAGESIZE);
+}
+
+// Fills a queue file with `n` pending jobs (put_many of 500, 10-byte ids, 16-byte payloads,
+// delays U[0, 2 s]), closes it, opens it in a fresh object and takes the first due job.
+void sqlite_reopen(int n) {
+    temp_dir dir;
+    const std::string path = dir.file("reopen.db");
+    const auto fill_start = clk::now();
+    {
+        auto q = sqlite_queue(path);
+        std::mt19937 rng(1);
+        std::uniform_int_distribution<int> delay(0, 2000);
+        std::vector<std::string> ids;
+        std::vector<delayq::sqlite::delay_queue::put_request> reqs;
+        for (int i = 0; i < n; i += 500) {
+            ids.clear();
+            reqs.clear();
+            for (int k = i; k < std::min(n, i + 500); ++k) {
+                char id[16];
+                std::snprintf(id, sizeof id, "j%09d", k);
+                ids.emplace_back(id);
+            }
+            for (const auto& id : ids)
+                reqs.push_back({id, payload16, std::chrono::milliseconds(delay(rng))});
+            q->put_many(reqs);
+        }
+    }
+    const double fill_s = seconds(clk::now() - fill_start);
+    std::error_code ec;
+    const auto bytes = std::filesystem::file_size(path, ec);
+    ::malloc_trim(0);  // what the filler freed must not count as resident before the reopen
+    const long long before = resident_bytes();
+    const auto open_start = clk::now();
+    auto q = sqlite_queue(path);
+    const auto opened = clk::now();
+    const auto j = q->take(10s);
+    const auto took = clk::now();
+    const long long after = resident_bytes();
+    std::printf(
+        "sqlite reopen: filled %d jobs in %.2f s (%.0f puts/s, put_many of 500), file %.1f MB "
+        "(%.0f B a job)\n"
+        "  reopen: open %.2f ms, first take of a due job %.2f ms (%s), in all %.2f ms; resident "
+        "memory +%.2f MB = %.2f B per pending job\n",
+        n, fill_s, n / fill_s, static_cast<double>(bytes) / 1e6, static_cast<double>(bytes) / n,
+        std::chrono::duration<double, std::milli>(opened - open_start).count(),
+        std::chrono::duration<double, std::milli>(took - opened).count(), j ? "got one" : "none",
+        std::chrono::duration<double, std::milli>(took - open_start).count(),
+        static_cast<double>(after - before) / 1e6, static_cast<double>(after - before) / n);
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -805,7 +987,8 @@ int main(int argc, char** argv) {
                          "usage: %s [--jobs N] [--batch-jobs N] [--paced-seconds S] "
                          "[--idle-seconds S] [--repeat R] "
                          "[--port P] [--bullmq-concurrency C] [--only "
-                         "put|e2e|delayq|bullmq|bullmq-batch|scripts|paced|idle|memory|sharded]\n",
+                         "put|e2e|delayq|bullmq|bullmq-batch|scripts|paced|idle|memory|sharded|"
+                         "sqlite|sqlite-reopen]\n",
                          argv[0]);
             return 2;
         }
@@ -923,6 +1106,14 @@ int main(int argc, char** argv) {
             repeated(cfg, {cfg.jobs, 0, 1, 0}, "sharded (8 shards), 3-master cluster",
                      sharded(cluster.masters().front(), "bench-shc-"));
         std::printf("sharded: cluster / one node = %.2f\n", three / one);
+    }
+    if (want("sqlite") || want("sqlite-reopen")) {
+#if DELAYQ_BENCH_SQLITE
+        if (want("sqlite")) sqlite_beside_redis(cfg);
+        if (want("sqlite-reopen")) sqlite_reopen(1'000'000);
+#else
+        std::printf("sqlite: skipped (built without SQLite)\n");
+#endif
     }
     if (!own) {
         std::printf(

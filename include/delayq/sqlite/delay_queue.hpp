@@ -8,12 +8,25 @@
 // ends its lease.
 //
 // Durability. A put that returned is in the file and fsynced (options::durable_puts). Every write
-// (put, cancel, reschedule, the take's lease, ack, nack) goes through one group commit
-// (detail/group_commit.hpp): the calls of concurrent threads share one transaction, and one fsync
-// when the group holds a put, cancel or reschedule (they decide whether and when a job runs).
-// A group of takes, acks and nacks alone commits without waiting for the disk
-// (synchronous=NORMAL in WAL mode): it survives a crash of the process, and a power cut may undo
-// the last of them, which only means a redelivery (at-least-once).
+// goes through one of two group commits (detail/group_commit.hpp), where the calls of concurrent
+// threads share one transaction: puts, cancels and reschedules (they decide whether and when a
+// job runs) in one, whose leader commits its group and then fsyncs the WAL after releasing the
+// file, so that the next group gathers meanwhile and shares the next fsync; the take's lease,
+// ack, nack in the other, which commits without waiting for the disk (synchronous=NORMAL in WAL
+// mode) and never waits for an fsync: they survive a crash of the process, and a power cut may
+// undo the last of them, which only means a redelivery (at-least-once).
+//
+// Prefetch. In the loop `while (auto j = q.take(t)) { work(*j); q.ack(*j); }` an ack (not a nack)
+// also leases the next due job in its own transaction and keeps it for the object's next take(),
+// which then needs none: one transaction per job instead of two, as the Redis backend's prefetch
+// (redis/detail/stash.hpp), whose rules this follows. A kept job is handed to no user code yet, so
+// the file holds it for a short hold only, min(400 ms, lease / 4), its attempt not counted (a
+// negative token marks that state in the file): if the object dies, it comes back by itself, and
+// it is never dead-lettered for a delivery nobody saw. take() hands it out only within a quarter
+// of the hold after the ack; its ack or nack then proves the hand-over, and if none came within
+// half that window a keeper thread makes the lease whole (the attempt counted), long before the
+// hold ends. The keeper also gives back the kept jobs that no take() came for within the window,
+// and the destructor the rest. At most one kept job per job take() handed out and not yet settled.
 //
 // Waiting without polling. take() follows delay_queue's leader-follower pattern: one waiting
 // thread, the leader, sleeps until the next event it knows of; the others sleep on a condition
@@ -37,10 +50,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#ifdef S2_STATS
-#include <atomic>
-#include <cstdio>
-#endif
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
@@ -169,18 +178,12 @@ class delay_queue {
         } catch (...) {  // the holds end by themselves
         }
         if (wal_fd_ >= 0) ::close(wal_fd_);
-#ifdef S2_STATS
-        std::fprintf(stderr, "S2 groups %ld ops %ld syncs %ld\n", (long)s2_groups, (long)s2_ops,
-                     (long)s2_syncs);
-#endif
     }
 
     delay_queue(const delay_queue&) = delete;
     delay_queue& operator=(const delay_queue&) = delete;
 
-    const options& get_options() const noexcept {
-        return opt_;
-    }
+    const options& get_options() const noexcept { return opt_; }
 
     /// Queues `id` to be due at `deadline` (rounded up to the ms). False if `id` is already queued
     /// (waiting or leased); nothing changes then. Durable when it returns (durable_puts).
@@ -275,6 +278,7 @@ class delay_queue {
         if (!next.empty()) {
             stash_.push_back(kept{std::move(next.front()), sent});
             if (sent + window_ < keeper_until_) keeper_cv_.notify_one();
+            leader_cv_.notify_one();  // a take() waiting for the file may have it
         }
         return o.ok;
     }
@@ -306,15 +310,11 @@ class delay_queue {
     }
 
     /// Jobs queued: waiting plus leased. Counts the file's rows: O(n).
-    std::size_t size() {
-        return count(st_.count_jobs);
-    }
+    std::size_t size() { return count(st_.count_jobs); }
 
     /// Jobs moved to the dead letters (the `dead` table: id, payload, attempts, when) after
     /// max_attempts deliveries.
-    std::size_t dead_size() {
-        return count(st_.count_dead);
-    }
+    std::size_t dead_size() { return count(st_.count_dead); }
 
   private:
     using steady = std::chrono::steady_clock;
@@ -511,7 +511,7 @@ class delay_queue {
     // Runs `ops` in one transaction, shared with the ops of the calls that run at the same time;
     // returns once the puts, cancels and reschedules among them are on disk (durable_puts).
     void run(std::span<op> ops) {
-        group_type::batch b{ops, nullptr, false, {}};
+        group_type::batch b{ops, nullptr, false};
         const auto k = ops.front().kind;
         if (k == op::put || k == op::cancel || k == op::reschedule) {
             puts_.submit(b, opt_.commit_batch, [this](std::span<group_type::batch* const> group) {
@@ -525,12 +525,9 @@ class delay_queue {
     }
 
     // An fsync of the WAL, which holds every commit so far (a checkpoint fsyncs what it copies
-    // into the main file before the WAL is reused). Run by one caller at a time (sync_barrier),
-    // outside db_m_: SQLite goes on writing meanwhile, through its own descriptor.
+    // into the main file before the WAL is reused). Run by the puts' group leader, one at a time,
+    // outside db_m_: other transactions commit meanwhile, through SQLite's own descriptor.
     void sync_wal() {
-#ifdef S2_STATS
-        ++s2_syncs;
-#endif
         if (wal_fd_ < 0) {
             wal_fd_ = ::open(wal_path_.c_str(), O_RDONLY | O_CLOEXEC);
             if (wal_fd_ < 0) sync_failed("cannot open the WAL to fsync it");
@@ -541,18 +538,14 @@ class delay_queue {
         const int e = errno;
         const bool full = e == ENOSPC || e == EDQUOT || e == EFBIG;
         db_.fail(full ? detail::problem::disk_full : detail::problem::other,
-                 std::string(full ? "the disk is full (" : "") + doing + ": " + std::strerror(e) +
-                     (full ? ")" : ""),
+                 std::string(full ? "the disk is full (" : "") + doing + ": " +
+                     std::system_category().message(e) + (full ? ")" : ""),
                  SQLITE_IOERR_FSYNC);
     }
 
-    // The group commit's leader: one transaction for the whole group, fsynced if it holds a put,
-    // cancel or reschedule (durable_puts); then what it learned about the next event.
+    // A group commit's leader, under db_m_: one transaction for the whole group (never fsynced
+    // here: see run()); then what it learned about the next event.
     void commit(std::span<group_type::batch* const> group) {
-#ifdef S2_STATS
-        ++s2_groups;
-        for (auto* b : group) s2_ops += b->items.size();
-#endif
         std::lock_guard g(db_m_);
         detail::write_transaction t = begin();
         const long long now = now_ms();
@@ -946,10 +939,7 @@ class delay_queue {
     statements st_;
     long long data_version_ = 0;  // PRAGMA data_version when this object last read the file
     std::string wal_path_;        // the WAL's file, which sync_wal() fsyncs
-#ifdef S2_STATS
-    std::atomic<long> s2_groups{0}, s2_ops{0}, s2_syncs{0};
-#endif
-    int wal_fd_ = -1;  // open on it once needed; used by one sync_wal() at a time
+    int wal_fd_ = -1;             // open on it once needed; used by one sync_wal() at a time
 
     group_type puts_;    // puts, cancels and reschedules: committed, then fsynced
     group_type writes_;  // the other writes: committed without waiting for the disk

@@ -65,7 +65,7 @@ inline problem classify(int code, int sys_errno) noexcept {
 /// reports a write that failed with EFBIG or ENOSPC as a plain I/O error (SQLITE_IOERR_WRITE),
 /// and the errno it keeps is not reliably that write's; so the error is named by the situation.
 inline bool out_of_room(const std::string& path) {
-    constexpr std::uint64_t margin = 64 * 1024;
+    constexpr std::uint64_t margin = std::uint64_t{64} * 1024;
     rlimit lim{};
     if (::getrlimit(RLIMIT_FSIZE, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY) {
         for (const char* suffix : {"", "-wal", "-journal"}) {

@@ -11,7 +11,8 @@
 //         lease_end INTEGER (NULL while waiting)                           -- WITHOUT ROWID
 //         waiting: lease_end IS NULL; `due` is when it is due
 //         leased:  lease_end is when the lease ends; `due` is when this delivery was due;
-//                  `token` the lease's fencing token
+//                  `token` the lease's fencing token; negated while an ack keeps the job for
+//                  its object's next take() (prefetch: a short hold, the attempt not counted)
 //   jobs_due    ON jobs(due)       WHERE lease_end IS NULL      -- the next due job: one seek
 //   jobs_leases ON jobs(lease_end) WHERE lease_end IS NOT NULL  -- the next ended lease: one seek
 //   dead  id BLOB PRIMARY KEY, payload BLOB, attempts INTEGER, died INTEGER  -- past max_attempts
@@ -33,6 +34,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <string>
 
 #include "handle.hpp"
@@ -72,7 +74,10 @@ inline bool has_sqlite_header(const std::string& path) {
     if (!f) return false;
     const std::size_t n = std::fread(head, 1, sizeof head, f);
     std::fclose(f);
-    return n == sizeof head && std::string(head, sizeof head) == std::string("SQLite format 3", 16);
+    // The header string is "SQLite format 3" and its NUL: 16 bytes, the NUL included.
+    constexpr char magic[] = "SQLite format 3";
+    static_assert(sizeof magic == sizeof head);
+    return n == sizeof head && std::memcmp(head, magic, sizeof head) == 0;
 }
 
 // The file's size in bytes; 0 if it does not exist.
