@@ -8,11 +8,11 @@
 #include <delayq/delayq.hpp>
 #include <delayq/hashed_wheel_timer.hpp>
 #include <delayq/hierarchical_timing_wheel.hpp>
+#include <delayq/job.hpp>
+#include <delayq/job_queue.hpp>
 #include <delayq/manual_clock.hpp>
 #include <delayq/missed_tick.hpp>
 #include <delayq/timeout.hpp>
-#include <delayq/job.hpp>
-#include <delayq/job_queue.hpp>
 #if __has_include(<hiredis/hiredis.h>)
 #include <delayq/redis/delay_queue.hpp>
 #endif

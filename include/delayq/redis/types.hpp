@@ -3,10 +3,11 @@
 //
 // The idea. Plain data with no code and nothing beyond the standard library and the job queues'
 // shared vocabulary (<delayq/job.hpp>: the job, the put request, the base of the errors, which the
-// SQLite backend shares), so that every part of the backend can name them: the queue classes, and the parts under detail/ too (a job is what
-// the scripts' replies are decoded into and what the prefetch stash keeps; every layer, down to
-// the wire, throws error). This is the one public header that detail/ includes: moved into
-// detail/, the types would leave the API reference, which documents no detail/ header.
+// SQLite backend shares), so that every part of the backend can name them: the queue classes, and
+// the parts under detail/ too (a job is what the scripts' replies are decoded into and what the
+// prefetch stash keeps; every layer, down to the wire, throws error). This is the one public header
+// that detail/ includes: moved into detail/, the types would leave the API reference, which
+// documents no detail/ header.
 #pragma once
 
 #include <chrono>
