@@ -26,8 +26,9 @@ struct job {
 
 /// One job of a put_many(): put_after(id, payload, delay). The views must outlive the call.
 struct put_request {
-    std::string_view id, payload;
-    std::chrono::milliseconds delay{0};
+    std::string_view id;                 ///< the job's id
+    std::string_view payload;            ///< its payload, binary-safe
+    std::chrono::milliseconds delay{0};  ///< due this long from now
 };
 
 /// The base of every job queue backend's errors (delayq::sqlite::error, ...): the store could not

@@ -33,8 +33,10 @@ class error : public delayq::queue_error {
 /// version that wrote them. version() names that layout ("v2").
 class layout_error : public error {
   public:
+    /// An error saying `what`, about a queue in key layout `version`.
     layout_error(const std::string& what, std::string version)
         : error(what), version_(std::move(version)) {}
+    /// The layout the queue's keys are in ("v2").
     const std::string& version() const noexcept { return version_; }
 
   private:

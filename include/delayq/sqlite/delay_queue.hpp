@@ -107,7 +107,9 @@ struct options {
 /// problem is delayq's own finding).
 class error : public queue_error {
   public:
+    /// An error saying `what`, with SQLite's extended result code `code` (0: delayq's own).
     error(const std::string& what, int code) : queue_error(what), code_(code) {}
+    /// SQLite's extended result code, or 0 when the problem is delayq's own finding.
     int code() const noexcept { return code_; }
 
   private:
@@ -116,40 +118,40 @@ class error : public queue_error {
 /// The file holds something else: not SQLite at all, or another application's database.
 class not_a_queue_error : public error {
   public:
-    using error::error;
+    using error::error;  ///< as error's
 };
 /// The file is a queue of a later format, written by a newer delayq.
 class newer_version_error : public error {
   public:
-    using error::error;
+    using error::error;  ///< as error's
 };
 /// The file is damaged (SQLITE_CORRUPT, a damaged header).
 class corrupt_error : public error {
   public:
-    using error::error;
+    using error::error;  ///< as error's
 };
 /// The disk is full, or the file reached options::max_size or RLIMIT_FSIZE (SQLITE_FULL).
 class disk_full_error : public error {
   public:
-    using error::error;
+    using error::error;  ///< as error's
 };
 /// Another connection held the file's lock for longer than options::busy_timeout (SQLITE_BUSY).
 class busy_error : public error {
   public:
-    using error::error;
+    using error::error;  ///< as error's
 };
 /// The file (or its directory, for the WAL) cannot be written (SQLITE_READONLY).
 class read_only_error : public error {
   public:
-    using error::error;
+    using error::error;  ///< as error's
 };
 
 /// A durable delay queue in one SQLite file; see docs/sqlite.md. Every member may be called from
 /// many threads at once, and several processes may open the same file.
 class delay_queue {
   public:
-    using job = delayq::job;
-    using put_request = delayq::put_request;
+    using job = delayq::job;                  ///< what take() hands out
+    using put_request = delayq::put_request;  ///< one job of put_many()
 
     /// Opens (or creates) the queue in `o.path`. Throws std::invalid_argument for bad options, and
     /// an error of this family when the file cannot be a queue (see the classes above).
@@ -183,6 +185,7 @@ class delay_queue {
     delay_queue(const delay_queue&) = delete;
     delay_queue& operator=(const delay_queue&) = delete;
 
+    /// The options the queue was opened with.
     const options& get_options() const noexcept { return opt_; }
 
     /// Queues `id` to be due at `deadline` (rounded up to the ms). False if `id` is already queued
