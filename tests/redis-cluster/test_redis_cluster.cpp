@@ -213,8 +213,11 @@ TEST_CASE(
     const auto is_live = [&](std::size_t s) { return dead.count(s) == 0; };
 
     // Every job is put before the kill and reaches the replica: a put that an asynchronous
-    // replication loses with its master is a documented loss, not what this test is about.
-    const auto ids = put_spread(q, 600, 6s);
+    // replication loses with its master is a documented loss, not what this test is about. Due
+    // over 12 s at 100 a second: live jobs still come due in the window checked below however
+    // late the consumers start (under the sanitizers they start seconds late, and with 6 s of
+    // jobs the live shards had none left to deliver by then).
+    const auto ids = put_spread(q, 1200, 12s);
     c.wait_replicated(victim);
     const int replica = c.replica_of(victim);
     const std::uint16_t slot = slot_of("{" + name + "#" + std::to_string(*dead.begin()) + "}");
