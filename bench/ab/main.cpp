@@ -79,12 +79,12 @@ int compare(const std::string& structure, const std::string& workload, std::size
 
 int main(int argc, char** argv) {
     if (argc < 3) {
-        std::fprintf(
-            stderr,
-            "usage: %s hashed|hierarchical|both "
-            "insert|insert_monotonic|insert_cold|cancel|postpone|expire|expire_monotonic|stop [N] "
-            "[ROUNDS]\n",
-            argv[0]);
+        std::fprintf(stderr,
+                     "usage: %s hashed|hierarchical|both "
+                     "insert|insert_monotonic|insert_cold|cancel|cancel_schedule|postpone|expire|"
+                     "expire_monotonic|stop [N] "
+                     "[ROUNDS]\n",
+                     argv[0]);
         return 2;
     }
     const std::string structure = argv[1], workload = argv[2];

@@ -97,6 +97,7 @@ class wheel_rounds final : public ab::rounds {
         if (workload_ == "insert_cold") return insert_cold();
         if (workload_ == "cancel") return cancel();
         if (workload_ == "postpone") return postpone();
+        if (workload_ == "cancel_schedule") return cancel_schedule();
         if (workload_ == "expire") return expire(false);
         if (workload_ == "expire_monotonic") return expire(true);
         if (workload_ == "stop") return stop();
@@ -164,6 +165,27 @@ class wheel_rounds final : public ab::rounds {
         const double ns = ns_since(t0, v.size());
         for (const std::size_t i : v) h_[i] = w_->schedule_at(tick_task{&fired}, at_[i]);
         return ns;
+    }
+
+    // 1 024 random handles cancelled and their tasks scheduled again, pushed back by 1 ms to 1 s
+    // (what users write without reschedule(); bench_compare's cancel_schedule row): the old
+    // handles are dropped as the new ones take their place.
+    double cancel_schedule() {
+        std::uniform_int_distribution<std::int64_t> push(1'000, 1'000'000);  // us
+        std::vector<std::size_t> v(std::min(batch, n_));
+        std::vector<mtp> to(v.size());
+        for (std::size_t j = 0; j < v.size(); ++j) {
+            v[j] = rng_() % n_;
+            mtp d = at_[v[j]] + std::chrono::microseconds(push(rng_));
+            if (d > base() + 70s) d -= 60s;
+            to[j] = at_[v[j]] = d;
+        }
+        const auto t0 = std::chrono::steady_clock::now();
+        for (std::size_t j = 0; j < v.size(); ++j) {
+            h_[v[j]].cancel();
+            h_[v[j]] = w_->schedule_at(tick_task{&fired}, to[j]);
+        }
+        return ns_since(t0, v.size());
     }
 
     // 1 024 random handles pushed back to now + 60 s (the idle-connection pattern), the clock 1 ms
