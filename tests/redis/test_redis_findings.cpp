@@ -321,3 +321,33 @@ TEST_CASE("a queue written in key layout v2 is refused with layout_error, its jo
     delay_queue fresh(o);
     CHECK(fresh.put_after("new", "", 0ms));
 }
+
+TEST_CASE("a put publishes exactly when it makes the shard's next event earlier", "[finding]") {
+    // Issue 28. The put script used to compare with the head's score (ZRANGE WITHSCORES, the
+    // dearest part of that call); it now asks whether the head is a job it put. Consumers sleep
+    // until the next event they were told of, so a put before it must publish, and one after it
+    // need not. Scripts' commands are counted in commandstats.
+    redis_server srv;
+    delay_queue q(opts(srv));
+    const auto publishes = [&] {
+        const std::string n = srv.info_field("commandstats", "cmdstat_publish:calls=");
+        return n.empty() ? 0 : std::stoi(n);
+    };
+    REQUIRE(q.put_after("a", "", 10s));  // the first job: the next event
+    CHECK(publishes() == 1);
+    REQUIRE(q.put_after("b", "", 20s));  // after the head: nothing to say
+    CHECK(publishes() == 1);
+    REQUIRE(q.put_after("c", "", 5s));  // before it
+    CHECK(publishes() == 2);
+    const std::array<delayq::put_request, 2> later{{{"d", "", 30s}, {"e", "", 40s}}};
+    CHECK(q.put_many(later) == std::vector<bool>{true, true});
+    CHECK(publishes() == 2);
+    const std::array<delayq::put_request, 2> one_earlier{{{"f", "", 50s}, {"g", "", 1s}}};
+    CHECK(q.put_many(one_earlier) == std::vector<bool>{true, true});
+    CHECK(publishes() == 3);
+    CHECK_FALSE(q.put_after("a", "", 0ms));  // already queued: nothing changes, nothing said
+    CHECK(publishes() == 3);
+    REQUIRE(q.put("h", "", std::chrono::system_clock::now()));  // an absolute time, due now
+    CHECK(publishes() == 4);
+    CHECK(q.size() == 8);
+}

@@ -159,8 +159,9 @@ consteval lua_text<digits_of(N)> decimal() {
 // take inside it: nine).
 inline constexpr auto prelude = lua("local max_ms = ") + decimal<max_ms>() + lua(R"lua(
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local later = tonumber(t[1]) * 1000 + math.ceil(tonumber(t[2]) / 1000)
+local sec, usec = tonumber(t[1]), tonumber(t[2])
+local now = sec * 1000 + math.floor(usec / 1000)
+local later = sec * 1000 + math.ceil(usec / 1000)
 local events, data, seq, dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local function due_at(ms) return math.min(later + ms, max_ms) end
 local function bucket(id)
@@ -183,22 +184,27 @@ end
 
 // ARGV channel shard (id payload mode ms)*; mode 'a': ms is a due time, 'r': a delay.
 // Returns one 1 (queued) or 0 (already queued: nothing changes) per job. Publishes when a job
-// comes before the shard's earliest event.
+// comes before the shard's earliest event: exactly when, after the ZADDs, the head is a job put
+// here (ties with the old head publish too, harmlessly). The head is read without its score: a
+// score in a reply costs the server more than the rest of that ZRANGE (docs/redis.md, "Cost per
+// job"), and so does a Lua number passed as an argument, hence the scores as strings.
 inline constexpr auto put_lua = prelude + lua(R"lua(
-local first, earliest, out = head(), nil, {}
+local earliest, added, out = nil, {}, {}
 for i = 3, #ARGV, 4 do
   local id = ARGV[i]
   if redis.call('HSETNX', bucket(id), 'p' .. id, ARGV[i + 1]) == 0 then
     out[#out + 1] = 0
   else
-    local at = tonumber(ARGV[i + 3])
-    if ARGV[i + 2] == 'r' then at = due_at(at) end
-    redis.call('ZADD', events, at, id)
+    local score = ARGV[i + 3]
+    local at = tonumber(score)
+    if ARGV[i + 2] == 'r' then at = due_at(at) score = string.format('%d', at) end
+    redis.call('ZADD', events, score, id)
+    added[id] = true
     if not earliest or at < earliest then earliest = at end
     out[#out + 1] = 1
   end
 end
-if earliest and (not first or earliest < first) then publish(earliest) end
+if earliest and added[redis.call('ZRANGE', events, '0', '0')[1]] then publish(earliest) end
 return out
 )lua");
 
@@ -225,7 +231,7 @@ end
 -- Back to waiting, due at `at`. The next event may get earlier: remember it as it was.
 local function requeue(id, at)
   if before == false then before = head() end
-  redis.call('ZADD', events, at, id)
+  redis.call('ZADD', events, string.format('%d', at), id)
 end
 for i = 8, #ARGV, 3 do
   local how, id, ok = ARGV[i], ARGV[i + 1], 0
@@ -267,7 +273,7 @@ end
 local want, budget = tonumber(ARGV[6]), tonumber(ARGV[5])
 local n, rows, next_due = 0, {}, nil
 repeat
-  local heads = redis.call('ZRANGE', events, n, want, 'WITHSCORES')
+  local heads = redis.call('ZRANGE', events, n == 0 and '0' or string.format('%d', n), ARGV[6], 'WITHSCORES')
   local buried, k = false, 0
   while heads[2 * k + 2] do
     local at = tonumber(heads[2 * k + 2])
@@ -294,8 +300,8 @@ out[#out + 1] = n
 local lease_end = math.min(now + lease_ms, max_ms)
 local hold_end = hold_ms > 0 and math.min(now + hold_ms, lease_end) or lease_end
 if n > 0 then
-  local token = redis.call('INCRBY', seq, n) - n
-  local leases = {}
+  local token = redis.call('INCRBY', seq, string.format('%d', n)) - n
+  local leases, hold_s = {}, string.format('%d', hold_end)
   for k = 1, n do
     local r = rows[k]
     token = token + 1
@@ -304,7 +310,7 @@ if n > 0 then
     else
       redis.call('HSET', r[2], 'm' .. r[1], string.format('%d:%d:%d', r[5], token, lease_end))
     end
-    leases[2 * k - 1], leases[2 * k] = hold_end, r[1]
+    leases[2 * k - 1], leases[2 * k] = hold_s, r[1]
     out[#out + 1] = r[1]
     out[#out + 1] = r[3]
     out[#out + 1] = r[4]
