@@ -27,6 +27,7 @@
 // half that window a keeper thread makes the lease whole (the attempt counted), long before the
 // hold ends. The keeper also gives back the kept jobs that no take() came for within the window,
 // and the destructor the rest. At most one kept job per job take() handed out and not yet settled.
+// The bookkeeping and the keeper are delayq::detail::prefetch_keeper, shared with the Redis queue.
 //
 // Waiting without polling. take() follows delay_queue's leader-follower pattern: one waiting
 // thread, the leader, sleeps until the next event it knows of; the others sleep on a condition
@@ -64,11 +65,10 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
-#include <system_error>
-#include <thread>
 #include <utility>
 #include <vector>
 
+#include "../detail/prefetch_keeper.hpp"
 #include "../detail/time.hpp"
 #include "../job.hpp"
 #include "detail/group_commit.hpp"
@@ -167,18 +167,7 @@ class delay_queue {
     /// Gives back the jobs that acks kept for a take() that never came (see "Prefetch" above);
     /// if that fails, their short hold ends by itself.
     ~delay_queue() {
-        std::vector<kept> left;
-        {
-            std::lock_guard lk(m_);
-            left.swap(stash_);
-            stopping_ = true;
-        }
-        keeper_cv_.notify_all();
-        if (keeper_.joinable()) keeper_.join();
-        try {
-            give_back(left);
-        } catch (...) {  // the holds end by themselves
-        }
+        keeper_.stop();
         if (wal_fd_ >= 0) ::close(wal_fd_);
     }
 
@@ -229,8 +218,7 @@ class delay_queue {
         {
             // A job an ack kept must not be handed out, nor extended, once cancelled.
             std::lock_guard lk(m_);
-            std::erase_if(stash_, [&](const kept& k) { return k.j.id == id; });
-            std::erase_if(handed_, [&](const handed& h) { return h.id == id; });
+            keeper_.forget(id);
         }
         op o{op::cancel, id};
         return run_one(o);
@@ -268,19 +256,17 @@ class delay_queue {
         {
             std::lock_guard lk(m_);
             // At most one kept job per job in user code: one per consumer thread in the loop.
-            if (prefetch_ && in_hand_ > stash_.size() && start_keeper()) {
+            if (keeper_.settling(true)) {
                 o.want = 1;
                 o.jobs = &next;
             }
-            if (in_hand_ > 0) --in_hand_;
         }
         const auto sent = steady::now();  // the hold begins after this
         run_one(o);
         std::lock_guard lk(m_);
-        forget_handed(j);  // settled (or lost): nothing to extend
+        keeper_.settled(j);  // settled (or lost): nothing to extend
         if (!next.empty()) {
-            stash_.push_back(kept{std::move(next.front()), sent});
-            if (sent + window_ < keeper_until_) keeper_cv_.notify_one();
+            keeper_.keep(std::move(next.front()), {}, sent);
             leader_cv_.notify_one();  // a take() waiting for the file may have it
         }
         return o.ok;
@@ -345,15 +331,8 @@ class delay_queue {
 
     using group_type = detail::group_commit<op>;
 
-    struct kept {  // a job that an ack leased for this object's next take()
-        job j;
-        steady::time_point sent;  // the ack was sent then: its hold began after that
-    };
-    struct handed {  // a kept job that take() handed out: its lease is to be made whole
-        std::string id;
-        std::uint64_t token = 0;
-        steady::time_point at;  // then, unless an ack or nack of it came first
-    };
+    // Prefetch's bookkeeping and thread (see "Prefetch" above), shared with the Redis queue.
+    using keeper = delayq::detail::prefetch_keeper<job>;
 
     // Every statement the queue runs, prepared once (SQLITE_PREPARE_PERSISTENT).
     struct statements {
@@ -667,7 +646,8 @@ class delay_queue {
 
     // Under db_m_, in a write transaction: leases up to o.want due jobs, earliest first, each
     // with a new token, into *o.jobs. `keep`: for this object's next take() (an ack's), held for
-    // hold_ only and its attempt not counted, which the negative token marks in the file.
+    // the keeper's hold() only, its attempt not counted, which the negative token marks in the
+    // file.
     void lease_due(op& o, long long now, bool keep) {
         std::vector<job>& out = *o.jobs;
         std::vector<long long> dues;
@@ -691,7 +671,7 @@ class delay_queue {
             if (u->step()) token = u->integer(0);
         }
         const long long lease_end = std::min(now + opt_.lease.count(), max_ms);
-        const long long hold_end = std::min(now + hold_.count(), max_ms);
+        const long long hold_end = std::min(now + keeper_.hold().count(), max_ms);
         for (std::size_t i = 0; i < out.size(); ++i) {
             job& j = out[i];
             j.token = static_cast<std::uint64_t>(++token);
@@ -767,10 +747,10 @@ class delay_queue {
         } guard{*this, &self};
 
         for (;;) {
-            if (!stash_.empty()) {
-                auto got = take_kept(want);
+            if (!keeper_.empty()) {
+                auto got = keeper_.take(want);
                 if (!got.empty()) {
-                    in_hand_ += got.size();
+                    keeper_.hand_out(got.size());
                     return got;
                 }
             }
@@ -786,7 +766,7 @@ class delay_queue {
                 }
                 if (!got.empty()) {
                     if (next_ms_ <= now_ms()) cv_.notify_one();  // more is due: a follower
-                    in_hand_ += got.size();
+                    keeper_.hand_out(got.size());
                     return got;
                 }
                 continue;
@@ -814,53 +794,14 @@ class delay_queue {
         }
     }
 
-    // Under m_: up to `want` kept jobs that are still fresh (kept within window_), handed to user
-    // code now: the keeper makes their leases whole (the attempt counted) unless an ack or nack
-    // of them comes within half the window. Stale ones are left to the keeper to give back.
-    std::vector<job> take_kept(std::size_t want) {
-        std::vector<job> out;
-        const auto now = steady::now();
-        for (auto it = stash_.begin(); it != stash_.end() && out.size() < want;) {
-            if (now - it->sent >= window_) {
-                ++it;
-                continue;
-            }
-            const auto at = std::max(now, it->sent + window_ / 2);
-            handed_.push_back(handed{it->j.id, it->j.token, at});
-            if (at < keeper_until_) keeper_cv_.notify_one();
-            out.push_back(std::move(it->j));
-            it = stash_.erase(it);
-        }
-        return out;
-    }
-
-    // Under m_: the keeper thread runs (started now if need be); false if it cannot be started,
-    // and then nothing is kept.
-    bool start_keeper() {
-        if (keeper_.joinable()) return true;
-        if (stopping_) return false;
-        try {
-            keeper_ = std::thread([this] { keep(); });
-        } catch (const std::system_error&) {
-            return false;
-        }
-        return true;
-    }
-
-    // Under m_: `j` was acked or nacked, which proved its hand-over by itself.
-    void forget_handed(const job& j) {
-        std::erase_if(handed_, [&](const handed& h) { return h.token == j.token && h.id == j.id; });
-    }
-
     // The jobs in `js` were acked or nacked: out of user code, nothing to extend.
     void settled(std::span<const job> js) {
         std::lock_guard lk(m_);
-        for (const auto& j : js) forget_handed(j);
-        in_hand_ -= std::min(in_hand_, js.size());
+        keeper_.settled(js);
     }
 
     // Gives kept jobs back to the queue, due as before an ack kept them, in one transaction.
-    void give_back(const std::vector<kept>& ks) {
+    void give_back(const std::vector<keeper::held>& ks) {
         if (ks.empty()) return;
         std::vector<op> ops;
         ops.reserve(ks.size());
@@ -871,72 +812,18 @@ class delay_queue {
         run(ops);
     }
 
-    // The keeper thread: extends the kept jobs that take() handed out and that no ack or nack
-    // settled within half the window, and gives back the kept jobs that no take() came for
-    // within the window. Failures are left alone: a hold that is neither extended nor given back
-    // ends by itself (the holder of an unextended job then finds its lease lost, as after any
-    // lost lease).
-    void keep() noexcept {
-        std::unique_lock lk(m_);
-        std::vector<handed> due;
-        std::vector<kept> stale;
-        while (!stopping_) {
-            try {
-                const auto now = steady::now();
-                auto next = steady::time_point::max();
-                due.reserve(handed_.size());  // the moves below then cannot throw
-                stale.reserve(stash_.size());
-                std::erase_if(handed_, [&](handed& h) {
-                    if (h.at > now) {
-                        next = std::min(next, h.at);
-                        return false;
-                    }
-                    due.push_back(std::move(h));
-                    return true;
-                });
-                std::erase_if(stash_, [&](kept& k) {
-                    if (k.sent + window_ > now) {
-                        next = std::min(next, k.sent + window_);
-                        return false;
-                    }
-                    stale.push_back(std::move(k));
-                    return true;
-                });
-                if (due.empty() && stale.empty()) {
-                    keeper_until_ = next;
-                    if (next == steady::time_point::max())
-                        keeper_cv_.wait(lk);
-                    else
-                        keeper_cv_.wait_until(lk, next);
-                    keeper_until_ = steady::time_point::min();  // awake: it looks again anyway
-                    continue;
-                }
-                lk.unlock();
-                if (!due.empty()) {
-                    std::vector<op> ops;
-                    ops.reserve(due.size());
-                    for (const auto& h : due) {
-                        ops.push_back(op{op::extend, h.id});
-                        ops.back().token = static_cast<long long>(h.token);
-                    }
-                    run(ops);
-                }
-                give_back(stale);
-            } catch (...) {  // no memory, or the file failed: the holds end by themselves
-            }
-            due.clear();
-            stale.clear();
-            if (!lk.owns_lock()) lk.lock();
+    // Makes the leases of kept jobs that take() handed out whole, in one transaction.
+    void extend(const std::vector<keeper::handed>& hs) {
+        std::vector<op> ops;
+        ops.reserve(hs.size());
+        for (const auto& h : hs) {
+            ops.push_back(op{op::extend, h.id});
+            ops.back().token = static_cast<long long>(h.token);
         }
+        run(ops);
     }
 
     options opt_;
-    // How long an ack's kept job is held in the file for this object (its attempt not counted),
-    // and how long after the ack take() may hand it out; prefetch_: options::prefetch, unless the
-    // lease is too short for a window. As the Redis backend's prefetch (redis/detail/stash.hpp).
-    milliseconds hold_ = std::min(milliseconds(400), opt_.lease / 4);
-    milliseconds window_ = hold_ / 4;
-    bool prefetch_ = opt_.prefetch && window_ >= milliseconds(1);
     std::mutex db_m_;  // guards db_, st_ and data_version_; taken before m_, never after
     detail::database db_;
     statements st_;
@@ -953,14 +840,11 @@ class delay_queue {
     long long next_ms_ = 0;              // nothing in the file is due or ends before (ms)
     const void* leader_ = nullptr;       // the waiting take that sleeps with a timer
 
-    // Prefetch, under m_ (see "Prefetch" above).
-    std::vector<kept> stash_;     // jobs acks kept for the next take(), oldest first
-    std::vector<handed> handed_;  // kept jobs handed out, whose leases are to be made whole
-    std::size_t in_hand_ = 0;     // jobs take() handed out, not yet acked or nacked
-    std::condition_variable keeper_cv_;
-    steady::time_point keeper_until_ = steady::time_point::max();  // when the keeper wakes
-    bool stopping_ = false;                                        // the destructor has begun
-    std::thread keeper_;  // last: it starts after, and is joined before, everything it uses
+    // Prefetch, under m_ (see "Prefetch" above). Last: its thread uses the members above, and
+    // the destructor stops it first.
+    keeper keeper_{m_, opt_.lease, opt_.prefetch,
+                   [this](const std::vector<keeper::handed>& hs) { extend(hs); },
+                   [this](const std::vector<keeper::held>& ks) { give_back(ks); }};
 };
 
 }  // namespace delayq::sqlite
