@@ -54,6 +54,7 @@ delayq_test::flow_options paced(std::function<void()> midway) {
     f.per_producer = 400;
     f.put_interval = 10ms;
     f.midway = std::move(midway);
+    f.leases_may_be_lost = true;  // the outage can outlast a prefetched job's hold (flow.hpp)
     return f;
 }
 
@@ -62,7 +63,10 @@ enum class during { nothing, puts_with_jobs_pending, puts_and_acks };
 
 void check(const delayq_test::flow_result& r, during d) {
     for (const auto& f : r.failures) FAIL_CHECK(f);
-    CHECK(r.all_acked_once());
+    for (const auto& l : r.lost) WARN("lease lost in the outage, the job delivered again: " << l);
+    CHECK(r.all_acked_once());  // a lost lease's job too: acked exactly once, by its new holder
+    // Only the prefetched jobs handed out as the outage began: at most one a consumer, twice.
+    CHECK(r.lost.size() <= 8);
     if (d != during::nothing) {  // the change met live traffic and jobs that had to move
         CHECK(r.put_during_midway > 0);
         CHECK(r.pending_at_midway > 0);
