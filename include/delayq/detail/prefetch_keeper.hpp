@@ -113,13 +113,11 @@ class prefetch_keeper {
         wake(sent + window_);
     }
 
-    /// Whether a kept job waits for take().
-    bool empty() const noexcept { return stash_.empty(); }
-
     /// Up to `want` kept jobs that are still fresh, oldest first, handed to user code now (the
     /// caller counts them with hand_out()). Stale ones are left to the keeper to give back.
     std::vector<Job> take(std::size_t want) {
         std::vector<Job> out;
+        if (stash_.empty()) return out;
         const auto now = clock::now();
         for (auto it = stash_.begin(); it != stash_.end() && out.size() < want;) {
             if (now - it->sent >= window_) {

@@ -68,6 +68,7 @@
 #include <utility>
 #include <vector>
 
+#include "../detail/epoch_ms.hpp"
 #include "../detail/prefetch_keeper.hpp"
 #include "../detail/time.hpp"
 #include "../job.hpp"
@@ -184,7 +185,7 @@ class delay_queue {
         check_id(id);
         op o{op::put, id};
         o.payload = payload;
-        o.due = to_ms(deadline);
+        o.due = delayq::detail::to_ms(deadline);
         return run_one(o);
     }
 
@@ -309,9 +310,9 @@ class delay_queue {
     using steady = std::chrono::steady_clock;
     using milliseconds = std::chrono::milliseconds;
 
-    // Due times stay below 10^14 ms (year 5138), as in the Redis backend: a lease end added to
-    // one never overflows.
-    static constexpr long long max_ms = 99'999'999'999'999LL;
+    // Due times stay below max_ms (10^14 ms, year 5138), as in the Redis backend: a lease end
+    // added to one never overflows (delayq/detail/epoch_ms.hpp).
+    static constexpr long long max_ms = delayq::detail::max_ms;
     static constexpr long long never = std::numeric_limits<long long>::max();
     static constexpr std::size_t max_take = 500;  // jobs per take_many: one short transaction
 
@@ -453,19 +454,11 @@ class delay_queue {
         using namespace std::chrono;
         return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
     }
-    static long long to_ms(std::chrono::system_clock::time_point tp) {
-        const long long ms =
-            delayq::detail::saturating_ceil<milliseconds>(tp.time_since_epoch()).count();
-        return std::clamp(ms, 0LL, max_ms);
-    }
-    static std::chrono::system_clock::time_point from_ms(long long ms) {
-        return std::chrono::system_clock::time_point(
-            delayq::detail::saturating_ceil<std::chrono::system_clock::duration>(milliseconds(ms)));
-    }
     // Due `delay` from now: the clock rounded up, plus the delay; never early.
     static long long due_after(milliseconds delay) {
-        const long long d = std::clamp<long long>(delay.count(), 0, max_ms);
-        return std::min(to_ms(std::chrono::system_clock::now()) + d, max_ms);
+        return std::min(delayq::detail::to_ms(std::chrono::system_clock::now()) +
+                            delayq::detail::clamp_delay(delay),
+                        max_ms);
     }
 
     detail::write_transaction begin() {
@@ -675,9 +668,9 @@ class delay_queue {
         for (std::size_t i = 0; i < out.size(); ++i) {
             job& j = out[i];
             j.token = static_cast<std::uint64_t>(++token);
-            j.deadline = from_ms(dues[i]);
-            // A kept job's lease is made whole when take() hands it out (see take_kept).
-            j.lease_deadline = from_ms(lease_end);
+            j.deadline = delayq::detail::from_ms(dues[i]);
+            // A kept job's lease is made whole once take() hands it out (prefetch_keeper).
+            j.lease_deadline = delayq::detail::from_ms(lease_end);
             detail::statement::use u(keep ? st_.keep : st_.lease);
             u->bind(keep ? hold_end : lease_end, token, std::string_view(j.id)).run();
         }
@@ -747,12 +740,9 @@ class delay_queue {
         } guard{*this, &self};
 
         for (;;) {
-            if (!keeper_.empty()) {
-                auto got = keeper_.take(want);
-                if (!got.empty()) {
-                    keeper_.hand_out(got.size());
-                    return got;
-                }
+            if (auto got = keeper_.take(want); !got.empty()) {
+                keeper_.hand_out(got.size());
+                return got;
             }
             if (look || next_ms_ <= now_ms()) {
                 look = false;

@@ -33,7 +33,7 @@
 #include <utility>
 #include <vector>
 
-#include "../../detail/time.hpp"
+#include "../../detail/epoch_ms.hpp"
 #include "../types.hpp"
 #include "cluster.hpp"
 #include "connection.hpp"
@@ -43,12 +43,6 @@ namespace delayq::redis::detail {
 
 inline constexpr std::size_t max_batch = 500;  // jobs per script call: no call stalls the server
 
-inline long long to_ms(std::chrono::system_clock::time_point tp) {
-    const long long ms =
-        delayq::detail::saturating_ceil<milliseconds>(tp.time_since_epoch()).count();
-    return std::clamp(ms, 0LL, max_ms);
-}
-
 // A script argument: the letter c, then n in decimal. (Appended rather than "c" + to_string(n):
 // g++ 12 at -O2 warns, wrongly, of -Wrestrict inside that operator+, in users' builds too.)
 inline std::string tagged(char c, long long n) {
@@ -57,14 +51,10 @@ inline std::string tagged(char c, long long n) {
     return s;
 }
 
-inline std::chrono::system_clock::time_point from_ms(long long ms) {
-    return std::chrono::system_clock::time_point(
-        delayq::detail::saturating_ceil<std::chrono::system_clock::duration>(milliseconds(ms)));
-}
-
-inline long long clamp_delay(milliseconds d) {
-    return std::clamp<long long>(d.count(), 0, max_ms);
-}
+// Times as both job queues store them (delayq/detail/epoch_ms.hpp).
+using delayq::detail::clamp_delay;
+using delayq::detail::from_ms;
+using delayq::detail::to_ms;
 
 // FNV-1a, 64 bits: which shard an id belongs to. Part of the key layout: never change it.
 constexpr std::uint64_t fnv1a(std::string_view s) noexcept {

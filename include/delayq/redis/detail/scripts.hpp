@@ -95,6 +95,8 @@
 #include <cstddef>
 #include <string_view>
 
+#include "../../detail/epoch_ms.hpp"
+
 namespace delayq::redis::detail {
 
 enum key_id : std::size_t { k_events, k_data, k_seq, k_dead, k_count };
@@ -108,10 +110,11 @@ inline constexpr std::array<const char*, 4> older_keys{"due", "leased", "seq", "
 
 enum script_id : std::size_t { s_put, s_consume, s_cancel, s_reschedule, s_size, s_count };
 
-// "No deadline": the latest due time or lease end, in ms since the epoch. Due times travel as
-// milliseconds through Lua numbers (doubles): below 10^14 ms (year 5138) they are exact in a
-// double and in every format the scripts use. The one spelling of it, for C++ and Lua both.
-inline constexpr long long max_ms = 99'999'999'999'999LL;
+// "No deadline": the latest due time or lease end, in ms since the epoch, shared with the SQLite
+// queue (delayq/detail/epoch_ms.hpp). Due times travel as milliseconds through Lua numbers
+// (doubles): below 10^14 ms (year 5138) they are exact in a double and in every format the scripts
+// use. The one spelling of it, for C++ and Lua both.
+using delayq::detail::max_ms;
 
 // A script's text, made at compile time: N characters and a NUL.
 template <std::size_t N>

@@ -62,7 +62,6 @@ class stash {
     // Under lk: up to `want` kept jobs that are still fresh; the keeper gives stale ones back,
     // and extends the ones handed out unless an ack or nack of them comes first.
     std::vector<job> take(std::unique_lock<std::mutex>& /*lk*/, std::size_t want) {
-        if (keeper_.empty()) return {};
         return keeper_.take(want);
     }
 
