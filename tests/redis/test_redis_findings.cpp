@@ -352,11 +352,11 @@ TEST_CASE("a put publishes exactly when it makes the shard's next event earlier"
     CHECK(q.size() == 8);
 }
 
-// The link (connection.hpp) carries the calls of many threads over one connection. Whatever the
-// interleaving, each call must get its own replies, in order, and a failure must answer every call
-// it concerns (none hangs, none gets another's reply). These guard any change to how the link
-// batches or pipelines (a pipelining link that kept several batches in flight was measured and
-// not landed yet: docs/redis.md).
+// The link (connection.hpp) carries the calls of many threads over one connection and keeps
+// several batches in flight. Whatever the interleaving, each call must get its own replies, in
+// order, and a failure must answer every call in flight (none hangs, none gets another's reply:
+// the first pipelining link, after a failed write, could read calls' replies from a fresh
+// connection).
 TEST_CASE("a link shared by eight threads: every call gets its own replies, in order", "[link]") {
     const redis_server srv;
     delayq::redis::detail::link l({"127.0.0.1", srv.port(), "", ""}, 2000ms);

@@ -4,13 +4,16 @@
 // The idea. A round trip on loopback costs the server a read, a write and an event-loop turn, and
 // the client a write, a read and a context switch; the Lua work of one job is smaller than that.
 // So the calls of all the threads that share one queue object go to a node over one connection,
-// and whatever they send at about the same time travels together: the first thread to find the
-// connection idle becomes the flusher, writes every queued command in one write, reads the replies
-// in order and hands each to its thread (flat combining; StackExchange.Redis and ioredis's
-// auto-pipelining do the same). A thread alone pays one round trip, as before; eight threads pay
-// about one write and one read per batch instead of one each, and the server reads the batch in
-// one go. Nothing here blocks on the server: a blocked command would hold up everybody behind it,
-// so waiting for work is done on a connection of its own (the subscriber below).
+// and whatever they send at about the same time travels together: one thread at a time, the
+// leader, writes every queued command in one write, then reads the replies in order and hands
+// each to its thread as soon as it is in (StackExchange.Redis and ioredis's auto-pipelining do
+// the same). It does not wait for a batch's last reply before it writes the next batch: a thread
+// woken by its reply hands in its next call while the server works on the calls behind it, and
+// the leader writes it after the next reply. So the server and the client are not idle in turn
+// (see link, below). A thread alone pays one round trip, as before; eight threads pay about one
+// write and one read per batch instead of one each. Nothing here blocks on the server: a blocked
+// command would hold up everybody behind it, so waiting for work is done on a connection of its
+// own (the subscriber below).
 //
 // Failures. A hiredis context is unusable after any I/O error, so the link drops it and the next
 // call connects afresh (with its timeouts set again: hiredis 0.14's reconnect forgets them). An
@@ -39,6 +42,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cassert>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
@@ -251,10 +255,8 @@ class connection {
     std::vector<std::size_t> len_;
 };
 
-// Flat combining: threads hand in work items; one of them at a time, the leader, takes every item
-// handed in so far and runs them all at once, while the others sleep until theirs is done. A thread
-// that hands in an item while a batch runs leads the next batch, so batches grow with the number
-// of threads that wait. Item derives from combined.
+// How a thread that hands in a request learns its fate: waits on its own lock and condition
+// until the thread that does the I/O says the request is done, or that it leads now.
 struct combined {
     enum state : int { waiting, done, lead };
 
@@ -279,47 +281,12 @@ struct combined {
     state st = waiting;
 };
 
-template <class Item>
-class combiner {
-  public:
-    // Runs `item` in some batch: `run(std::vector<Item*>&)` (noexcept; it reports failures in the
-    // items) runs every batch. Returns when `item` has run.
-    template <class Run>
-    void submit(Item& item, Run&& run) {
-        bool lead = false;
-        {
-            std::lock_guard lk(m_);
-            queue_.push_back(&item);
-            lead = !std::exchange(busy_, true);
-        }
-        if (!lead && item.await() == combined::done) return;
-        std::vector<Item*> batch;  // its own: once the lock is let go, the next leader may start
-        {
-            std::lock_guard lk(m_);
-            batch.swap(queue_);
-        }
-        run(batch);
-        Item* next = nullptr;
-        {
-            std::lock_guard lk(m_);
-            if (queue_.empty())
-                busy_ = false;
-            else
-                next = queue_.front();
-        }
-        // Each is told alone, after the lock is let go: no thread wakes only to wait for the lock.
-        for (Item* x : batch)
-            if (x != &item) x->signal(combined::done);
-        if (next != nullptr) next->signal(combined::lead);
-    }
-
-  private:
-    std::mutex m_;
-    std::vector<Item*> queue_;
-    bool busy_ = false;
-};
-
-// One node's connection, shared by every thread of a queue object; see "The idea" above.
+// One node's connection, shared by every thread of a queue object; see "The idea" above. A
+// leader's turn: write what was handed in, read the oldest call in flight and answer it, again,
+// until its own call is answered; then it hands the lead to the owner of the oldest call still in
+// flight (or of the first one not written yet) and returns, so that no caller serves the others
+// for longer than its own call takes. A call that fails takes every call in flight on that
+// connection with it: the connection is out of step with the server.
 class link {
   public:
     link(endpoint at, milliseconds io_timeout) : at_(std::move(at)), io_timeout_(io_timeout) {}
@@ -334,7 +301,13 @@ class link {
     std::vector<reply_ptr> call(std::span<const command> cmds) {
         request r;
         r.cmds = cmds;
-        combiner_.submit(r, [this](std::vector<request*>& batch) { flush(batch); });
+        bool lead = false;
+        {
+            std::lock_guard lk(m_);
+            handed_in_.push_back(&r);
+            lead = !std::exchange(busy_, true);
+        }
+        if (lead || r.await() == combined::lead) serve(r);
         if (!r.failure.empty()) {
             const std::string msg = "delayq::redis: " + name_of(cmds.front()) + r.failure;
             if (r.unsent) throw unsent_error(msg);
@@ -351,58 +324,128 @@ class link {
         std::vector<reply_ptr> replies;
         std::string failure;  // the end of the error message; empty: it went through
         bool unsent = false;
+        bool answered = false;  // its replies (or its failure) are in; read by its own leader
     };
 
-    // Runs `batch` on the connection; the flusher alone touches conn_. Never throws: a failure
-    // goes to every request not yet answered.
-    void flush(std::vector<request*>& batch) noexcept {
-        std::size_t answered = 0;
-        try {
-            if (conn_ == nullptr || conn_->broken()) {
-                conn_.reset();
-                conn_ = std::make_unique<connection>(at_, io_timeout_);
+    // The leader's loop, until `me` is answered; then it hands the lead on (or lets it go when
+    // nothing is left). Never throws: a failure goes to the requests it concerns.
+    void serve(request& me) noexcept {
+        std::vector<request*> fresh;  // handed in, not yet written
+        for (;;) {
+            {
+                std::lock_guard lk(m_);
+                fresh.swap(handed_in_);
             }
-            for (request* r : batch)
-                for (command c : r->cmds) conn_->append(c);
-            conn_->flush(name_of(batch.front()->cmds.front()));
-            for (request* r : batch) {
-                r->replies.reserve(r->cmds.size());
-                for (command c : r->cmds) r->replies.push_back(conn_->read(name_of(c)));
-                ++answered;
+            if (!fresh.empty()) write(fresh);
+            if (!in_flight_.empty()) read_oldest();
+            if (!me.answered) continue;  // in flight: its reply comes in a later turn
+            request* next = nullptr;
+            {
+                std::lock_guard lk(m_);
+                if (!in_flight_.empty())
+                    next = in_flight_.front();
+                else if (!handed_in_.empty())
+                    next = handed_in_.front();
+                else
+                    busy_ = false;
             }
-            if (conn_->broken()) conn_.reset();
-        } catch (const io_failure& e) {
-            conn_.reset();  // out of step with the server, or never connected
-            std::string why;
-            try {
-                why = e.unsent() ? ": cannot connect to " + at_.str() + e.why() : e.why();
-            } catch (...) {  // no memory for the message: still a failure
-            }
-            fail_from(batch, answered, why.empty() ? ": failed" : why, e.unsent());
-        } catch (...) {
-            conn_.reset();
-            fail_from(batch, answered, ": out of memory", false);
+            if (next != nullptr) next->signal(combined::lead);
+            return;
         }
     }
 
-    static void fail_from(std::vector<request*>& batch, std::size_t first, const std::string& why,
-                          bool unsent) noexcept {
-        for (std::size_t i = first; i < batch.size(); ++i) {
-            request* r = batch[i];
+    // Writes `batch` in one go, and empties it: its requests are in flight now, or failed. A
+    // failure drops the connection, and with it every request in flight on it.
+    void write(std::vector<request*>& batch) noexcept {
+        try {
+            if (conn_ == nullptr) conn_ = std::make_unique<connection>(at_, io_timeout_);
+            for (request* r : batch)
+                for (command c : r->cmds) conn_->append(c);
+            conn_->flush(name_of(batch.front()->cmds.front()));
+        } catch (const io_failure& e) {
+            // Not connected: nothing of the batch reached the server (and nothing is in flight).
+            const bool unsent = e.unsent();
+            std::string why;
             try {
-                r->failure = why;
+                why = unsent ? ": cannot connect to " + at_.str() + e.why() : e.why();
+            } catch (...) {  // no memory for the message: still a failure
+            }
+            fail(batch, why, unsent);
+            drop(why);
+            return;
+        } catch (...) {
+            fail(batch, ": out of memory", false);
+            drop(": out of memory");
+            return;
+        }
+        try {
+            in_flight_.insert(in_flight_.end(), batch.begin(), batch.end());
+        } catch (...) {  // written, but no room to track it: its replies cannot be told apart
+            fail(batch, ": out of memory", false);
+            drop(": out of memory");
+            return;
+        }
+        batch.clear();
+    }
+
+    // Reads the replies of the oldest request in flight and answers it. A failure answers every
+    // request in flight: the connection is out of step with the server, and is dropped.
+    void read_oldest() noexcept {
+        assert(conn_ != nullptr && "a request is in flight only on a live connection");
+        request* r = in_flight_.front();
+        try {
+            r->replies.reserve(r->cmds.size());
+            for (command c : r->cmds) r->replies.push_back(conn_->read(name_of(c)));
+        } catch (const io_failure& e) {
+            drop(e.why());
+            return;
+        } catch (...) {
+            drop(": out of memory");
+            return;
+        }
+        in_flight_.erase(in_flight_.begin());
+        if (conn_->broken()) drop(": connection lost");  // a protocol error: the server closed it
+        answer(*r);
+    }
+
+    // The connection failed: it is dropped, and every request in flight on it fails with `why`
+    // (the end of its error message; it is unknown whether the server ran it).
+    void drop(const std::string& why) noexcept {
+        conn_.reset();
+        fail(in_flight_, why, false);
+    }
+
+    // Fails every request of `rs` with `why` (the end of its error message), answers it, and
+    // empties `rs`.
+    static void fail(std::vector<request*>& rs, const std::string& why, bool unsent) noexcept {
+        for (request* r : rs) {
+            try {
+                r->failure = why.empty() ? ": failed" : why;
             } catch (...) {
                 r->failure = ": failed";  // no memory for the message: still a failure
             }
             r->unsent = unsent;
             r->replies.clear();
+            answer(*r);
         }
+        rs.clear();
+    }
+
+    // Tells r's thread it is done (the leader's own request: nobody waits, and no harm). Not a
+    // word more about r afterwards: its thread may return and destroy it at once.
+    static void answer(request& r) noexcept {
+        r.answered = true;
+        r.signal(combined::done);
     }
 
     endpoint at_;
     milliseconds io_timeout_;
-    combiner<request> combiner_;
-    std::unique_ptr<connection> conn_;  // the leader's alone
+    std::mutex m_;
+    std::vector<request*> handed_in_;  // under m_
+    bool busy_ = false;                // under m_: a leader is at work
+    // The leader's alone (handed on with the lead):
+    std::vector<request*> in_flight_;  // written, oldest first
+    std::unique_ptr<connection> conn_;
 };
 
 // A connection subscribed to one channel: where a queue object's waiting consumer listens for
