@@ -520,3 +520,42 @@ TEST_CASE("prefetch = false: ack leases nothing") {
     REQUIRE(b);
     CHECK(b->id == "b");
 }
+
+// The keeper keeps no more jobs than user code holds (an ack keeps the next due job only while
+// more jobs are out in user code than kept): whatever took the jobs and whatever settles them.
+TEST_CASE("prefetch: jobs settled by ack_many are out of user code: later acks keep no more") {
+    server srv;
+    delay_queue q(opts(srv));
+    for (const char* id : {"x1", "x2", "x3"}) REQUIRE(q.put(id, "", past));
+    std::vector<delayq::redis::job> xs;
+    for (int i = 0; i < 3; ++i) {
+        auto x = q.take(1s);
+        REQUIRE(x);
+        xs.push_back(*x);
+    }
+    CHECK(q.ack_many(xs) == std::vector<bool>{true, true, true});
+    for (const char* id : {"a", "b", "c", "d"}) REQUIRE(q.put(id, "", past));
+    auto a = q.take(1s), b = q.take(1s);
+    REQUIRE(a);
+    REQUIRE(b);
+    REQUIRE(q.ack(*a));  // two out in user code, none kept: keeps c
+    REQUIRE(q.ack(*b));  // one out, one kept: keeps nothing
+    delay_queue other(opts(srv));
+    const auto rest = other.take_many(10, 0ms);
+    REQUIRE(rest.size() == 1);
+    CHECK(rest[0].id == "d");
+}
+
+TEST_CASE("prefetch: jobs from take_many count as out in user code, as take()'s do") {
+    server srv;
+    delay_queue q(opts(srv));
+    for (const char* id : {"a", "b", "c", "d"}) REQUIRE(q.put(id, "", past));
+    const auto ab = q.take_many(2, 1s);
+    REQUIRE(ab.size() == 2);
+    REQUIRE(q.ack(ab[0]));  // two out in user code, none kept: keeps c
+    REQUIRE(q.ack(ab[1]));  // one out, one kept: keeps nothing
+    delay_queue other(opts(srv));
+    const auto rest = other.take_many(10, 0ms);
+    REQUIRE(rest.size() == 1);
+    CHECK(rest[0].id == "d");
+}

@@ -105,14 +105,16 @@ class queue_base {
     std::optional<job> take(std::chrono::milliseconds max_wait) {
         auto jobs = take_jobs(1, max_wait);
         if (jobs.empty()) return std::nullopt;
-        stash_.hand_out();
+        stash_.hand_out(1);
         return std::move(jobs.front());
     }
 
     /// Leases up to `max_jobs` (at most 500) due jobs of one shard, earliest first, waiting up to
     /// `max_wait` for the first. Every job has its own lease and token.
     std::vector<job> take_many(std::size_t max_jobs, std::chrono::milliseconds max_wait) {
-        return take_jobs(std::clamp<std::size_t>(max_jobs, 1, max_batch), max_wait);
+        auto jobs = take_jobs(std::clamp<std::size_t>(max_jobs, 1, max_batch), max_wait);
+        stash_.hand_out(jobs.size());
+        return jobs;
     }
 
     /// Done with the job: it is gone for good. False if the lease was lost (ended, or cancelled).

@@ -65,11 +65,11 @@ class stash {
         return keeper_.take(want);
     }
 
-    // take() handed a job to user code: until it is acked or nacked, an ack may keep one job
-    // for the next take().
-    void hand_out() {
+    // take() or take_many() handed `n` jobs to user code: until each is acked or nacked, an ack
+    // may keep one job for the next take().
+    void hand_out(std::size_t n) {
         std::lock_guard lk(m_);
-        keeper_.hand_out(1);
+        keeper_.hand_out(n);
     }
 
     // Settles job `j` of shard `s` by the consume script (`how`: see scripts.hpp). With
@@ -95,10 +95,11 @@ class stash {
         return c.ok.front();
     }
 
-    // The jobs in `js` were acked or nacked: that proved their hand-over, nothing to extend.
+    // The jobs in `js` were acked or nacked by one batch call: out of user code, and their
+    // hand-over proved (nothing to extend).
     void settled(std::span<const job> js) {
         std::lock_guard lk(m_);
-        for (const auto& j : js) keeper_.settled(j);
+        keeper_.settled(js);
     }
 
     // `id` is being cancelled: a kept job of it must not be handed out, nor extended.
