@@ -30,9 +30,11 @@
 //   committed results name the structures so.
 #include <benchmark/benchmark.h>
 #include <malloc.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <delayq/delayq.hpp>
 #include <memory>
 #include <mutex>
@@ -73,6 +75,20 @@ struct tick_task {  // the callable every timer runs: a small capture, as the go
 std::size_t heap_in_use() {
     const auto m = mallinfo2();
     return m.uordblks + m.hblkhd;
+}
+
+// Resident bytes of the process (/proc/self/statm; 0 where it cannot be read). Unlike
+// heap_in_use(), it leaves out what is mapped but never touched, such as the slack glibc maps
+// around a 2 MiB-aligned block while its mmap threshold is still low (mallinfo2 counts it).
+std::size_t resident() {
+    std::FILE* f = std::fopen("/proc/self/statm", "r");
+    if (f == nullptr) return 0;
+    long pages = 0, in_memory = 0;
+    const bool ok = std::fscanf(f, "%ld %ld", &pages, &in_memory) == 2;
+    std::fclose(f);
+    return ok ? static_cast<std::size_t>(in_memory) *
+                    static_cast<std::size_t>(::sysconf(_SC_PAGESIZE))
+              : 0;
 }
 
 }  // namespace
@@ -236,6 +252,10 @@ class wheel_adapter {
     }
     void insert_dropping_handle(mtp at) { timer_.schedule_at(tick_task{&fired}, at); }
     void cancel(std::size_t slot) { handles_[slot].cancel(); }
+    void cancel_and_drop(std::size_t slot) {  // the handle's reference goes too: the block is free
+        handles_[slot].cancel();
+        handles_[slot] = delayq::timeout<mclock>{};
+    }
     void reschedule(std::size_t slot, mtp at) { handles_[slot].reschedule_at(at); }
     void cancel_and_insert(std::size_t slot, mtp at) {
         handles_[slot].cancel();
@@ -246,6 +266,7 @@ class wheel_adapter {
         handles_[slot] = timer_.schedule_every_at(tick_task{&fired}, first, period);
     }
     std::size_t stop_all() { return timer_.stop().size(); }
+    std::size_t pending() const { return timer_.pending(); }
     std::size_t advance_to(mtp now) {
         const auto before = fired.load(std::memory_order_relaxed);
         mclock::set(now);
@@ -613,6 +634,76 @@ void passes_workload(benchmark::State& state) {
     state.SetItemsProcessed(static_cast<std::int64_t>(total));
 }
 
+// Cancel-heavy (issue 27): what most timers are, request timeouts cancelled long before they
+// fire. Every 10 ms of manual_clock time, new timers of 60 s; 93 % of them are cancelled at a time
+// drawn uniformly from their 60 s, the rest fire. The rate keeps about N pending. After the first
+// 60 s (the pending count has reached N), one hour is played, and glibc's in-use bytes a pending
+// timer are sampled every second: the timer's memory, dead nodes and the pool's free blocks
+// included (the benchmark's own arrays are made before the baseline; a handle is dropped when its
+// timer is cancelled, as a request's is when it completes). Timed: the whole hour.
+template <class S>
+void cancel_heavy_workload(benchmark::State& state) {
+    const auto n = static_cast<std::size_t>(state.range(0));
+    constexpr std::size_t ring = 6000;  // steps of 10 ms in the 60 s timeout
+    constexpr std::size_t per_slot = 512;
+    constexpr std::size_t warm_up = ring, hour = 360'000;
+    // pending = rate x (7 % x 6000 + 93 % x 3000 steps): rate = n / 3210 a step
+    const double rate = static_cast<double>(n) / 3210.0;
+    double max_bytes = 0, last_bytes = 0, max_resident = 0, to_cancel = 0, scheduled = 0;
+    for (auto _ : state) {
+        state.PauseTiming();
+        mclock::set(base);
+        auto s = std::make_unique<S>(ring * per_slot);
+        std::vector<std::uint16_t> fill(ring, 0);
+        std::mt19937_64 rng(27);
+        std::uniform_real_distribution<double> u(0.0, 1.0);
+        const auto before = heap_in_use();
+        const auto resident_before = resident();
+        double due = 0;
+        state.ResumeTiming();
+        for (std::size_t step = 0; step < warm_up + hour; ++step) {
+            const mtp now = base + std::chrono::milliseconds(10 * step);
+            const std::size_t here = step % ring;
+            for (std::size_t k = 0; k < fill[here]; ++k) s->cancel_and_drop(here * per_slot + k);
+            fill[here] = 0;
+            for (due += rate; due >= 1; due -= 1) {
+                scheduled += 1;
+                if (u(rng) >= 0.93) {
+                    s->insert_dropping_handle(now + 60s);
+                    continue;
+                }
+                to_cancel += 1;
+                const std::size_t at = (here + 1 + rng() % (ring - 1)) % ring;
+                if (fill[at] == per_slot) {  // no room left for its handle: it fires instead
+                    to_cancel -= 1;          // (never seen at these rates)
+                    s->insert_dropping_handle(now + 60s);
+                    continue;
+                }
+                s->insert(at * per_slot + fill[at]++, now + 60s);
+            }
+            s->advance_to(now);
+            if (step >= warm_up && step % 100 == 0) {
+                state.PauseTiming();
+                const double pending = static_cast<double>(s->pending());
+                last_bytes = static_cast<double>(heap_in_use() - before) / pending;
+                max_bytes = std::max(max_bytes, last_bytes);
+                const double grown =
+                    static_cast<double>(resident()) - static_cast<double>(resident_before);
+                max_resident = std::max(max_resident, grown / pending);
+                state.ResumeTiming();
+            }
+        }
+        state.PauseTiming();
+        s.reset();
+        state.ResumeTiming();
+    }
+    state.counters["max_bytes_per_pending"] = max_bytes;
+    state.counters["last_bytes_per_pending"] = last_bytes;
+    state.counters["max_resident_per_pending"] = max_resident;
+    state.counters["cancelled_fraction"] = scheduled > 0 ? to_cancel / scheduled : 0;
+    state.SetItemsProcessed(static_cast<std::int64_t>(scheduled));
+}
+
 // The clock read's share: schedule(delay) reads steady_clock::now(); schedule_at does not.
 template <class Timer>
 void schedule_delay_or_deadline(benchmark::State& state, bool with_delay) {
@@ -731,6 +822,12 @@ void register_wheel_only() {
         ->Unit(benchmark::kNanosecond)
         ->UseRealTime();
     benchmark::RegisterBenchmark(("passes/" + s).c_str(), passes_workload<S>)
+        ->Arg(1'000)  // the smoke test's size
+        ->Arg(1'000'000)
+        ->Iterations(1)
+        ->Unit(benchmark::kNanosecond)
+        ->UseRealTime();
+    benchmark::RegisterBenchmark(("cancel_heavy/" + s).c_str(), cancel_heavy_workload<S>)
         ->Arg(1'000)  // the smoke test's size
         ->Arg(1'000'000)
         ->Iterations(1)
