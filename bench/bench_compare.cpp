@@ -637,10 +637,11 @@ void passes_workload(benchmark::State& state) {
 // Cancel-heavy (issue 27): what most timers are, request timeouts cancelled long before they
 // fire. Every 10 ms of manual_clock time, new timers of 60 s; 93 % of them are cancelled at a time
 // drawn uniformly from their 60 s, the rest fire. The rate keeps about N pending. After the first
-// 60 s (the pending count has reached N), one hour is played, and glibc's in-use bytes a pending
-// timer are sampled every second: the timer's memory, dead nodes and the pool's free blocks
-// included (the benchmark's own arrays are made before the baseline; a handle is dropped when its
-// timer is cancelled, as a request's is when it completes). Timed: the whole hour.
+// 60 s (the pending count has reached N), one hour is played, and the bytes a pending timer are
+// sampled every second, both glibc's in-use bytes and the resident set (resident() says why): the
+// timer's memory, dead nodes and the pool's free blocks included (the benchmark's own arrays are
+// made before the baseline; a handle is dropped when its timer is cancelled, as a request's is
+// when it completes). Timed: the whole hour.
 template <class S>
 void cancel_heavy_workload(benchmark::State& state) {
     const auto n = static_cast<std::size_t>(state.range(0));
@@ -672,13 +673,12 @@ void cancel_heavy_workload(benchmark::State& state) {
                     s->insert_dropping_handle(now + 60s);
                     continue;
                 }
-                to_cancel += 1;
                 const std::size_t at = (here + 1 + rng() % (ring - 1)) % ring;
                 if (fill[at] == per_slot) {  // no room left for its handle: it fires instead
-                    to_cancel -= 1;          // (never seen at these rates)
-                    s->insert_dropping_handle(now + 60s);
+                    s->insert_dropping_handle(now + 60s);  // (never seen at these rates)
                     continue;
                 }
+                to_cancel += 1;
                 s->insert(at * per_slot + fill[at]++, now + 60s);
             }
             s->advance_to(now);

@@ -358,12 +358,14 @@ class link {
     // failure drops the connection, and with it every request in flight on it.
     void write(std::vector<request*>& batch) noexcept {
         try {
+            // Room to track the batch first: once written, its replies must be told apart.
+            in_flight_.reserve(in_flight_.size() + batch.size());
             if (conn_ == nullptr) conn_ = std::make_unique<connection>(at_, io_timeout_);
             for (request* r : batch)
                 for (command c : r->cmds) conn_->append(c);
             conn_->flush(name_of(batch.front()->cmds.front()));
         } catch (const io_failure& e) {
-            // Not connected: nothing of the batch reached the server (and nothing is in flight).
+            // unsent: no connection, so nothing of the batch reached the server
             const bool unsent = e.unsent();
             std::string why;
             try {
@@ -378,13 +380,7 @@ class link {
             drop(": out of memory");
             return;
         }
-        try {
-            in_flight_.insert(in_flight_.end(), batch.begin(), batch.end());
-        } catch (...) {  // written, but no room to track it: its replies cannot be told apart
-            fail(batch, ": out of memory", false);
-            drop(": out of memory");
-            return;
-        }
+        in_flight_.insert(in_flight_.end(), batch.begin(), batch.end());  // room reserved
         batch.clear();
     }
 
