@@ -15,12 +15,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <delayq/redis/delay_queue.hpp>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <stdexcept>
@@ -148,10 +151,90 @@ class silent_server {
     silent_server& operator=(const silent_server&) = delete;
     ~silent_server() { ::close(fd_); }
     int port() const noexcept { return port_; }
+    int fd() const noexcept { return fd_; }
 
   private:
     int fd_;
     int port_ = 0;
+};
+
+// A loopback server that speaks just enough RESP for a test to script a node's answers: each
+// command (an array of bulk strings) goes to `answer`, whose reply is written back raw (RESP text,
+// e.g. "+OK\r\n"); std::nullopt closes the connection. With no `answer`, each connection is
+// closed as soon as it is accepted. One thread serves one connection at a time.
+class scripted_server {
+  public:
+    using script = std::function<std::optional<std::string>(const std::vector<std::string>&)>;
+
+    explicit scripted_server(script answer = {}) : answer_(std::move(answer)) {
+        server_ = std::thread([this] { serve(); });
+    }
+    scripted_server(const scripted_server&) = delete;
+    scripted_server& operator=(const scripted_server&) = delete;
+    ~scripted_server() {
+        stop_ = true;
+        ::shutdown(listener_.fd(), SHUT_RDWR);
+        server_.join();
+    }
+    int port() const noexcept { return listener_.port(); }
+
+  private:
+    void serve() {
+        while (!stop_) {
+            const int c = ::accept(listener_.fd(), nullptr, nullptr);
+            if (c < 0) return;
+            if (answer_) converse(c);
+            ::close(c);
+        }
+    }
+
+    void converse(int c) {
+        std::string in;
+        char buf[4096];
+        for (;;) {
+            std::vector<std::string> args;
+            std::size_t used = 0;
+            while (!parse(in, args, used)) {
+                const ssize_t n = ::read(c, buf, sizeof buf);
+                if (n <= 0) return;
+                in.append(buf, static_cast<std::size_t>(n));
+            }
+            in.erase(0, used);
+            const std::optional<std::string> out = answer_(args);
+            if (!out) return;
+            if (::send(c, out->data(), out->size(), MSG_NOSIGNAL) < 0) return;
+        }
+    }
+
+    // One command from the front of `in`: false while it is incomplete.
+    static bool parse(const std::string& in, std::vector<std::string>& args, std::size_t& used) {
+        args.clear();
+        std::size_t at = 0;
+        const auto number = [&](char kind, long& v) {
+            if (at >= in.size() || in[at] != kind) return false;
+            const auto end = in.find("\r\n", at);
+            if (end == std::string::npos) return false;
+            v = std::stol(in.substr(at + 1, end - at - 1));
+            at = end + 2;
+            return true;
+        };
+        long n = 0;
+        if (!number('*', n)) return false;
+        for (long i = 0; i < n; ++i) {
+            long len = 0;
+            if (!number('$', len) || in.size() < at + static_cast<std::size_t>(len) + 2)
+                return false;
+            args.push_back(in.substr(at, static_cast<std::size_t>(len)));
+            at += static_cast<std::size_t>(len) + 2;
+        }
+        used = at;
+        return true;
+    }
+
+    silent_server listener_;  // listens; this class answers
+    script answer_;
+    std::atomic<bool> stop_{false};
+    std::thread server_;
 };
 
 class redis_server {

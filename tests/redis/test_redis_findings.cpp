@@ -426,3 +426,51 @@ TEST_CASE(
     for (auto& t : ts) t.join();
     CHECK(wrong.load() == 0);
 }
+
+// A write to a connection the server has reset raises SIGPIPE, whose default action ends the
+// process: a Redis node that dies while a call is being written must cost the caller an error,
+// not its process. (Seen in CI: the test above died of SIGPIPE.) The server here accepts each
+// connection and closes it at once; each call writes 4 MiB into it, more than one write() takes:
+// the first write is taken, the peer answers it with a reset, and the next write raises SIGPIPE.
+TEST_CASE("a write into a connection the server reset is an error, not SIGPIPE", "[link]") {
+    const delayq_test::scripted_server resetter;
+    delayq::redis::detail::link l({"127.0.0.1", resetter.port(), "", ""}, 2000ms);
+    const std::string big(std::size_t{4} << 20, 'x');
+    const std::array<std::string_view, 3> set{"SET", "k", big};
+    int failed = 0;
+    for (int i = 0; i < 20; ++i) {
+        try {
+            l.call(delayq::redis::detail::command(set));
+        } catch (const delayq::redis::error&) {
+            ++failed;
+        }
+    }
+    CHECK(failed == 20);
+}
+
+// In the middle of a failover a node can answer CLUSTER SLOTS without the slot that is changing
+// hands (the old master has stepped down, the new one is not known to it yet). That is the
+// moment CLUSTERDOWN covers: the router waits and asks again within io_timeout. (Seen in CI: a
+// put and a take failed with "no node of the cluster serves slot" during CLUSTER FAILOVER.) The
+// seed here answers the first two CLUSTER SLOTS with no slot at all, then maps every slot to a
+// real server.
+TEST_CASE("a slot that no node serves for a moment (a failover) is waited out, not an error",
+          "[finding]") {
+    redis_server real;
+    std::atomic<int> asked{0};
+    const delayq_test::scripted_server seed([&](const std::vector<std::string>& args) {
+        if (args.size() != 2 || args[0] != "CLUSTER" || args[1] != "SLOTS")
+            return std::optional<std::string>("-ERR only CLUSTER SLOTS here\r\n");
+        if (++asked <= 2) return std::optional<std::string>("*0\r\n");
+        const std::string port = std::to_string(real.port());
+        return std::optional<std::string>(
+            "*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$9\r\n127.0.0.1\r\n:" + port + "\r\n");
+    });
+    delay_queue q(delayq_test::queue_options(seed.port()));
+    REQUIRE_NOTHROW(q.put_after("a", "payload", 0ms));
+    CHECK(asked.load() >= 3);
+    const auto j = q.take(5s);
+    REQUIRE(j);
+    CHECK(j->id == "a");
+    CHECK(q.ack(*j));
+}

@@ -17,6 +17,8 @@
 //   `CLUSTERDOWN` (no master for the slot during a failover), `LOADING` (a restarted server
 //   reading its data): the command did not run; the router waits (10 ms, doubling to 100 ms) and
 //   tries again, for up to `io_timeout` in all.
+// - A slot that no node serves in the map just loaded (mid-failover, the node asked knows the old
+//   master stepped down but not yet who took over): as CLUSTERDOWN, wait and reload the map.
 // - A node that cannot be reached (connection refused after it died): nothing was sent; in a
 //   cluster the router reloads the map from another node and tries again, within the same
 //   `io_timeout`. Against a single server there is nowhere else to go, so that is an error at once.
@@ -104,7 +106,10 @@ class router {
         node* target = nullptr;
         bool asking = false;
         for (int redirects = 0;;) {
-            if (target == nullptr) target = route(slot);
+            if (target == nullptr && (target = route(slot)) == nullptr) {
+                if (!wait()) throw unserved(slot);
+                continue;  // mid-failover: the map is reloaded before the next try
+            }
             reply_ptr r;
             try {
                 if (asking) {
@@ -146,7 +151,10 @@ class router {
 
     // The node that serves `slot` now; a subscriber listens there (in a cluster, every node
     // hears every PUBLISH).
-    endpoint node_of(std::uint16_t slot) { return route(slot)->at; }
+    endpoint node_of(std::uint16_t slot) {
+        if (node* n = route(slot)) return n->at;
+        throw unserved(slot);
+    }
 
     bool clustered() {
         std::lock_guard lk(m_);
@@ -187,14 +195,19 @@ class router {
         return *nodes_.back();
     }
 
+    // The node that serves `slot`, or nullptr while none does: in the middle of a failover a node
+    // can answer CLUSTER SLOTS without the slot that changes hands. The map is then reloaded
+    // before the next route.
     node* route(std::uint16_t slot) {
         std::lock_guard lk(m_);
         if (mode_ == mode::unknown || stale_) refresh();
         if (mode_ == mode::single) return &node_at(seed_);
-        if (slots_[slot] == nullptr)
-            throw error("delayq::redis: no node of the cluster serves slot " +
-                        std::to_string(slot));
+        if (slots_[slot] == nullptr) stale_ = true;
         return slots_[slot];
+    }
+
+    static error unserved(std::uint16_t slot) {
+        return error("delayq::redis: no node of the cluster serves slot " + std::to_string(slot));
     }
 
     // Reloads the slot map (under m_) from the first node that answers, the seed last.

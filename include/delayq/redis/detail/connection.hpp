@@ -36,7 +36,9 @@
 #include <hiredis.h>  // hiredis 1.0's pkg-config file points inside include/hiredis
 #endif
 #include <poll.h>
+#include <sys/socket.h>
 #include <sys/time.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -50,9 +52,11 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <span>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -156,23 +160,28 @@ class connection {
     bool broken() const noexcept { return broken_; }
     int fd() const noexcept { return ctx_->fd; }
 
+    // Throws a failure to send, errno `e`, for `what`; the connection is broken now.
+    [[noreturn]] void fail_sending(const std::string& what, int e) {
+        broken_ = true;
+        if (e == EAGAIN || e == EWOULDBLOCK)  // SO_SNDTIMEO (io_timeout) ran out
+            throw io_failure(what, timed_out(), false);
+        throw io_failure(what, ": " + std::generic_category().message(e), false);
+    }
+
     // Throws the last I/O failure, for `what` (a command's name); the connection is broken now.
     [[noreturn]] void fail(const std::string& what) {
         broken_ = true;
         // A read or write that ran into the socket timeout: hiredis reports errno's text
         // ("Resource temporarily unavailable"), which does not say what happened.
         if (ctx_->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK))
-            throw io_failure(
-                what,
-                " timed out after " + std::to_string(io_timeout_.count()) + " ms (io_timeout)",
-                false);
+            throw io_failure(what, timed_out(), false);
         throw io_failure(
             what,
             ": " + (ctx_->err != 0 ? std::string(ctx_->errstr) : std::string("connection lost")),
             false);
     }
 
-    // Queues a command in hiredis's output buffer; flush() sends everything queued.
+    // Queues a command; flush() sends everything queued.
     void append(command args) {
         argv_.clear();
         len_.clear();
@@ -180,15 +189,42 @@ class connection {
             argv_.push_back(a.data());
             len_.push_back(a.size());
         }
-        if (redisAppendCommandArgv(ctx_, static_cast<int>(args.size()), argv_.data(),
-                                   len_.data()) != REDIS_OK)
-            fail(name_of(args));
+        char* cmd = nullptr;
+        const int n =
+            redisFormatCommandArgv(&cmd, static_cast<int>(args.size()), argv_.data(), len_.data());
+        if (n < 0 || cmd == nullptr) throw std::bad_alloc();
+        try {
+            out_.append(cmd, static_cast<std::size_t>(n));
+        } catch (...) {
+            redisFreeCommand(cmd);
+            throw;
+        }
+        redisFreeCommand(cmd);
     }
 
+    // Sends what append() queued. With send(MSG_NOSIGNAL), not hiredis's write(): a write into a
+    // connection the server has closed is then an error here, not SIGPIPE, whose default action
+    // ends the process (a node killed while a call is being written).
     void flush(std::string_view what) {
-        int done = 0;
-        while (done == 0)
-            if (redisBufferWrite(ctx_, &done) != REDIS_OK) fail(std::string(what));
+        std::size_t sent = 0;
+        while (sent < out_.size()) {
+            const ssize_t n =
+                ::send(ctx_->fd, out_.data() + sent, out_.size() - sent, MSG_NOSIGNAL);
+            if (n > 0) {
+                sent += static_cast<std::size_t>(n);
+            } else if (n < 0 && errno == EINTR) {
+                continue;
+            } else {
+                const int e = n < 0 ? errno : EPIPE;
+                out_.clear();
+                fail_sending(std::string(what), e);
+            }
+        }
+        if (out_.capacity() > (std::size_t{1} << 20)) {
+            std::string().swap(out_);  // a large payload's room is not kept
+        } else {
+            out_.clear();
+        }
     }
 
     // The next reply, read from the socket if need be; an error reply is returned, not thrown.
@@ -240,6 +276,10 @@ class connection {
                              true);
     }
 
+    std::string timed_out() const {
+        return " timed out after " + std::to_string(io_timeout_.count()) + " ms (io_timeout)";
+    }
+
     reply_ptr checked(void* r) {
         reply_ptr reply(static_cast<redisReply*>(r));
         // The server closes the connection right after a protocol error (e.g. a payload beyond
@@ -253,6 +293,7 @@ class connection {
     bool broken_ = false;
     std::vector<const char*> argv_;  // reused: a connection serves one thread at a time
     std::vector<std::size_t> len_;
+    std::string out_;  // commands queued by append(), not yet sent
 };
 
 // How a thread that hands in a request learns its fate: waits on its own lock and condition
