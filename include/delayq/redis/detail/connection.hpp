@@ -52,7 +52,6 @@
 #include <exception>
 #include <memory>
 #include <mutex>
-#include <new>
 #include <span>
 #include <string>
 #include <string_view>
@@ -181,25 +180,19 @@ class connection {
             false);
     }
 
-    // Queues a command; flush() sends everything queued.
+    // Queues a command, in RESP (an array of bulk strings), straight into the buffer that
+    // flush() sends: no allocation once the buffer has grown.
     void append(command args) {
-        argv_.clear();
-        len_.clear();
-        for (auto a : args) {
-            argv_.push_back(a.data());
-            len_.push_back(a.size());
+        out_ += '*';
+        out_ += std::to_string(args.size());
+        out_ += "\r\n";
+        for (std::string_view a : args) {
+            out_ += '$';
+            out_ += std::to_string(a.size());
+            out_ += "\r\n";
+            out_ += a;
+            out_ += "\r\n";
         }
-        char* cmd = nullptr;
-        const int n =
-            redisFormatCommandArgv(&cmd, static_cast<int>(args.size()), argv_.data(), len_.data());
-        if (n < 0 || cmd == nullptr) throw std::bad_alloc();
-        try {
-            out_.append(cmd, static_cast<std::size_t>(n));
-        } catch (...) {
-            redisFreeCommand(cmd);
-            throw;
-        }
-        redisFreeCommand(cmd);
     }
 
     // Sends what append() queued. With send(MSG_NOSIGNAL), not hiredis's write(): a write into a
@@ -291,9 +284,7 @@ class connection {
     redisContext* ctx_ = nullptr;
     milliseconds io_timeout_;
     bool broken_ = false;
-    std::vector<const char*> argv_;  // reused: a connection serves one thread at a time
-    std::vector<std::size_t> len_;
-    std::string out_;  // commands queued by append(), not yet sent
+    std::string out_;  // commands queued by append(), not yet sent; one thread at a time
 };
 
 // How a thread that hands in a request learns its fate: waits on its own lock and condition
