@@ -33,7 +33,8 @@ struct nodes {
 // Adds the nodes of `runs` (indices into ns) run by run, finishes, and returns the seq order.
 std::vector<std::uint32_t> batch_of(nodes& ns, const std::vector<std::vector<std::size_t>>& runs) {
     delayq::detail::due_batch<mc> b;
-    b.begin(ns.v.size());
+    b.reserve(ns.v.size());  // as a wheel does when it schedules
+    b.begin();
     for (const auto& run : runs) {
         b.next_run();
         for (std::size_t i : run) b.add(&ns.v[i]);
@@ -157,4 +158,29 @@ TEST_CASE("due_batch: 300 000 equal deadlines out of seq order are put in order 
     std::vector<std::size_t> first(reverse.begin(), reverse.begin() + 1000),
         rest(reverse.begin() + 1000, reverse.end());
     CHECK(batch_of(ns, {first, rest}) == heap_order(ns));  // runs small enough to sort alone
+}
+
+TEST_CASE("reserved_allocator: room mapped from 16 KiB on, its pages handed back past keep") {
+    using alloc = delayq::detail::reserved_allocator<std::uint64_t>;
+    constexpr std::size_t page = 4096 / sizeof(std::uint64_t), huge = (1U << 21) / 8;
+    for (std::size_t n : {std::size_t{100}, std::size_t{1} << 11, std::size_t{1} << 19}) {
+        CAPTURE(n);
+        alloc a;
+        std::uint64_t* p = a.allocate(n);
+        const bool mapped = n * sizeof(std::uint64_t) >= (std::size_t{1} << 14);
+        if (n >= huge) CHECK(reinterpret_cast<std::uintptr_t>(p) % (std::size_t{1} << 21) == 0);
+        std::fill(p, p + n, std::uint64_t{7});
+        const std::size_t keep = n / 4;
+        alloc::release_unused(p, n, keep);
+        // Kept: the first `keep`, and the rest of the page (huge page) they end in.
+        const std::size_t unit = n >= huge ? huge : page;
+        const std::size_t from = (keep + unit - 1) / unit * unit;
+        for (std::size_t i = 0; i < n; ++i) {
+            const std::uint64_t want = mapped && i >= from ? 0 : 7;
+            if (p[i] != want) FAIL("element " << i << " is " << p[i] << ", not " << want);
+        }
+        std::fill(p, p + n, std::uint64_t{9});  // the room is still there, and writable
+        CHECK(p[n - 1] == 9);
+        a.deallocate(p, n);
+    }
 }

@@ -84,6 +84,7 @@ struct ring_nodes {
         n.init(nullptr, deadline, static_cast<std::uint32_t>(v.size() - 1), 1);
         const ring::place u = r.position(deadline);
         r.prepare(u);
+        r.reserve(r.size() + 1);  // as the core makes room for its passes
         r.link(&n, u, mtp::min());
         return n;
     }

@@ -622,7 +622,8 @@ TEST_CASE("reliability: a tick opened without room to sort its window still sort
     // A 1 s tick opened 100 ms in: its 200 000 nodes, none due yet, move to the near window,
     // which sorts them by deadline. When the sort's scratch array could not be had, the window
     // sorted in place by insertion: O(n^2), hours for nodes linked in reverse deadline order, as
-    // here. Each round fails one more allocation of the pass (k), until the pass makes no more.
+    // here. Each round fails one more allocation of the pass (k), until the pass makes no more
+    // (since issue 27, none: the window's room is made at schedule time).
     constexpr std::size_t n = 200'000;
     for (long k = 0; k < 256; ++k) {
         CAPTURE(k);
@@ -765,10 +766,12 @@ bool pass_failing_allocation(Wheel& w, long k) {
 
 }  // namespace
 
-// Item 2. A pass whose batch array cannot be had chains its due nodes through their own links. A
-// task of that pass that reschedules a later task of the same pass relinked that node into the
+// Item 2. A pass whose batch array cannot be had chained its due nodes through their own links. A
+// task of that pass that rescheduled a later task of the same pass relinked that node into the
 // ring while the chain still ran through it: the tasks after it were lost, and the pass ran on
-// into the ring. Every k fails one more allocation of the pass (the first is the batch's).
+// into the ring. Every k fails one more allocation of the pass. Since issue 27 a pass allocates
+// nothing (its room is made at schedule time) and the chain is gone: k = 0 finds no allocation,
+// and the scenario runs once, the batch in its array.
 TEMPLATE_TEST_CASE(
     "reliability: a pass without room for its batch survives a task rescheduling another of it",
     "[finding]", hashed, hierarchical) {
@@ -996,6 +999,58 @@ TEMPLATE_TEST_CASE("reliability: the destructor out of memory ends every task ou
         CHECK(ends == order);
         CHECK(canceller.cancelled());
         for (std::size_t i = 0; i < hs.size(); ++i) CHECK_FALSE(hs[i].pending());
+    }
+    mc::reset();
+}
+
+// Issue 27, item 3: a pass allocates nothing; its room is made when timers are scheduled. Passes
+// on time (ticks opened into the near window), late ones (many buckets, more than a rotation of
+// the hashed wheel, a hierarchical wheel's levels), the clock going back, periodic tasks and
+// postponed ones, with every operator new on the driving thread counted. Before: the batch's and
+// the window's arrays grew in the passes that needed them.
+TEMPLATE_TEST_CASE("reliability: a pass allocates nothing", "[finding]", hashed, hierarchical) {
+    using W = TestType;
+    constexpr long lots = 1L << 40;  // allocations_before_failure as a counter: none fails
+    for (unsigned seed : {1U, 2U, 3U}) {
+        CAPTURE(seed);
+        mc::set(tp{1h});
+        auto w = W::make(1ms);
+        const tp base = mc::now();
+        std::mt19937_64 rng(seed);
+        std::size_t ran = 0;
+        std::vector<handle> hs;
+        constexpr std::size_t n = 30'000;
+        hs.reserve(n + 10);
+        for (std::size_t i = 0; i < n; ++i) {
+            // deadlines over 4 s, a third of them on a few instants (equal deadlines)
+            const dur d = i % 3 == 0 ? 250ms * static_cast<int>(rng() % 16)
+                                     : dur{static_cast<dur::rep>(rng() % 4'000'000'000ULL)};
+            hs.push_back(w->schedule_at([&ran] { ++ran; }, base + d));
+        }
+        for (int i = 0; i < 10; ++i)
+            hs.push_back(w->schedule_every([&ran] { ++ran; }, 7ms * (i + 1)));
+        for (std::size_t i = 0; i < n; i += 7) hs[i].reschedule_at(base + 5s + 1ms * (i % 500));
+        std::size_t allocations = 0;
+        const auto pass = [&] {
+            delayq::test::allocations_before_failure = lots;
+            w->advance(mc::now());
+            allocations +=
+                static_cast<std::size_t>(lots - delayq::test::allocations_before_failure);
+            delayq::test::allocations_before_failure = -1;
+        };
+        for (int step = 0; step < 300; ++step) {  // on time, 3.3 ms a pass (ticks opened)
+            mc::advance(3300us);
+            pass();
+        }
+        mc::set(base + 500ms);  // back: the window gets ticks already passed
+        pass();
+        mc::set(base + 3s);  // late by 2 s: many buckets at once
+        pass();
+        mc::set(base + 1h);  // late by an hour: everything, levels and rotations
+        pass();
+        CHECK(allocations == 0);
+        CHECK(w->pending() == 10);  // the periodic ones
+        CHECK(ran >= n);
     }
     mc::reset();
 }

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <iterator>
 #include <limits>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
@@ -40,18 +41,31 @@ struct deadline_rec {
 template <class Clock>
 using deadline_recs = std::vector<deadline_rec<Clock>, huge_page_allocator<deadline_rec<Clock>>>;
 
-/// What a sort needs beside its input: room for a copy of the records, and the bins of a large
-/// sort. Kept by its owner from one sort to the next, so that a sort no larger than one before it
-/// allocates nothing (a wheel's pass then allocates nothing either).
+/// Records in room reserved ahead (huge_pages.hpp, "Reserved, not resident"): a pass's.
 template <class Clock>
-struct sort_scratch {
-    deadline_recs<Clock> recs;
-    std::vector<std::size_t> bins;  // on the heap, not 32 KiB of the caller's stack: a pass may
-                                    // run on a coroutine's or a fiber's small stack
-};
+using reserved_recs = std::vector<deadline_rec<Clock>, reserved_allocator<deadline_rec<Clock>>>;
 
 inline constexpr unsigned deadline_top_digit = 11;
 inline constexpr std::size_t deadline_top_radix = std::size_t{1} << deadline_top_digit;
+
+/// What a sort needs beside its input: room for a copy of the records, and the bins of a large
+/// sort. Kept by its owner from one sort to the next; one whose room was reserved for n records
+/// sorts up to n without allocating.
+template <class Clock, class Alloc = huge_page_allocator<deadline_rec<Clock>>>
+struct sort_scratch {
+    std::vector<deadline_rec<Clock>, Alloc> recs;
+    // on the heap, not 32 KiB of the caller's stack: a pass may run on a coroutine's or a fiber's
+    // small stack
+    std::vector<std::size_t,
+                typename std::allocator_traits<Alloc>::template rebind_alloc<std::size_t>>
+        bins;
+
+    /// Room to sort n records. Throws std::bad_alloc.
+    void reserve(std::size_t n) {
+        if (n >= 4096 && bins.empty()) bins.resize(2 * deadline_top_radix + 1);
+        recs.reserve(n);
+    }
+};
 
 // Least significant digit first, over the low `bits` bits of the keys of a[0..n), ping-ponging
 // with `scratch`; stable. Returns where the sorted records are. Digits of at most MaxDigit bits,
@@ -157,10 +171,10 @@ inline constexpr std::size_t deadline_run_max = std::size_t{1} << 18;
 
 /// Sorts v[0..n) (n <= deadline_run_max) by (deadline, seq), keys unchanged, using `scratch`
 /// (its records grown to n). False, with v unchanged, if the scratch cannot be had.
-template <class Clock>
+template <class Clock, class Alloc>
 bool sort_run_by_deadline(deadline_rec<Clock>* v, std::size_t n,
-                          sort_scratch<Clock>& scratch_) noexcept {
-    deadline_recs<Clock>& scratch = scratch_.recs;
+                          sort_scratch<Clock, Alloc>& scratch_) noexcept {
+    auto& scratch = scratch_.recs;
     if (n <= 32) {
         insertion_sort_by_deadline(v, n);
         return true;
@@ -182,14 +196,15 @@ bool sort_run_by_deadline(deadline_rec<Clock>* v, std::size_t n,
 
 /// Sorts v by (deadline, seq), using `scratch` (its records resized to v's size). False, with v
 /// unchanged in content, if the scratch cannot be had.
-template <class Clock>
-bool sort_by_deadline(deadline_recs<Clock>& v, sort_scratch<Clock>& scratch_) noexcept {
+template <class Clock, class Alloc>
+bool sort_by_deadline(std::vector<deadline_rec<Clock>, Alloc>& v,
+                      sort_scratch<Clock, Alloc>& scratch_) noexcept {
     const std::size_t n = v.size();
     if (n <= 32) {
         insertion_sort_by_deadline(v.data(), n);
         return true;
     }
-    deadline_recs<Clock>& scratch = scratch_.recs;
+    auto& scratch = scratch_.recs;
     try {
         scratch.resize(n);
         if (n >= 4096) scratch_.bins.resize(2 * deadline_top_radix + 1);
@@ -227,8 +242,9 @@ bool sort_by_deadline(deadline_recs<Clock>& v, sort_scratch<Clock>& scratch_) no
 
 /// Sorts v by (deadline, seq): as sort_by_deadline(), or, when its scratch cannot be had, in
 /// place by comparing the nodes (O(n log n) still, no allocation).
-template <class Clock>
-void sort_by_deadline_or_in_place(deadline_recs<Clock>& v, sort_scratch<Clock>& scratch) noexcept {
+template <class Clock, class Alloc>
+void sort_by_deadline_or_in_place(std::vector<deadline_rec<Clock>, Alloc>& v,
+                                  sort_scratch<Clock, Alloc>& scratch) noexcept {
     if (sort_by_deadline(v, scratch)) return;
     std::sort(v.begin(), v.end(), [](const deadline_rec<Clock>& a, const deadline_rec<Clock>& b) {
         return timer_node<Clock>::before(*a.n, *b.n);

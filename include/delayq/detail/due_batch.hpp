@@ -13,17 +13,18 @@
 // overlap: a hierarchical wheel's levels, a hashed wheel late by more than a rotation) sends the
 // batch to one sort of the whole (docs/performance.md, "expire", has what the runs bought).
 //
-// The sorted batch is an array of node pointers, so that running it can prefetch the nodes ahead:
-// a large batch then waits for several cache misses at once. The arrays are kept between passes
-// (and given back after a large one). If they cannot be had (out of memory), the batch is sorted
-// in place as a linked list (a merge sort through `next`) and run from there: slower, never a
-// failure. The chain runs through the nodes' own links, which the ring needs back when a node
-// leaves the batch for it (reschedule()): such a node is taken out of the chain first (remove(), a
-// walk along it), and stop() takes the rest of the batch whole (take_from()).
+// Room. The sorted batch is an array of node pointers, so that running it can prefetch the nodes
+// ahead: a large batch then waits for several cache misses at once. A batch holds at most every
+// pending node, and the wheel reserves room for that many when it schedules (reserve(), where an
+// exception is harmless): so a pass never allocates and cannot fail for memory, and there is no
+// second way to sort. The room is address space more than memory: a late pass touches it, and
+// clear() hands the pages past the first 16 Ki records back (huge_pages.hpp, "Reserved, not
+// resident").
 #pragma once
 
 #include <algorithm>
 #include <bit>
+#include <cassert>
 #include <cstddef>
 #include <cstdint>
 #include <new>
@@ -36,7 +37,8 @@
 namespace delayq::detail {
 
 /// Sorts a chain of n nodes by (deadline, seq), through `next`; returns its new head. A merge
-/// sort: no allocation, recursion log2(n) deep.
+/// sort: no allocation, recursion log2(n) deep. For stop() in a destructor that finds no room for
+/// its records.
 template <class Clock>
 node_links* sort_chain(node_links* h, std::size_t n) noexcept {
     using node = timer_node<Clock>;
@@ -71,13 +73,16 @@ class due_batch {
   public:
     using node = timer_node<Clock>;
 
-    /// Starts a new batch (the last one cleared) of at most `most` nodes.
-    void begin(std::size_t most) noexcept {
-        most_ = most;
+    /// Room for a batch of n nodes (as many as the wheel holds). Throws std::bad_alloc; then the
+    /// room still holds every batch it held before.
+    void reserve(std::size_t n) {
+        tmp_.reserve(n);  // a sort of the whole swaps the two arrays: both get the same room
+        recs_.reserve(n);
+    }
+
+    /// Starts a new batch (the last one cleared).
+    void begin() noexcept {
         recs_.clear();
-        chain_ = nullptr;
-        count_ = 0;
-        in_array_ = true;
         run_start_ = 0;
         run_sorted_ = true;
         runs_ordered_ = true;
@@ -90,44 +95,26 @@ class due_batch {
         run_sorted_ = true;
     }
 
-    /// Adds a due node (its `next` is the batch's from now on).
-    // NOLINTNEXTLINE(bugprone-exception-escape): push_back only after room was made
+    /// Adds a due node. Pre: the room reserved holds it (a batch holds pending nodes only).
+    // NOLINTNEXTLINE(bugprone-exception-escape): push_back into room reserved
     void add(node* n) noexcept {
-        ++count_;
-        if (in_array_) {
-            if (recs_.size() == recs_.capacity()) {
-                if (!grow()) to_chain();
-            }
-            if (in_array_) {
-                if (recs_.size() > run_start_ && node::before(*n, *recs_.back().n))
-                    run_sorted_ = false;
-                recs_.push_back(rec::of(n));
-                return;
-            }
-        }
-        n->next = chain_;
-        chain_ = n;
+        assert(recs_.size() < recs_.capacity() && "reserve() made room for every pending node");
+        if (recs_.size() > run_start_ && node::before(*n, *recs_.back().n)) run_sorted_ = false;
+        recs_.push_back(rec::of(n));
     }
 
     /// Puts the batch in running order.
     void finish() noexcept {
         end_run();
-        if (in_array_ && (runs_ordered_ || radix_sort())) return;
-        to_chain();
-        chain_ = sort_chain<Clock>(chain_, count_);
+        if (!runs_ordered_) sort(sort_by_deadline(recs_, tmp_));
     }
 
-    std::size_t size() const noexcept { return count_; }
+    std::size_t size() const noexcept { return recs_.size(); }
 
-    /// The i-th node to run; prefetches a few ahead. i goes up from 0, one at a time.
+    /// The i-th node to run; prefetches a few ahead.
     node* at(std::size_t i) noexcept {
-        if (!in_array_) {
-            node* n = node::of(chain_);
-            chain_ = chain_->next;
-            return n;
-        }
         constexpr std::size_t ahead = 8;
-        if (i + ahead < count_) __builtin_prefetch(recs_[i + ahead].n, 1);
+        if (i + ahead < recs_.size()) __builtin_prefetch(recs_[i + ahead].n, 1);
         return recs_[i].n;
     }
 
@@ -136,101 +123,47 @@ class due_batch {
     /// has not run yet).
     template <class F>
     void take_from(std::size_t from, F&& f) {
-        if (in_array_) {
-            for (std::size_t i = from; i < count_; ++i) f(recs_[i].n);
-        } else {
-            for (node_links* l = chain_; l;) {
-                node_links* next = l->next;
-                f(node::of(l));
-                l = next;
-            }
-            chain_ = nullptr;
-        }
-        count_ = from;
+        for (std::size_t i = from; i < recs_.size(); ++i) f(recs_[i].n);
+        while (recs_.size() > from) recs_.pop_back();
     }
 
-    /// Takes n, which at() has not returned yet, out of the batch if the batch is a chain (its
-    /// links are then free again; O(the nodes after it)): true. An array keeps it: false.
-    bool remove(const node* n) noexcept {
-        if (in_array_) return false;
-        for (node_links** l = &chain_; *l; l = &(*l)->next) {
-            if (*l == n) {
-                *l = (*l)->next;
-                --count_;
-                return true;
-            }
-        }
-        return false;
-    }
-
-    /// Done with the batch: keeps the arrays for the next one unless they are large.
+    /// Done with the batch: the room stays, its pages past the first 16 Ki records go back.
     void clear() noexcept {
         constexpr std::size_t keep = std::size_t{1} << 14;
-        if (recs_.capacity() > keep) {
-            decltype(recs_)().swap(recs_);
-            tmp_ = sort_scratch<Clock>{};
-        } else {
-            recs_.clear();
+        const bool large = recs_.size() > keep;
+        recs_.clear();
+        if (large) {
+            release_unused(recs_, keep);
+            release_unused(tmp_.recs, keep);
         }
-        chain_ = nullptr;
-        count_ = 0;
-        in_array_ = true;
     }
 
   private:
     using rec = deadline_rec<Clock>;
 
-    bool radix_sort() noexcept { return sort_by_deadline(recs_, tmp_); }
-
-    // Makes room for one more record; false if none can be had. Small batches double; one that
-    // outgrows 4 096 records is a late pass, and gets room for the most it can hold at once: the
-    // pages it does not touch cost nothing, and the copies and the fresh pages of each doubling
-    // (a fifth of a 1M pass on this VM, where first touch is dear) are saved.
-    bool grow() noexcept {
-        const std::size_t cap = recs_.capacity();
-        const std::size_t doubled = std::max<std::size_t>(64, 2 * cap);
-        if (cap >= 4096 && most_ > doubled && reserve(most_)) return true;
-        return reserve(doubled);  // a small batch, or no room for the most: doubling
-    }
-
-    bool reserve(std::size_t n) noexcept {
-        try {
-            recs_.reserve(n);
-            return true;
-        } catch (...) {
-            return false;
-        }
+    // The sorts cannot fail here: reserve() gave them their room.
+    static void sort([[maybe_unused]] bool sorted) noexcept {
+        assert(sorted && "reserve() made the sort's room");
     }
 
     // Sorts the run under way, and notes whether it follows the one before in order.
     void end_run() noexcept {
-        if (!in_array_ || !runs_ordered_) return;  // one sort of the whole will do
+        if (!runs_ordered_) return;  // one sort of the whole will do
         const std::size_t n = recs_.size() - run_start_;
         if (n == 0) return;
         rec* run = recs_.data() + run_start_;
-        if (!run_sorted_ && (n > deadline_run_max || !sort_run_by_deadline(run, n, tmp_))) {
-            runs_ordered_ = false;
-            return;
+        if (!run_sorted_) {
+            if (n > deadline_run_max) {
+                runs_ordered_ = false;
+                return;
+            }
+            sort(sort_run_by_deadline(run, n, tmp_));
         }
         if (run_start_ != 0 && node::before(*run[0].n, *run[-1].n)) runs_ordered_ = false;
     }
 
-    // From the array to the chain (when the array cannot grow or be sorted): no allocation.
-    void to_chain() noexcept {
-        for (const rec& r : recs_) {
-            r.n->next = chain_;
-            chain_ = r.n;
-        }
-        recs_.clear();
-        in_array_ = false;
-    }
-
-    deadline_recs<Clock> recs_;
-    sort_scratch<Clock> tmp_;
-    node_links* chain_ = nullptr;  // the batch when it could not be put in an array
-    std::size_t count_ = 0;
-    std::size_t most_ = 0;  // begin(): the most nodes this batch can get
-    bool in_array_ = true;
+    reserved_recs<Clock> recs_;
+    sort_scratch<Clock, reserved_allocator<deadline_rec<Clock>>> tmp_;
     std::size_t run_start_ = 0;  // where the run under way starts in recs_
     bool run_sorted_ = true;     // the run under way came in running order
     bool runs_ordered_ = true;   // the runs so far, each sorted, are in running order

@@ -115,6 +115,10 @@ class hashed_wheel_ring {
         if (in_window(p.d, p.s)) window_.reserve_one();
     }
 
+    /// Room for a pass over k nodes: the window's array, which a pass may stage them all into.
+    /// Throws std::bad_alloc; then the room is as it was.
+    void reserve(std::size_t k) { window_.reserve(k); }
+
     /// Links a new node n (not in the ring, n->deadline at `p`, prepare(p) done since the last
     /// pass) through the calling thread's staging lane (see "Staging" above). Returns whether it
     /// comes out before `wake_by` (time_point::min(): nobody waits; then false).
@@ -297,44 +301,36 @@ class hashed_wheel_ring {
     }
 
     // Opens tick s (the one under way, now inside it): the nodes of slot s in its bucket that are
-    // due go out, the others move to the window. If the window has no room for one, the rest stay
-    // in the bucket and the tick stays closed (they come out at its boundary, tick-rounded).
+    // due go out, the others move to the window.
     template <class Out>
     // NOLINTNEXTLINE(bugprone-exception-escape): sinks append only where room was made
     void open(std::uint64_t s, rep now, Out& out) noexcept {
         const std::size_t b = static_cast<std::size_t>(s) & mask_;
-        if (!(bits_[b >> 6] >> (b & 63) & 1)) {
-            cursor_ = s + 1;
-            return;
-        }
+        cursor_ = s + 1;
+        if (!(bits_[b >> 6] >> (b & 63) & 1)) return;
         bucket& k = buckets_[b];
         const rep last = boundary_rep(s);  // nodes of slot s are due by then; others are later
-        bool opened = true;
+        if (k.min > last) return;
         rep lo = never, hi = std::numeric_limits<rep>::min();
-        if (k.min <= last) {
-            k.nodes.for_each([&](node_links* l) {
-                node* n = node::of(l);
-                const rep d = n->deadline.time_since_epoch().count();
-                if (opened && d <= last) {
-                    node_list::unlink(l);
-                    if (d <= now) {
-                        out(l);
-                        return;
-                    }
-                    if (window_.stage(n)) return;
-                    opened = false;  // no room: this one goes back, and the tick stays closed
-                    k.nodes.push_back(l);
-                } else if (d > last && refiled(l, d, b)) {
-                    return;
+        k.nodes.for_each([&](node_links* l) {
+            node* n = node::of(l);
+            const rep d = n->deadline.time_since_epoch().count();
+            if (d <= last) {
+                node_list::unlink(l);
+                if (d <= now) {
+                    out(l);
+                } else {
+                    window_.stage(n);
                 }
-                lo = std::min(lo, d);
-                hi = std::max(hi, d);
-            });
-            k.min = lo;
-            k.max = hi;
-            if (k.nodes.empty()) clear(k, b);
-        }
-        if (opened) cursor_ = s + 1;
+                return;
+            }
+            if (refiled(l, d, b)) return;
+            lo = std::min(lo, d);
+            hi = std::max(hi, d);
+        });
+        k.min = lo;
+        k.max = hi;
+        if (k.nodes.empty()) clear(k, b);
     }
     __extension__ typedef __int128 wide;
 

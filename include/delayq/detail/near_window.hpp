@@ -14,11 +14,13 @@
 // A node here has prev == sorted_marker() or heap_marker() and its index in `next`: unlink() is
 // O(1) for the array (the slot becomes a hole that the front skips) and O(log h) for the heap.
 //
-// Memory. The heap gets room at schedule time (reserve_one(), which may throw there). The array
-// grows during a pass, which must not fail: stage() says false when it cannot have the room, and
-// the wheel then keeps that node where it was (its tick is then rounded, as without a window).
+// Memory. Room is made at schedule time, where an exception is harmless: the heap's for a node
+// linked here (reserve_one()), and the array's for as many nodes as the wheel holds (reserve()),
+// which is the most a pass can stage. So a pass never allocates, and stage() cannot fail.
 #pragma once
 
+#include <algorithm>
+#include <cassert>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -48,39 +50,44 @@ class near_window {
         if (heap_.size() == heap_.capacity()) heap_.reserve(heap_.empty() ? 16 : 2 * heap_.size());
     }
 
+    /// Room for passes to stage n nodes (as many as the wheel holds). Throws std::bad_alloc;
+    /// then the room is as it was.
+    void reserve(std::size_t n) {
+        scratch_.reserve(n);  // the sort may swap the two arrays: both get the same room
+        sorted_.reserve(n);
+    }
+
     /// Adds n (room reserved). O(log h).
     void insert(node* n) noexcept {
         heap_.push_back(rec::of(n));
         sift_up(heap_.size() - 1);
     }
 
-    /// During a pass: adds n, to be sorted by end_stage(). False (n untouched) if there is no room.
-    // NOLINTNEXTLINE(bugprone-exception-escape): push_back only after room was made
-    bool stage(node* n) noexcept {
-        if (live_ != 0 && !staging_) {
-            // the array still holds nodes from before this pass: merge by the heap instead
-            if (heap_.size() == heap_.capacity() && !grow(heap_)) return false;
-            insert(n);
-            return true;
-        }
+    /// During a pass: adds n, to be sorted by end_stage(). Pre: reserve() was called with a count
+    /// that n and every other node this window holds are part of.
+    // NOLINTNEXTLINE(bugprone-exception-escape): push_back into room reserved
+    void stage(node* n) noexcept {
         if (!staging_) {
-            sorted_.clear();
-            pos_ = 0;
             staging_ = true;
+            if (live_ != 0) {
+                compact();  // the array still holds nodes from before this pass: re-sorted below
+            } else {
+                sorted_.clear();
+                pos_ = 0;
+            }
         }
-        if (sorted_.size() == sorted_.capacity() && !grow(sorted_)) return false;
+        assert(sorted_.size() < sorted_.capacity() && "reserve() made room for every node held");
         sorted_.push_back(rec::of(n));
         n->prev = sorted_marker();  // the index is set by end_stage()
         ++live_;
-        return true;
     }
 
-    /// Ends a pass's staging: sorts what was staged (in place if the scratch cannot be had; by
-    /// insertion, as it once was, 200 000 nodes took hours).
+    /// Ends a pass's staging: sorts what the array holds.
     void end_stage() noexcept {
         if (!staging_) return;
         staging_ = false;
-        sort_by_deadline_or_in_place(sorted_, scratch_);
+        [[maybe_unused]] const bool sorted = sort_by_deadline(sorted_, scratch_);
+        assert(sorted && "reserve() made the sort's room");
         for (std::size_t i = 0; i < sorted_.size(); ++i) set_index(sorted_[i].n, i);
     }
 
@@ -134,9 +141,9 @@ class near_window {
         for (std::size_t i = pos_; i < sorted_.size(); ++i)
             if (sorted_[i].n) out(sorted_[i].n);
         for (auto& r : heap_) out(r.n);
-        sorted_.clear();
+        empty_array();
         heap_.clear();
-        pos_ = live_ = 0;
+        live_ = 0;
     }
 
   private:
@@ -159,23 +166,33 @@ class near_window {
         return static_cast<std::size_t>(reinterpret_cast<std::uintptr_t>(n->next));
     }
 
-    template <class V>
-    static bool grow(V& v) noexcept {
-        try {
-            v.reserve(v.capacity() < 64 ? 64 : 2 * v.capacity());
-            return true;
-        } catch (...) {
-            return false;
-        }
-    }
-
     node* front() const noexcept { return pos_ < sorted_.size() ? sorted_[pos_].n : nullptr; }
+
+    // The live entries of the array, from pos_ on, moved to its front with their keys made again
+    // (a sort leaves them scrambled), for end_stage() to sort with the newly staged ones. Rare:
+    // a tick is opened while nodes of an earlier one are not due yet (the clock went back).
+    void compact() noexcept {
+        std::size_t to = 0;
+        for (std::size_t i = pos_; i < sorted_.size(); ++i)
+            if (sorted_[i].n) sorted_[to++] = rec::of(sorted_[i].n);
+        while (sorted_.size() > to) sorted_.pop_back();
+        pos_ = 0;
+    }
 
     void skip_holes() noexcept {
         while (pos_ < sorted_.size() && !sorted_[pos_].n) ++pos_;
-        if (pos_ == sorted_.size() && !staging_) {
-            sorted_.clear();
-            pos_ = 0;
+        if (pos_ == sorted_.size() && !staging_) empty_array();
+    }
+
+    // The array is done with: its room stays, its pages past the first 16 Ki records go back.
+    void empty_array() noexcept {
+        constexpr std::size_t keep = std::size_t{1} << 14;
+        const bool large = sorted_.size() > keep;
+        sorted_.clear();
+        pos_ = 0;
+        if (large) {
+            release_unused(sorted_, keep);
+            release_unused(scratch_.recs, keep);
         }
     }
 
@@ -221,8 +238,8 @@ class near_window {
         sift_up(index_of(last.n));
     }
 
-    deadline_recs<Clock> sorted_;  // a tick's nodes, sorted; holes where unlinked
-    sort_scratch<Clock> scratch_;  // for the sort
+    reserved_recs<Clock> sorted_;  // a tick's nodes, sorted; holes where unlinked
+    sort_scratch<Clock, reserved_allocator<deadline_rec<Clock>>> scratch_;  // for the sort
     std::vector<rec> heap_;
     std::size_t pos_ = 0;   // the first entry of sorted_ not taken
     std::size_t live_ = 0;  // entries of sorted_ that are not holes

@@ -40,7 +40,8 @@
 //   every bucket unqueued), so an idle wheel has no next expiry. The queue keeps its room.
 // - Nothing here allocates after prepare(): prepare() (called before link, at schedule time, where
 //   an exception is harmless) creates the levels a deadline needs and makes room in the queue for
-//   two references per bucket. A bucket has at most one live reference (a node is placed only at
+//   two references per bucket; reserve() makes room in the window for every node a pass may stage
+//   (near_window.hpp, "Memory"). A bucket has at most one live reference (a node is placed only at
 //   or after its level's current time, so a queued bucket is never needed for an earlier span),
 //   plus stale ones that forget_buckets() removes; so expire() never allocates and cannot fail.
 // - Divisions by the ticks are multiplications by precomputed reciprocals.
@@ -151,12 +152,16 @@ class timing_wheel {
         if (u <= levels_[0].current) window_.reserve_one();
     }
 
+    /// Room for a pass over k nodes: the window's array, which a pass may stage them all into.
+    /// Throws std::bad_alloc; then the room is as it was.
+    void reserve(std::size_t k) { window_.reserve(k); }
+
     /// Links n (not in the wheel, n->deadline at tick `u`, prepare(u) done since the last pass).
     /// Returns whether it comes out before `wake_by` (time_point::min(): nobody waits; then
     /// false).
     bool link(node* n, place u, time_point wake_by) noexcept {
         ++size_;
-        place_node(n, u, false);
+        place_node(n, u);
         return n->deadline < wake_by;
     }
 
@@ -209,9 +214,12 @@ class timing_wheel {
                 if (n->deadline <= now) return out(l);
                 const std::uint64_t u = to_ticks(n->deadline);
                 // The tick under way (or one already passed: the clock went back): to the
-                // window, to run at its own deadline; without room there, to its bucket, rounded.
-                if (u <= nowt + 1 && window_.stage(n)) return;
-                place_node(n, u, u <= nowt + 1);
+                // window, to run at its own deadline.
+                if (u <= nowt + 1) {
+                    window_.stage(n);
+                    return;
+                }
+                place_node(n, u);
             });
         }
         window_.end_stage();
@@ -335,10 +343,9 @@ class timing_wheel {
 
     // Puts n where tick u belongs: the window when the wheel has passed that tick, else the
     // finest level whose span covers it. A bucket is queued to come out when the earliest
-    // deadline it may hold can have come (the start of its span), or, `rounded`, at the end of
-    // its first tick (a node that the window had no room for, whose tick is under way).
-    void place_node(node* n, std::uint64_t u, bool rounded) noexcept {
-        if (u <= levels_[0].current && !rounded) {
+    // deadline it may hold can have come (the start of its span).
+    void place_node(node* n, std::uint64_t u) noexcept {
+        if (u <= levels_[0].current) {
             window_.insert(n);  // room: prepare() for a schedule; a pass stages instead
             return;
         }
@@ -347,8 +354,7 @@ class timing_wheel {
             const std::uint64_t vid = lv.by_tick.div(u);
             bucket& b = lv.buckets[vid - ws_div_.div(vid) * wheel_size_];
             const std::uint64_t expiry = vid * lv.tick;
-            if (!is_queued(b))
-                enqueue(b, expiry, rounded ? std::max(to_time(u), n->deadline) : opens(expiry));
+            if (!is_queued(b)) enqueue(b, expiry, opens(expiry));
             assert(b.expiry <= expiry);  // see "Details" at the top
             b.nodes.push_back(n);
             return;

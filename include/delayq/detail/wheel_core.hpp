@@ -19,6 +19,11 @@
 // move constructor must not call back into the timer. A pass that finds another thread's pass
 // under way waits for it with turn_m_, which is never taken inside the lock.
 //
+// Memory. A schedule makes all the room a pass will need, where an exception is harmless (nothing
+// is scheduled then): the ring's (prepare()) and the batch's, for every pending node (due_batch
+// reserve()). So a pass allocates nothing and cannot fail for memory; the room is address space
+// until a late pass touches it (detail/huge_pages.hpp, "Reserved, not resident").
+//
 // Lifecycle (as Netty's states, checked the same way by every operation, under the lock):
 // running -> stopped. schedule() after stop() throws rejected_error before it touches the task;
 // advance() after stop() does nothing; stop() a second time returns nothing.
@@ -196,7 +201,7 @@ class wheel_core final : public timer_core<Clock> {
                 std::lock_guard lk(lock_);
                 if (stopped_) return ran;
                 if (!advancing_) {
-                    batch_.begin(pending_);
+                    batch_.begin();
                     struct to_batch {
                         due_batch<Clock>& b;
                         void operator()(node* n) {
@@ -257,7 +262,7 @@ class wheel_core final : public timer_core<Clock> {
                 std::lock_guard lk(lock_);
                 if (done) this->pool_.free_local(done, done->ops()->size, done->ops()->align);
                 done = nullptr;
-                if (i == batch_.size()) break;  // under the lock: stop() ends the batch early
+                if (i >= batch_.size()) break;  // under the lock: stop() ends the batch early
                 n = batch_.at(i);
                 next_in_batch_ = i + 1;
                 claimed = n->prev == run_marker();
@@ -426,6 +431,7 @@ class wheel_core final : public timer_core<Clock> {
             if (max_pending_ != 0 && pending_ >= max_pending_)
                 Face::refuse("delayq: max_pending reached");
             ring_.prepare(at);
+            if (pending_ >= room_) make_room();  // a pass never allocates: its room is made here
             void* mem = this->pool_.allocate(sizeof(Block), alignof(Block));
             Block* b;
             try {
@@ -441,6 +447,15 @@ class wheel_core final : public timer_core<Clock> {
         }
         if (to_wake) to_wake->wake();
         return handle(n, this);
+    }
+
+    // Under the lock: room for passes over twice the nodes pending (see "Memory" above). Throws
+    // std::bad_alloc; then room_ stays what it was, and so does the room it counts.
+    void make_room() {
+        const std::size_t to = std::max<std::size_t>(64, 2 * room_);
+        ring_.reserve(to);
+        batch_.reserve(to);
+        room_ = to;
     }
 
     // Under the lock: the repeat of n if n is a periodic task that is running and will run again
@@ -585,13 +600,11 @@ class wheel_core final : public timer_core<Clock> {
     }
 
     // Under the lock, for reschedule(): n, in the batch and not yet run, leaves it for the ring,
-    // and comes with a reference for the ring. Left in the batch's array, the runner skips it and
-    // drops the batch's reference (the ring gets one of its own); taken out of the batch's chain
-    // (out of memory, the chain runs through the node's links, which the ring is about to take), it
-    // brings the batch's reference.
+    // with a reference of the ring's own: the batch's array keeps it, and the runner skips it and
+    // drops the batch's reference.
     void leave_batch(node& n) noexcept {
         n.prev = nullptr;
-        if (!batch_.remove(&n)) n.acquire();
+        n.acquire();
     }
 
     // Under the lock: unlinks every pending node and hands each to take(node*), which owns one
@@ -602,7 +615,7 @@ class wheel_core final : public timer_core<Clock> {
         if (advancing_) {
             // Nodes before next_in_batch_ are claimed or skipped (and may be freed already). The
             // rest leave the batch, its reference with them: the runner never looks at them again,
-            // so their links are the taker's (out of memory, the batch is chained through them).
+            // so their links are the taker's.
             batch_.take_from(next_in_batch_, [&](node* n) {
                 if (n->prev != run_marker()) {  // cancelled, or moved to the ring meanwhile
                     timer_core<Clock>::release(*n);
@@ -621,6 +634,7 @@ class wheel_core final : public timer_core<Clock> {
     due_batch<Clock> batch_;         // the current pass's due nodes, while advancing_
     std::size_t next_in_batch_ = 0;  // the first one the runner has not claimed yet
     std::size_t pending_ = 0;        // in the ring, or in the batch and not yet claimed
+    std::size_t room_ = 0;           // how many nodes a pass has room for: pending_ at most
     std::uint32_t seq_ = 0;
     bool stopped_ = false;
     bool advancing_ = false;

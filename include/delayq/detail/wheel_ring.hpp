@@ -7,6 +7,10 @@
 //   r.position(t) -> place      where a node due at t belongs. noexcept; callable without the lock.
 //   r.prepare(p)                makes the room a link at p may need (levels, the window's room).
 //                               May throw std::bad_alloc; then nothing visible changed.
+//   r.reserve(k)                makes the room for expire() to handle k nodes (the core calls it
+//                               as its pending count grows). post: no expire() while r holds at
+//                               most k nodes allocates. May throw std::bad_alloc; then the room is
+//                               as it was.
 //   r.link(n, p, wake_by) -> b  pre: n is in no ring, n->deadline is at p, prepare(p) was called
 //                               since the last expire(). post: n is held; b says whether n comes
 //                               out before wake_by (false for wake_by == time_point::min()).
@@ -59,6 +63,7 @@ concept wheel_ring = requires(R& r, const R& cr, timer_node<Clock>* n, typename 
                               ring_take_archetype<Clock>& take) {
     { cr.position(t) } noexcept -> std::same_as<typename R::place>;
     r.prepare(p);
+    r.reserve(std::size_t{});
     { r.link(n, p, t) } noexcept -> std::same_as<bool>;
     { r.relink(n, p, t) } noexcept -> std::same_as<bool>;
     { r.unlink(n) } noexcept;
