@@ -122,6 +122,7 @@ class hashed_wheel_ring {
     /// Links a new node n (not in the ring, n->deadline at `p`, prepare(p) done since the last
     /// pass) through the calling thread's staging lane (see "Staging" above). Returns whether it
     /// comes out before `wake_by` (time_point::min(): nobody waits; then false).
+    // NOLINTNEXTLINE(bugprone-exception-escape): the window has room (prepare(), reserve())
     bool link(node* n, place p, time_point wake_by) noexcept {
         if (in_window(p.d, p.s)) return to_window(n, wake_by);
         ++size_;
@@ -131,6 +132,7 @@ class hashed_wheel_ring {
 
     /// As link(), for a node moved (reschedule, a periodic task's next run): into its bucket at
     /// once.
+    // NOLINTNEXTLINE(bugprone-exception-escape): the window has room (prepare(), reserve())
     bool relink(node* n, place p, time_point wake_by) noexcept {
         if (in_window(p.d, p.s)) return to_window(n, wake_by);
         ++size_;
@@ -369,6 +371,7 @@ class hashed_wheel_ring {
 
     // link() and relink() of a node whose tick is opened or passed: into the window, in deadline
     // order.
+    // NOLINTNEXTLINE(bugprone-exception-escape): the window has room (prepare(), reserve())
     bool to_window(node* n, time_point wake_by) noexcept {
         ++size_;
         window_.insert(n);

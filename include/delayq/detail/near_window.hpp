@@ -15,8 +15,8 @@
 // O(1) for the array (the slot becomes a hole that the front skips) and O(log h) for the heap.
 //
 // Memory. Room is made at schedule time, where an exception is harmless: the heap's for a node
-// linked here (reserve_one()), and the array's for as many nodes as the wheel holds (reserve()),
-// which is the most a pass can stage. So a pass never allocates, and stage() cannot fail.
+// linked here (reserve_one()), and the array's and the heap's for as many nodes as the wheel holds
+// (reserve()), the most a pass can stage. So a pass never allocates, and stage() cannot fail.
 #pragma once
 
 #include <algorithm>
@@ -50,14 +50,16 @@ class near_window {
         if (heap_.size() == heap_.capacity()) heap_.reserve(heap_.empty() ? 16 : 2 * heap_.size());
     }
 
-    /// Room for passes to stage n nodes (as many as the wheel holds). Throws std::bad_alloc;
-    /// then the room is as it was.
+    /// Room for passes to stage n nodes (as many as the wheel holds), into the array or, while it
+    /// holds nodes from before, the heap. Throws std::bad_alloc; then the room is as it was.
     void reserve(std::size_t n) {
         scratch_.reserve(n);  // the sort may swap the two arrays: both get the same room
         sorted_.reserve(n);
+        heap_.reserve(n);
     }
 
     /// Adds n (room reserved). O(log h).
+    // NOLINTNEXTLINE(bugprone-exception-escape): push_back into room reserved
     void insert(node* n) noexcept {
         heap_.push_back(rec::of(n));
         sift_up(heap_.size() - 1);
@@ -67,14 +69,16 @@ class near_window {
     /// that n and every other node this window holds are part of.
     // NOLINTNEXTLINE(bugprone-exception-escape): push_back into room reserved
     void stage(node* n) noexcept {
+        if (live_ != 0 && !staging_) {
+            // the array still holds nodes from before this pass: merge by the heap instead
+            assert(heap_.size() < heap_.capacity() && "reserve() made room for every node held");
+            insert(n);
+            return;
+        }
         if (!staging_) {
+            sorted_.clear();
+            pos_ = 0;
             staging_ = true;
-            if (live_ != 0) {
-                compact();  // the array still holds nodes from before this pass: re-sorted below
-            } else {
-                sorted_.clear();
-                pos_ = 0;
-            }
         }
         assert(sorted_.size() < sorted_.capacity() && "reserve() made room for every node held");
         sorted_.push_back(rec::of(n));
@@ -168,17 +172,6 @@ class near_window {
 
     node* front() const noexcept { return pos_ < sorted_.size() ? sorted_[pos_].n : nullptr; }
 
-    // The live entries of the array, from pos_ on, moved to its front with their keys made again
-    // (a sort leaves them scrambled), for end_stage() to sort with the newly staged ones. Rare:
-    // a tick is opened while nodes of an earlier one are not due yet (the clock went back).
-    void compact() noexcept {
-        std::size_t to = 0;
-        for (std::size_t i = pos_; i < sorted_.size(); ++i)
-            if (sorted_[i].n) sorted_[to++] = rec::of(sorted_[i].n);
-        while (sorted_.size() > to) sorted_.pop_back();
-        pos_ = 0;
-    }
-
     void skip_holes() noexcept {
         while (pos_ < sorted_.size() && !sorted_[pos_].n) ++pos_;
         if (pos_ == sorted_.size() && !staging_) empty_array();
@@ -240,7 +233,7 @@ class near_window {
 
     reserved_recs<Clock> sorted_;  // a tick's nodes, sorted; holes where unlinked
     sort_scratch<Clock, reserved_allocator<deadline_rec<Clock>>> scratch_;  // for the sort
-    std::vector<rec> heap_;
+    reserved_recs<Clock> heap_;
     std::size_t pos_ = 0;   // the first entry of sorted_ not taken
     std::size_t live_ = 0;  // entries of sorted_ that are not holes
     bool staging_ = false;

@@ -159,6 +159,7 @@ class timing_wheel {
     /// Links n (not in the wheel, n->deadline at tick `u`, prepare(u) done since the last pass).
     /// Returns whether it comes out before `wake_by` (time_point::min(): nobody waits; then
     /// false).
+    // NOLINTNEXTLINE(bugprone-exception-escape): the window has room (prepare(), reserve())
     bool link(node* n, place u, time_point wake_by) noexcept {
         ++size_;
         place_node(n, u);
@@ -166,6 +167,7 @@ class timing_wheel {
     }
 
     /// As link(), for a node moved (reschedule, a periodic task's next run): the same here.
+    // NOLINTNEXTLINE(bugprone-exception-escape): the window has room (prepare(), reserve())
     bool relink(node* n, place u, time_point wake_by) noexcept { return link(n, u, wake_by); }
 
     /// Whether n, which this wheel holds, may stay where it is when its deadline moves later (the
@@ -344,6 +346,7 @@ class timing_wheel {
     // Puts n where tick u belongs: the window when the wheel has passed that tick, else the
     // finest level whose span covers it. A bucket is queued to come out when the earliest
     // deadline it may hold can have come (the start of its span).
+    // NOLINTNEXTLINE(bugprone-exception-escape): the window has room (prepare(), reserve())
     void place_node(node* n, std::uint64_t u) noexcept {
         if (u <= levels_[0].current) {
             window_.insert(n);  // room: prepare() for a schedule; a pass stages instead
