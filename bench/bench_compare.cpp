@@ -79,8 +79,10 @@ std::size_t heap_in_use() {
 }
 
 // Resident bytes of the process (/proc/self/statm; 0 where it cannot be read). Unlike
-// heap_in_use(), it leaves out what is mapped but never touched, such as the slack glibc maps
-// around a 2 MiB-aligned block while its mmap threshold is still low (mallinfo2 counts it).
+// heap_in_use(), it leaves out what is mapped but never touched, and it counts the room a wheel
+// maps for its passes once a pass touches it. It reads low when a row reuses memory that earlier
+// rows freed (glibc keeps it), so the goal reads heap_in_use(), which since main() fixes the mmap
+// threshold counts no slack around 2 MiB-aligned blocks.
 std::size_t resident() {
     std::FILE* f = std::fopen("/proc/self/statm", "r");
     if (f == nullptr) return 0;

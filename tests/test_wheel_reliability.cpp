@@ -1054,3 +1054,39 @@ TEMPLATE_TEST_CASE("reliability: a pass allocates nothing", "[finding]", hashed,
     }
     mc::reset();
 }
+
+// Issue 27, item 3: the room a pass runs from grows while the pass runs, when its tasks schedule
+// (the batch's array and the window's are moved to larger ones under it). Every task runs once,
+// in order, and the pass reads nothing from the arrays it left (ASan's preset checks that).
+TEMPLATE_TEST_CASE("reliability: tasks that schedule many grow the room of the pass running them",
+                   "[finding]", hashed, hierarchical) {
+    using W = TestType;
+    mc::set(tp{1h});
+    auto w = W::make(1ms);
+    const tp base = mc::now();
+    std::vector<int> first;  // the first wave, in the order it ran
+    std::size_t second = 0;
+    first.reserve(200);
+    for (int i = 0; i < 200; ++i) {
+        w->schedule_at(
+            [&, i] {
+                first.push_back(i);
+                for (int k = 0; k < 300; ++k)  // 60 000 more: the room doubles ~10 times
+                    w->schedule_at([&second] { ++second; }, base + 2s + 1ms * (k % 7));
+            },
+            base + 1ms * (i % 50) + 1us * i);
+    }
+    mc::set(base + 100ms);
+    w->advance(mc::now());
+    REQUIRE(first.size() == 200);
+    std::vector<int> sorted_first = first;
+    std::sort(sorted_first.begin(), sorted_first.end(),
+              [](int a, int b) { return std::make_pair(a % 50, a) < std::make_pair(b % 50, b); });
+    CHECK(first == sorted_first);
+    CHECK(w->pending() == 60'000);
+    mc::set(base + 3s);
+    w->advance(mc::now());
+    CHECK(second == 60'000);
+    CHECK(w->pending() == 0);
+    mc::reset();
+}

@@ -133,6 +133,7 @@ class due_batch {
         const bool large = recs_.size() > keep;
         recs_.clear();
         if (large) {
+            tmp_.recs.clear();  // what a sort left there is of no use
             release_unused(recs_, keep);
             release_unused(tmp_.recs, keep);
         }

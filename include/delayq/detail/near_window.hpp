@@ -184,6 +184,7 @@ class near_window {
         sorted_.clear();
         pos_ = 0;
         if (large) {
+            scratch_.recs.clear();  // what a sort left there is of no use
             release_unused(sorted_, keep);
             release_unused(scratch_.recs, keep);
         }
