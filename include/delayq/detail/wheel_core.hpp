@@ -20,9 +20,10 @@
 // under way waits for it with turn_m_, which is never taken inside the lock.
 //
 // Memory. A schedule makes all the room a pass will need, where an exception is harmless (nothing
-// is scheduled then): the ring's (prepare()) and the batch's, for every pending node (due_batch
-// reserve()). So a pass allocates nothing and cannot fail for memory; the room is address space
-// until a late pass touches it (detail/huge_pages.hpp, "Reserved, not resident").
+// is scheduled then): the ring's for the node (prepare()), and the ring's and the batch's for a
+// pass over every pending node (make_room(), as the count passes what they hold). So a pass
+// allocates nothing and cannot fail for memory; the room is address space until a late pass
+// touches it (detail/huge_pages.hpp, "Reserved, not resident").
 //
 // Lifecycle (as Netty's states, checked the same way by every operation, under the lock):
 // running -> stopped. schedule() after stop() throws rejected_error before it touches the task;
