@@ -67,6 +67,33 @@ struct sort_scratch {
     }
 };
 
+/// A sort's scratch in room reserved ahead, for reserved_recs.
+template <class Clock>
+using reserved_scratch = sort_scratch<Clock, reserved_allocator<deadline_rec<Clock>>>;
+
+/// Room for v to hold n records, and for s to sort them. Throws std::bad_alloc; then the room
+/// holds what it held before.
+template <class Clock, class Alloc>
+void reserve_sort_room(std::vector<deadline_rec<Clock>, Alloc>& v, sort_scratch<Clock, Alloc>& s,
+                       std::size_t n) {
+    s.reserve(n);  // a sort of the whole swaps v and s.recs: both get the same room
+    v.reserve(n);
+}
+
+/// Empties v and its scratch s (what a sort left there is of no use); after more than 16 Ki
+/// records, the pages of their room past those go back (reserved_allocator::release_unused).
+template <class Clock>
+void empty_sort_room(reserved_recs<Clock>& v, reserved_scratch<Clock>& s) noexcept {
+    constexpr std::size_t keep = std::size_t{1} << 14;
+    const bool large = v.size() > keep;
+    v.clear();
+    s.recs.clear();
+    if (large) {
+        release_unused(v, keep);
+        release_unused(s.recs, keep);
+    }
+}
+
 // Least significant digit first, over the low `bits` bits of the keys of a[0..n), ping-ponging
 // with `scratch`; stable. Returns where the sorted records are. Digits of at most MaxDigit bits,
 // as few passes as that allows: 8 keeps the counts in a few lines (2 KiB of stack); 11 saves

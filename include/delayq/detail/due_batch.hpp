@@ -75,10 +75,7 @@ class due_batch {
 
     /// Room for a batch of n nodes (as many as the wheel holds). Throws std::bad_alloc; then the
     /// room still holds every batch it held before.
-    void reserve(std::size_t n) {
-        tmp_.reserve(n);  // a sort of the whole swaps the two arrays: both get the same room
-        recs_.reserve(n);
-    }
+    void reserve(std::size_t n) { reserve_sort_room(recs_, tmp_, n); }
 
     /// Starts a new batch (the last one cleared).
     void begin() noexcept {
@@ -128,16 +125,7 @@ class due_batch {
     }
 
     /// Done with the batch: the room stays, its pages past the first 16 Ki records go back.
-    void clear() noexcept {
-        constexpr std::size_t keep = std::size_t{1} << 14;
-        const bool large = recs_.size() > keep;
-        recs_.clear();
-        if (large) {
-            tmp_.recs.clear();  // what a sort left there is of no use
-            release_unused(recs_, keep);
-            release_unused(tmp_.recs, keep);
-        }
-    }
+    void clear() noexcept { empty_sort_room(recs_, tmp_); }
 
   private:
     using rec = deadline_rec<Clock>;
@@ -164,7 +152,7 @@ class due_batch {
     }
 
     reserved_recs<Clock> recs_;
-    sort_scratch<Clock, reserved_allocator<deadline_rec<Clock>>> tmp_;
+    reserved_scratch<Clock> tmp_;
     std::size_t run_start_ = 0;  // where the run under way starts in recs_
     bool run_sorted_ = true;     // the run under way came in running order
     bool runs_ordered_ = true;   // the runs so far, each sorted, are in running order

@@ -109,20 +109,17 @@ class hashed_wheel_ring {
         return {d, slot(d)};
     }
 
-    /// Makes the room a link at `p` may need (the window's, if its tick is opened or passed).
-    /// Throws std::bad_alloc; then nothing changed.
-    void prepare(place p) {
-        if (in_window(p.d, p.s)) window_.reserve_one();
-    }
+    /// Makes the room a link at `p` may need: none beyond what reserve() made.
+    void prepare(place) noexcept {}
 
-    /// Room for a pass over k nodes: the window's array, which a pass may stage them all into.
-    /// Throws std::bad_alloc; then the room is as it was.
+    /// Room for k nodes: the window's, which links behind the cursor and passes may put them all
+    /// into. Throws std::bad_alloc; then the room is as it was.
     void reserve(std::size_t k) { window_.reserve(k); }
 
     /// Links a new node n (not in the ring, n->deadline at `p`, prepare(p) done since the last
     /// pass) through the calling thread's staging lane (see "Staging" above). Returns whether it
     /// comes out before `wake_by` (time_point::min(): nobody waits; then false).
-    // NOLINTNEXTLINE(bugprone-exception-escape): the window has room (prepare(), reserve())
+    // NOLINTNEXTLINE(bugprone-exception-escape): the window has room (reserve())
     bool link(node* n, place p, time_point wake_by) noexcept {
         if (in_window(p.d, p.s)) return to_window(n, wake_by);
         ++size_;
@@ -132,7 +129,7 @@ class hashed_wheel_ring {
 
     /// As link(), for a node moved (reschedule, a periodic task's next run): into its bucket at
     /// once.
-    // NOLINTNEXTLINE(bugprone-exception-escape): the window has room (prepare(), reserve())
+    // NOLINTNEXTLINE(bugprone-exception-escape): the window has room (reserve())
     bool relink(node* n, place p, time_point wake_by) noexcept {
         if (in_window(p.d, p.s)) return to_window(n, wake_by);
         ++size_;
@@ -371,7 +368,7 @@ class hashed_wheel_ring {
 
     // link() and relink() of a node whose tick is opened or passed: into the window, in deadline
     // order.
-    // NOLINTNEXTLINE(bugprone-exception-escape): the window has room (prepare(), reserve())
+    // NOLINTNEXTLINE(bugprone-exception-escape): the window has room (reserve())
     bool to_window(node* n, time_point wake_by) noexcept {
         ++size_;
         window_.insert(n);

@@ -46,6 +46,15 @@ inline void deallocate_region(void* p, std::size_t bytes) noexcept {
     ::operator delete (p, std::align_val_t{align});
 }
 
+/// The bytes of an array of n T, at most PTRDIFF_MAX once rounded up to whole huge pages. Throws
+/// std::bad_array_new_length.
+template <class T>
+std::size_t array_bytes(std::size_t n) {
+    constexpr auto most = static_cast<std::size_t>(std::numeric_limits<std::ptrdiff_t>::max());
+    if (n > (most - huge_page_bytes) / sizeof(T)) throw std::bad_array_new_length();
+    return n * sizeof(T);
+}
+
 /// A std::allocator that puts arrays of 2 MiB and more on huge pages (allocate_region).
 template <class T>
 struct huge_page_allocator {
@@ -56,10 +65,7 @@ struct huge_page_allocator {
     huge_page_allocator(const huge_page_allocator<U>&) noexcept {}  // NOLINT: rebinding converts
 
     T* allocate(std::size_t n) {
-        // at most PTRDIFF_MAX bytes once rounded up to whole huge pages
-        constexpr auto most = static_cast<std::size_t>(std::numeric_limits<std::ptrdiff_t>::max());
-        if (n > (most - huge_page_bytes) / sizeof(T)) throw std::bad_array_new_length();
-        const std::size_t bytes = n * sizeof(T);
+        const std::size_t bytes = array_bytes<T>(n);
         if (bytes < huge_page_bytes)
             return static_cast<T*>(::operator new (bytes, std::align_val_t{alignof(T)}));
         return static_cast<T*>(allocate_region(round_up(bytes)));
@@ -130,9 +136,7 @@ struct reserved_allocator {
 
     T* allocate(std::size_t n) {
 #if defined(__linux__)
-        constexpr auto most = static_cast<std::size_t>(std::numeric_limits<std::ptrdiff_t>::max());
-        if (n > (most - huge_page_bytes) / sizeof(T)) throw std::bad_array_new_length();
-        const std::size_t bytes = n * sizeof(T);
+        const std::size_t bytes = array_bytes<T>(n);
         if (bytes >= mapped_bytes) return static_cast<T*>(map_region(round_up(bytes)));
         return static_cast<T*>(::operator new (bytes, std::align_val_t{alignof(T)}));
 #else

@@ -14,9 +14,9 @@
 // A node here has prev == sorted_marker() or heap_marker() and its index in `next`: unlink() is
 // O(1) for the array (the slot becomes a hole that the front skips) and O(log h) for the heap.
 //
-// Memory. Room is made at schedule time, where an exception is harmless: the heap's for a node
-// linked here (reserve_one()), and the array's and the heap's for as many nodes as the wheel holds
-// (reserve()), the most a pass can stage. So a pass never allocates, and stage() cannot fail.
+// Memory. Room is made at schedule time, where an exception is harmless: the array's and the
+// heap's for as many nodes as the wheel holds (reserve()), the most a link or a pass can put here.
+// So neither insert() nor a pass allocates, and stage() cannot fail.
 #pragma once
 
 #include <algorithm>
@@ -45,16 +45,11 @@ class near_window {
         return n->prev == sorted_marker() || n->prev == heap_marker();
     }
 
-    /// Room for one more insert(). Throws std::bad_alloc; then nothing changed.
-    void reserve_one() {
-        if (heap_.size() == heap_.capacity()) heap_.reserve(heap_.empty() ? 16 : 2 * heap_.size());
-    }
-
-    /// Room for passes to stage n nodes (as many as the wheel holds), into the array or, while it
-    /// holds nodes from before, the heap. Throws std::bad_alloc; then the room is as it was.
+    /// Room for n nodes (as many as the wheel holds), linked here by insert() or staged by passes
+    /// into the array or, while it holds nodes from before, the heap. Throws std::bad_alloc; then
+    /// the room is as it was.
     void reserve(std::size_t n) {
-        scratch_.reserve(n);  // the sort may swap the two arrays: both get the same room
-        sorted_.reserve(n);
+        reserve_sort_room(sorted_, scratch_, n);
         heap_.reserve(n);
     }
 
@@ -177,17 +172,10 @@ class near_window {
         if (pos_ == sorted_.size() && !staging_) empty_array();
     }
 
-    // The array is done with: its room stays, its pages past the first 16 Ki records go back.
+    // The array is done with: its room stays, the pages of a large one go back.
     void empty_array() noexcept {
-        constexpr std::size_t keep = std::size_t{1} << 14;
-        const bool large = sorted_.size() > keep;
-        sorted_.clear();
+        empty_sort_room(sorted_, scratch_);
         pos_ = 0;
-        if (large) {
-            scratch_.recs.clear();  // what a sort left there is of no use
-            release_unused(sorted_, keep);
-            release_unused(scratch_.recs, keep);
-        }
     }
 
     // ---- the heap: ordered by node::before, each node's index in its `next` ----
@@ -232,8 +220,8 @@ class near_window {
         sift_up(index_of(last.n));
     }
 
-    reserved_recs<Clock> sorted_;  // a tick's nodes, sorted; holes where unlinked
-    sort_scratch<Clock, reserved_allocator<deadline_rec<Clock>>> scratch_;  // for the sort
+    reserved_recs<Clock> sorted_;      // a tick's nodes, sorted; holes where unlinked
+    reserved_scratch<Clock> scratch_;  // for the sort
     reserved_recs<Clock> heap_;
     std::size_t pos_ = 0;   // the first entry of sorted_ not taken
     std::size_t live_ = 0;  // entries of sorted_ that are not holes

@@ -145,21 +145,19 @@ class timing_wheel {
     /// scheduling thread computes it before it takes the lock.
     place position(time_point deadline) const noexcept { return to_ticks(deadline); }
 
-    /// Creates the levels tick `u` needs, and room in the window. Throws std::bad_alloc; then
-    /// nothing visible has changed.
+    /// Creates the levels tick `u` needs. Throws std::bad_alloc; then nothing visible has changed.
     void prepare(place u) {
         while (u >= levels_.back().end) add_level();
-        if (u <= levels_[0].current) window_.reserve_one();
     }
 
-    /// Room for a pass over k nodes: the window's array, which a pass may stage them all into.
-    /// Throws std::bad_alloc; then the room is as it was.
+    /// Room for k nodes: the window's, which links to passed ticks and passes may put them all
+    /// into. Throws std::bad_alloc; then the room is as it was.
     void reserve(std::size_t k) { window_.reserve(k); }
 
     /// Links n (not in the wheel, n->deadline at tick `u`, prepare(u) done since the last pass).
     /// Returns whether it comes out before `wake_by` (time_point::min(): nobody waits; then
     /// false).
-    // NOLINTNEXTLINE(bugprone-exception-escape): the window has room (prepare(), reserve())
+    // NOLINTNEXTLINE(bugprone-exception-escape): the window has room (reserve())
     bool link(node* n, place u, time_point wake_by) noexcept {
         ++size_;
         place_node(n, u);
@@ -167,7 +165,7 @@ class timing_wheel {
     }
 
     /// As link(), for a node moved (reschedule, a periodic task's next run): the same here.
-    // NOLINTNEXTLINE(bugprone-exception-escape): the window has room (prepare(), reserve())
+    // NOLINTNEXTLINE(bugprone-exception-escape): the window has room (reserve())
     bool relink(node* n, place u, time_point wake_by) noexcept { return link(n, u, wake_by); }
 
     /// Whether n, which this wheel holds, may stay where it is when its deadline moves later (the
@@ -346,7 +344,7 @@ class timing_wheel {
     // Puts n where tick u belongs: the window when the wheel has passed that tick, else the
     // finest level whose span covers it. A bucket is queued to come out when the earliest
     // deadline it may hold can have come (the start of its span).
-    // NOLINTNEXTLINE(bugprone-exception-escape): the window has room (prepare(), reserve())
+    // NOLINTNEXTLINE(bugprone-exception-escape): the window has room (reserve())
     void place_node(node* n, std::uint64_t u) noexcept {
         if (u <= levels_[0].current) {
             window_.insert(n);  // room: prepare() for a schedule; a pass stages instead

@@ -5,17 +5,18 @@
 // on nothing that changes. With r a Ring, n a node, t a time point, p a place:
 //
 //   r.position(t) -> place      where a node due at t belongs. noexcept; callable without the lock.
-//   r.prepare(p)                makes the room a link at p may need (levels, the window's room).
-//                               May throw std::bad_alloc; then nothing visible changed.
-//   r.reserve(k)                makes the room for expire() to handle k nodes (the core calls it
-//                               as its pending count grows). post: no expire() while r holds at
-//                               most k nodes allocates. May throw std::bad_alloc; then the room is
+//   r.prepare(p)                makes the room a link at p may need beyond reserve()'s (the
+//                               hierarchical wheel's levels). May throw std::bad_alloc; then
+//                               nothing visible changed.
+//   r.reserve(k)                makes the room for r to hold k nodes. post: while r holds at most
+//                               k, neither a link nor expire() allocates (the core calls it as its
+//                               pending count grows). May throw std::bad_alloc; then the room is
 //                               as it was.
 //   r.link(n, p, wake_by) -> b  pre: n is in no ring, n->deadline is at p, prepare(p) was called
-//                               since the last expire(). post: n is held; b says whether n comes
-//                               out before wake_by (false for wake_by == time_point::min()).
-//                               noexcept, no allocation. For a new node (the hashed ring stages
-//                               it).
+//                               since the last expire(), reserve() made room for the nodes held
+//                               with n. post: n is held; b says whether n comes out before wake_by
+//                               (false for wake_by == time_point::min()). noexcept, no allocation.
+//                               For a new node (the hashed ring stages it).
 //   r.relink(n, p, wake_by)     as link(), for a node moved (reschedule, a periodic task's next
 //                               run), which the hashed ring links into its bucket at once.
 //   r.unlink(n)                 pre: r holds n. post: it does not. noexcept.
