@@ -157,3 +157,59 @@ TEMPLATE_TEST_CASE(
     REQUIRE(order.size() == 2 * half);
     CHECK(std::is_sorted(order.begin(), order.end()));
 }
+
+TEMPLATE_TEST_CASE("staging: a lane whose lists cancels left uneven settles every node once", "",
+                   hashed, hierarchical) {
+    // A lane spreads its links over 8 lists in turn and settles them together when it holds
+    // 1 024. Cancels between the links leave those lists of unequal lengths (every third and
+    // every fifth link gone, and runs of 8 in a row); the lane settles four times while they
+    // happen. Every task not cancelled runs once, at its deadline; no cancelled one runs.
+    mc::reset();
+    typename TestType::wheel w(TestType::options());
+    constexpr std::size_t n = 4500;
+    std::vector<int> runs(n, 0);
+    std::vector<tp> ran_at(n);
+    std::vector<handle> hs(n);
+    std::vector<tp> due(n);
+    std::vector<bool> gone(n, false);
+    std::mt19937_64 rng(5);
+    std::size_t cancelled = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+        due[i] = tp{} + std::chrono::microseconds(1000 + rng() % 99'000);
+        hs[i] = w.schedule_at(
+            [&runs, &ran_at, i] {
+                ++runs[i];
+                ran_at[i] = mc::now();
+            },
+            due[i]);
+        for (const std::size_t back : {std::size_t{3}, std::size_t{5}}) {
+            if (i < back || (i - back) % back != 0 || gone[i - back]) continue;
+            CHECK(hs[i - back].cancel());
+            gone[i - back] = true;
+            ++cancelled;
+        }
+        if (i % 512 == 511) {  // a run of 8 links in a row: one from each list
+            for (std::size_t j = i - 7; j <= i; ++j) {
+                if (gone[j]) continue;
+                CHECK(hs[j].cancel());
+                gone[j] = true;
+                ++cancelled;
+            }
+        }
+    }
+    CHECK(w.pending() == n - cancelled);
+    std::size_t ran = 0;
+    for (int k = 1; k <= 100; ++k) {
+        mc::set(tp{} + k * 1ms);
+        ran += w.advance(mc::now());
+    }
+    CHECK(ran == n - cancelled);
+    CHECK(w.pending() == 0);
+    for (std::size_t i = 0; i < n; ++i) {
+        CAPTURE(i);
+        CHECK(runs[i] == (gone[i] ? 0 : 1));
+        if (gone[i]) continue;
+        CHECK(ran_at[i] >= due[i]);
+        CHECK(ran_at[i] - due[i] < 1ms);
+    }
+}

@@ -6,12 +6,16 @@
 // long gone from the cache: every schedule waits for a miss under the lock. With two threads
 // scheduling, each such line was also last written by the other core, and the hashed wheel's
 // schedules slowed down several times over (docs/performance.md, "staging"). So a
-// schedule links its node at the end of the calling thread's lane instead (the lane's last node is
-// the one this thread linked just before: in its cache), and a lane moves to the buckets
+// schedule links its node at the end of the calling thread's lane instead (the node it links after
+// is one this thread linked a few schedules before: in its cache), and a lane moves to the buckets
 // ("settles") once it holds `settle_at` nodes, in one loop whose iterations do not depend on each
-// other: the CPU overlaps their misses, and the next node of each lane is prefetched. The wheel
-// settles everything before a pass moves its time (a staged node's place depends on it), when it
-// has it all handed over (take_all), and that is all it needs to do.
+// other: the CPU overlaps their misses. A lane is itself a laned_list (bucket.hpp) whose `ways`
+// lists take its links in turn, so that settling walks `ways` chains at once, each one's next node
+// prefetched: a lane of one chain is walked one miss after another once its nodes have left the
+// cache, as they have when they are blocks freed by earlier cancels, scattered over the pool
+// (docs/performance.md, "cancel + schedule"). The wheel settles everything before a pass moves
+// its time (a staged node's place depends on it), when it has it all handed over (take_all), and
+// that is all it needs to do.
 //
 // Only the hashed wheel stages. The hierarchical one tried it and lost: with Kafka's 20 buckets a
 // level, the few bucket tails its schedules write stay in cache anyway, and settling re-reads each
@@ -47,41 +51,38 @@ class staging {
     rep min() const noexcept { return min_; }
 
     /// Links n (due at d, in no list) at the end of the calling thread's lane. When that lane
-    /// then holds settle_at nodes, hands each of them, unlinked, to place(node*), in link order.
+    /// then holds settle_at nodes, hands each of them, unlinked, to place(node*).
     template <class Place>
     void push(node* n, rep d, Place&& place) noexcept {
         const std::size_t l = thread_lane() & (lanes - 1);
-        nodes_.push_back_to(l, n);
+        lane_[l].push_back_to(count_[l], n);  // its lists in turn
         any_ = true;
         if (d < min_) min_ = d;
         if (++count_[l] >= settle_at_) {
             count_[l] = 0;
-            for (node_links* c = nodes_.lane[l].detach(); c;) {
-                node_links* next = c->next;
-                place(node::of(c));
-                c = next;
-            }
+            lane_[l].drain([&](node_links* c) { place(node::of(c)); });
         }
     }
 
-    /// Hands every staged node, unlinked, to place(node*): the lanes in turn, each one's next
-    /// node prefetched. place may link the node anywhere.
+    /// Hands every staged node, unlinked, to place(node*): lane by lane, each lane's lists in
+    /// turn. place may link the node anywhere.
     template <class Place>
     void settle(Place&& place) noexcept {
         if (!any_) return;
-        nodes_.drain([&](node_links* l) { place(node::of(l)); });
+        for (auto& lane : lane_) lane.drain([&](node_links* l) { place(node::of(l)); });
         reset();
     }
 
     /// Hands every staged node to f(node*), unlinked (prev null; f may reuse next).
     template <class F>
     void take_all(F&& f) noexcept {
-        nodes_.unlink_all([&](node_links* l) { f(node::of(l)); });
+        for (auto& lane : lane_) lane.unlink_all([&](node_links* l) { f(node::of(l)); });
         reset();
     }
 
   private:
     static constexpr std::size_t lanes = 8;
+    static constexpr std::size_t ways = 8;
 
     void reset() noexcept {
         std::fill(std::begin(count_), std::end(count_), std::size_t{0});
@@ -97,7 +98,7 @@ class staging {
         return mine;
     }
 
-    laned_list<lanes> nodes_;        // one lane per thread
+    laned_list<ways> lane_[lanes];   // one lane per thread
     std::size_t count_[lanes] = {};  // links into each lane since it settled
     rep min_ = never;                // <= the earliest staged deadline
     bool any_ = false;               // something was staged since the last settle
