@@ -36,6 +36,12 @@ struct node_list {
         n->prev = n->next = nullptr;
     }
 
+    /// A hint that unlink(n) comes soon: starts the misses on n's neighbours.
+    static void prefetch_unlink(const node_links* n) noexcept {
+        __builtin_prefetch(n->prev, 1);
+        __builtin_prefetch(n->next, 1);
+    }
+
     /// Empties the list and returns its nodes as a chain through `next`, ending in nullptr.
     node_links* detach() noexcept {
         if (empty()) return nullptr;

@@ -142,6 +142,11 @@ class hashed_wheel_ring {
     /// it again by its own deadline; not in the window, which is ordered by deadline.
     bool may_postpone(const node* n) const noexcept { return !near_window<Clock>::holds(n); }
 
+    /// A hint that unlink(n) comes soon (n held): starts the misses it will wait for.
+    void prefetch_unlink(const node* n) const noexcept {
+        if (!near_window<Clock>::holds(n)) node_list::prefetch_unlink(n);
+    }
+
     /// Unlinks n, which this ring holds. O(1) in a bucket, which is not even touched (its bit and
     /// bounds may stay behind: a pass clears them); O(log h) in the window's heap.
     void unlink(node* n) noexcept {

@@ -12,11 +12,12 @@
 // canceller, or stop(). So freeing a block never runs user code.
 //
 // Who decides what: a node is in the timer (pending) exactly while it is linked — in a bucket, or
-// in the batch an advance is about to run (`prev` is then `run_marker()`). Links change only under
-// the core's lock, so cancel(), the runner and stop() decide who ends a task by unlinking it under
-// that lock. The state is what handles read from any thread without the lock; the one who won the
-// node sets it, under the lock. A state change is thus a plain store, and the only
-// read-modify-write on a node is its reference count.
+// in the batch an advance is about to run (`prev` is then `run_marker()`) — and not cancelled: a
+// cancel() marks it cancelled and leaves the unlinking of a bucket's node for later
+// (wheel_core.hpp, "Cancel"). Links and states change only under the core's lock, so cancel(), the
+// runner and stop() decide who ends a task under that lock. The state is what handles read from
+// any thread without the lock; the one who won the node sets it, under the lock. A state change is
+// thus a plain store, and the only read-modify-write on a node is its reference count.
 //
 // The core (timer_core) owns the node pool and is the part of a timer that outlives it for the
 // handles' sake. Its owners (the timer object and its worker thread) hold it by `owners_`; when the
@@ -224,8 +225,9 @@ class timer_core {
     timer_core(const timer_core&) = delete;
     timer_core& operator=(const timer_core&) = delete;
 
-    /// Cancels n if it is still pending: unlinks it under the core's lock, destroys its task and
-    /// drops the timer's reference. Returns whether this call cancelled it.
+    /// Cancels n if it is still pending: counts it out and marks it under the core's lock, and
+    /// destroys its task before it returns (the node is unlinked, and the timer's reference
+    /// dropped, later). Returns whether this call cancelled it.
     virtual bool cancel(node& n) noexcept = 0;
 
     /// Moves n, if still pending, to `deadline`, keeping its task; false (nothing changed) if it

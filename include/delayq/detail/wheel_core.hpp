@@ -19,6 +19,19 @@
 // move constructor must not call back into the timer. A pass that finds another thread's pass
 // under way waits for it with turn_m_, which is never taken inside the lock.
 //
+// Cancel. A cancel counts the task out, marks its node cancelled and destroys the task at once, but
+// leaves a node that sits in a bucket linked, with the timer's reference, in a small array
+// (doomed_). When the array is full, when a pass begins, when the wheel has nothing pending left,
+// or at stop(), bury() unlinks them all, each node's neighbours fetched a few nodes ahead; the
+// references go at the next bury(). So a cancel writes only its node, and the neighbours' misses,
+// which the next locked instruction (the next schedule's lock) waited for, overlap by the dozen:
+// a cancel followed by a schedule costs about three quarters of what it did (docs/performance.md,
+// "Cancel + schedule"). At most 64 cancelled nodes wait to be unlinked and 64 more to be let go.
+// No pass and no stop() meets one, as each buries first; a staging lane that settles may move one
+// into a bucket, where it stays linked until bury() unlinks it. A cancelled node still linked is
+// what doomed() tells from a pending one, for a second cancel or a reschedule through another
+// copy of the handle.
+//
 // Memory. A schedule makes all the room a pass will need, where an exception is harmless (nothing
 // is scheduled then): the ring's for the node (prepare()), and the ring's and the batch's for a
 // pass over every pending node (make_room(), as the count passes what they hold). So a pass
@@ -117,25 +130,27 @@ class wheel_core final : public timer_core<Clock> {
             first, periodic_part<Clock>{first, period, 0, policy}, std::forward<F>(task));
     }
 
-    // Called only through a handle (timeout::cancel), whose reference outlives the call: so the
-    // timer's reference, dropped here, is never the last one. It is dropped first thing after the
-    // lock is won, before the unlink writes to the neighbours: a locked read-modify-write waits
-    // for every earlier store to reach the cache, and dropped after the unlink it waited for the
-    // two neighbours' lines (docs/performance.md, "cancel").
+    // Called only through a handle (timeout::cancel), whose reference outlives the call. A node in
+    // the ring is counted out and marked at once, but stays linked, with the timer's reference,
+    // until bury() (see "Cancel" above): a cancel writes its node only, whose miss overlaps the
+    // lock's wait for our earlier stores.
     bool cancel(node& n) noexcept override {
-        __builtin_prefetch(&n, 1);  // its miss overlaps the lock's wait for our earlier stores
+        __builtin_prefetch(&n, 1);
         {
             std::lock_guard lk(lock_);
             if (!n.linked()) return stop_running_periodic(n);
             if (n.prev == run_marker()) {
                 n.prev = nullptr;  // the runner skips it and drops the batch's reference
             } else {
-                [[maybe_unused]] const bool last = n.drop();  // the timer's reference
-                assert(!last && "the calling handle holds a reference");
-                ring_.unlink(&n);
+                if (doomed_count_ != 0 && doomed(n)) return false;  // cancelled already
+                assert(doomed_count_ < max_doomed);
+                doomed_[doomed_count_++] = &n;
             }
             --pending_;
             n.set_state(timer_state::cancelled);
+            // An empty wheel holds no node, so that it says nothing is due (an idle driver
+            // sleeps without a deadline).
+            if (doomed_count_ == max_doomed || pending_ == 0) bury();
         }
         n.destroy_task();  // outside the lock: a task's destructor may call back into the timer
         return true;
@@ -160,6 +175,8 @@ class wheel_core final : public timer_core<Clock> {
                 running->moved = true;
                 return true;
             }
+            // cancelled, and still linked (the count first: no second look at the node's line)
+            if (doomed_count_ != 0 && doomed(n)) return false;
             ring_.prepare(at);  // may throw: nothing changed yet
             const bool in_batch = n.prev == run_marker();
             if (!in_batch && deadline >= n.deadline && ring_.may_postpone(&n)) {
@@ -202,6 +219,7 @@ class wheel_core final : public timer_core<Clock> {
                 std::lock_guard lk(lock_);
                 if (stopped_) return ran;
                 if (!advancing_) {
+                    bury();  // the ring's walks meet pending nodes only
                     batch_.begin();
                     struct to_batch {
                         due_batch<Clock>& b;
@@ -432,7 +450,8 @@ class wheel_core final : public timer_core<Clock> {
             if (max_pending_ != 0 && pending_ >= max_pending_)
                 Face::refuse("delayq: max_pending reached");
             ring_.prepare(at);
-            if (pending_ >= room_) make_room();  // a pass never allocates: its room is made here
+            // A pass never allocates: its room is made here, for every node held.
+            if (pending_ + doomed_count_ >= room_) make_room();
             void* mem = this->pool_.allocate(sizeof(Block), alignof(Block));
             Block* b;
             try {
@@ -594,6 +613,48 @@ class wheel_core final : public timer_core<Clock> {
         return wake;
     }
 
+    // Under the lock: whether n is a node cancel() left in the ring (linked, yet cancelled: a node
+    // cancelled in the batch is unlinked at once).
+    static bool doomed(const node& n) noexcept {
+        return n.linked() && n.load_state() == timer_state::cancelled;
+    }
+
+    // Under the lock: unlinks the nodes cancel() left in the ring, each one's neighbours fetched
+    // a few nodes ahead so that their misses overlap. The timer's references to them are dropped
+    // at the next bury(), before its unlinks: a locked decrement waits for every earlier store,
+    // and right after the unlinks it would wait for all their neighbours' lines. Until then the
+    // reference keeps the block from a handle that lets go (a node still linked must not be
+    // freed), and a node unlinked with it stays out of every list.
+    void bury() noexcept {
+        let_go(unlinked_, unlinked_count_);
+        constexpr std::size_t ahead = 8;
+        const std::size_t k = doomed_count_;
+        for (std::size_t i = 0; i < k && i < ahead; ++i) ring_.prefetch_unlink(doomed_[i]);
+        for (std::size_t i = 0; i < k; ++i) {
+            if (i + ahead < k) ring_.prefetch_unlink(doomed_[i + ahead]);
+            ring_.unlink(doomed_[i]);
+            unlinked_[i] = doomed_[i];
+        }
+        unlinked_count_ = k;
+        doomed_count_ = 0;
+    }
+
+    // Under the lock: bury(), and the references it kept dropped too (stop()).
+    void bury_all() noexcept {
+        bury();
+        let_go(unlinked_, unlinked_count_);
+    }
+
+    // Under the lock: drops the timer's reference to each of the `count` nodes of `nodes`, and
+    // frees those nobody else holds.
+    void let_go(node* const* nodes, std::size_t& count) noexcept {
+        for (std::size_t i = 0; i < count; ++i) {
+            node* n = nodes[i];
+            if (n->drop()) this->pool_.free_local(n, n->ops()->size, n->ops()->align);
+        }
+        count = 0;
+    }
+
     // Under the lock: when advance() will next have something to run.
     std::optional<time_point> next_due() const {
         const std::optional<time_point> t = ring_.next_expiry();
@@ -614,6 +675,7 @@ class wheel_core final : public timer_core<Clock> {
     // pending: take sets them.
     template <class Take>
     void take_everything(Take&& take) noexcept {
+        bury_all();
         if (advancing_) {
             // Nodes before next_in_batch_ are claimed or skipped (and may be freed already). The
             // rest leave the batch, its reference with them: the runner never looks at them again,
@@ -633,10 +695,12 @@ class wheel_core final : public timer_core<Clock> {
 
     mutable spin_lock lock_;  // the ring, the pool, the batch marks, the counts and the states
     Ring ring_;
-    due_batch<Clock> batch_;         // the current pass's due nodes, while advancing_
-    std::size_t next_in_batch_ = 0;  // the first one the runner has not claimed yet
-    std::size_t pending_ = 0;        // in the ring, or in the batch and not yet claimed
-    std::size_t room_ = 0;           // how many nodes a pass has room for: pending_ at most
+    due_batch<Clock> batch_;          // the current pass's due nodes, while advancing_
+    std::size_t next_in_batch_ = 0;   // the first one the runner has not claimed yet
+    std::size_t pending_ = 0;         // in the ring, or in the batch and not yet claimed
+    std::size_t room_ = 0;            // how many nodes the ring and a pass have room for
+    std::size_t doomed_count_ = 0;    // in doomed_
+    std::size_t unlinked_count_ = 0;  // in unlinked_
     std::uint32_t seq_ = 0;
     bool stopped_ = false;
     bool advancing_ = false;
@@ -649,6 +713,10 @@ class wheel_core final : public timer_core<Clock> {
     const std::size_t max_pending_;
     const on_error_fn on_error_;
     const bool precise_;
+    // Last, so that the members every schedule touches share their cache lines.
+    static constexpr std::size_t max_doomed = 64;
+    node* doomed_[max_doomed];    // cancelled, still in the ring: bury() unlinks them
+    node* unlinked_[max_doomed];  // unlinked by the last bury(), the timer's references kept
 };
 
 }  // namespace delayq::detail

@@ -20,6 +20,8 @@
 //   r.relink(n, p, wake_by)     as link(), for a node moved (reschedule, a periodic task's next
 //                               run), which the hashed ring links into its bucket at once.
 //   r.unlink(n)                 pre: r holds n. post: it does not. noexcept.
+//   r.prefetch_unlink(n)        pre: r holds n. A hint that unlink(n) follows soon: starts the
+//                               cache misses it will wait for. Changes nothing. noexcept.
 //   r.may_postpone(n) -> b      pre: r holds n. Whether n may stay where it is while the caller
 //                               moves its deadline later: then the pass that meets it files it
 //                               again by its own deadline, never early and never late. noexcept.
@@ -68,6 +70,7 @@ concept wheel_ring = requires(R& r, const R& cr, timer_node<Clock>* n, typename 
     { r.link(n, p, t) } noexcept -> std::same_as<bool>;
     { r.relink(n, p, t) } noexcept -> std::same_as<bool>;
     { r.unlink(n) } noexcept;
+    { cr.prefetch_unlink(n) } noexcept;
     { cr.may_postpone(n) } noexcept -> std::same_as<bool>;
     { r.expire(t, sink) } noexcept -> std::same_as<std::size_t>;
     { cr.next_expiry() } -> std::same_as<std::optional<typename Clock::time_point>>;
