@@ -186,3 +186,32 @@ TEMPLATE_TEST_CASE("cancel: stop() hands back the pending tasks only, and lets g
     for (auto& h : kept) CHECK(h.cancelled());
     CHECK(runs == 0);
 }
+
+TEMPLATE_TEST_CASE(
+    "cancel: a pass that runs the last pending task while cancelled nodes wait says "
+    "nothing is due",
+    "", hashed, hierarchical) {
+    // A and B run in one pass; A cancels C, which stays linked (it is not the last pending task:
+    // B is). Then the pass runs B, the last one: nothing is pending, so nothing is due, although
+    // C's node still waits to be unlinked (found by the fuzz targets' model).
+    mc::reset();
+    typename TestType::wheel w(TestType::options(4));
+    handle c;
+    int runs = 0;
+    w.schedule_at(
+        [&] {
+            CHECK(c.cancel());
+            ++runs;
+        },
+        tp{} + 1ms);
+    w.schedule_at([&] { ++runs; }, tp{} + 1ms);
+    c = w.schedule_at([&] { ++runs; }, tp{} + 50ms);
+    mc::set(tp{} + 1ms);
+    CHECK(w.advance(mc::now()) == 2);
+    CHECK(runs == 2);
+    CHECK(w.pending() == 0);
+    CHECK_FALSE(w.next_expiry());
+    mc::set(tp{} + 1h);
+    CHECK(w.advance(mc::now()) == 0);
+    CHECK(runs == 2);
+}

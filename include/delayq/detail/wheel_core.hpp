@@ -655,8 +655,11 @@ class wheel_core final : public timer_core<Clock> {
         count = 0;
     }
 
-    // Under the lock: when advance() will next have something to run.
+    // Under the lock: when advance() will next have something to run. Nothing, when nothing is
+    // pending, even if the ring still holds cancelled nodes (a pass that claimed the last pending
+    // task after a cancel left some: the next bury() takes them).
     std::optional<time_point> next_due() const {
+        if (pending_ == 0) return std::nullopt;
         const std::optional<time_point> t = ring_.next_expiry();
         if (!t || precise_) return t;
         return ring_.ceil_to_grid(*t);
