@@ -21,16 +21,16 @@
 //
 // Cancel. A cancel counts the task out, marks its node cancelled and destroys the task at once, but
 // leaves a node that sits in a bucket linked, with the timer's reference, in a small array
-// (doomed_). When the array is full, when a pass begins, when the wheel has nothing pending left,
-// or at stop(), bury() unlinks them all, each node's neighbours fetched a few nodes ahead; the
-// references go at the next bury(). So a cancel writes only its node, and the neighbours' misses,
-// which the next locked instruction (the next schedule's lock) waited for, overlap by the dozen:
-// a cancel followed by a schedule costs about three quarters of what it did (docs/performance.md,
-// "Cancel + schedule"). At most 64 cancelled nodes wait to be unlinked and 64 more to be let go.
-// No pass and no stop() meets one, as each buries first; a staging lane that settles may move one
-// into a bucket, where it stays linked until bury() unlinks it. A cancelled node still linked is
-// what doomed() tells from a pending one, for a second cancel or a reschedule through another
-// copy of the handle.
+// (doomed_). When the array is full, when a pass begins, or at stop(), bury() unlinks them all,
+// each node's neighbours fetched a few nodes ahead; the references go at the next bury(). So a
+// cancel writes only its node, and the neighbours' misses, which the next locked instruction (the
+// next schedule's lock) waited for, overlap by the dozen: a cancel followed by a schedule costs
+// about three quarters of what it did (docs/performance.md, "Cancel + schedule"). At most 64
+// cancelled nodes wait to be unlinked and 64 more to be let go. No pass and no stop() meets one,
+// as each buries first; a staging lane that settles may move one into a bucket, where it stays
+// linked until bury() unlinks it. A wheel with nothing pending says nothing is due (next_due()),
+// whatever cancelled nodes it still holds. A cancelled node still linked is what doomed() tells
+// from a pending one, for a second cancel or a reschedule through another copy of the handle.
 //
 // Memory. A schedule makes all the room a pass will need, where an exception is harmless (nothing
 // is scheduled then): the ring's for the node (prepare()), and the ring's and the batch's for a
@@ -148,9 +148,7 @@ class wheel_core final : public timer_core<Clock> {
             }
             --pending_;
             n.set_state(timer_state::cancelled);
-            // An empty wheel holds no node, so that it says nothing is due (an idle driver
-            // sleeps without a deadline).
-            if (doomed_count_ == max_doomed || pending_ == 0) bury();
+            if (doomed_count_ == max_doomed) bury();
         }
         n.destroy_task();  // outside the lock: a task's destructor may call back into the timer
         return true;
@@ -626,7 +624,7 @@ class wheel_core final : public timer_core<Clock> {
     // reference keeps the block from a handle that lets go (a node still linked must not be
     // freed), and a node unlinked with it stays out of every list.
     void bury() noexcept {
-        let_go(unlinked_, unlinked_count_);
+        let_go();
         constexpr std::size_t ahead = 8;
         const std::size_t k = doomed_count_;
         for (std::size_t i = 0; i < k && i < ahead; ++i) ring_.prefetch_unlink(doomed_[i]);
@@ -642,22 +640,21 @@ class wheel_core final : public timer_core<Clock> {
     // Under the lock: bury(), and the references it kept dropped too (stop()).
     void bury_all() noexcept {
         bury();
-        let_go(unlinked_, unlinked_count_);
+        let_go();
     }
 
-    // Under the lock: drops the timer's reference to each of the `count` nodes of `nodes`, and
-    // frees those nobody else holds.
-    void let_go(node* const* nodes, std::size_t& count) noexcept {
-        for (std::size_t i = 0; i < count; ++i) {
-            node* n = nodes[i];
+    // Under the lock: drops the timer's reference to each node the last bury() unlinked, and frees
+    // those nobody else holds.
+    void let_go() noexcept {
+        for (std::size_t i = 0; i < unlinked_count_; ++i) {
+            node* n = unlinked_[i];
             if (n->drop()) this->pool_.free_local(n, n->ops()->size, n->ops()->align);
         }
-        count = 0;
+        unlinked_count_ = 0;
     }
 
     // Under the lock: when advance() will next have something to run. Nothing, when nothing is
-    // pending, even if the ring still holds cancelled nodes (a pass that claimed the last pending
-    // task after a cancel left some: the next bury() takes them).
+    // pending, even if the ring still holds cancelled nodes (the next bury() takes them).
     std::optional<time_point> next_due() const {
         if (pending_ == 0) return std::nullopt;
         const std::optional<time_point> t = ring_.next_expiry();
