@@ -2,7 +2,9 @@
 // modes:
 //
 //   single  (default) what bench_redis's single-call run does: 4 producers add N jobs one at a time
-//           (await each add), each delayed U[0, 2 s]; 4 workers (concurrency 1 each) take them.
+//           (await each add), each delayed U[0, 2 s]; W workers (--workers, default 4) of
+//           concurrency C (--concurrency, default 1) take them. Which layout is faster depends on
+//           the machine (4 x 1 and 1 x 4 both run in bench_redis, which compares with the faster).
 //   batch   BullMQ at its best, beside bench_redis's put_many/take_many/ack_many run: 4 producers
 //           add N jobs with addBulk, 100 a call (same delays); one worker of concurrency C
 //           (--concurrency, default 100: of 50, 100 and 200 tried on the project's 2-vCPU VM, 100
@@ -11,15 +13,17 @@
 // Completed jobs are removed in both, as delayq's ack removes them. bench_redis runs this when
 // `node` and this folder's node_modules (npm install) are there.
 //
-//   node bench.mjs --port P [--jobs N] [--mode single|batch] [--concurrency C] [--paced RATE]
+//   node bench.mjs --port P [--jobs N] [--mode single|batch] [--workers W] [--concurrency C]
+//                  [--paced RATE]
 //
 // Prints one line of JSON (machine-readable; bench_redis reads it), the figures over the run from
 // the first add to the last completion:
-//   {"bullmq":"5.81.5","mode":"single","jobs":N,"seconds":S,"jobs_per_s":R,
+//   {"bullmq":"6.7.6","mode":"single","jobs":N,"seconds":S,"jobs_per_s":R,
 //    "client_cpu_s":C,"server_cpu_s":V,"lateness_ms":{"p50":..,"p99":..,"max":..}, ...}
 // client_cpu_s is this node process's CPU (user + system, all its threads: process.cpuUsage());
 // server_cpu_s is redis-server's (INFO cpu used_cpu_user + used_cpu_sys), both deltas over the run.
 import { Queue, Worker } from 'bullmq';
+import IORedis from 'ioredis';
 import { readFileSync } from 'node:fs';
 
 const arg = (name, dflt) => {
@@ -29,7 +33,8 @@ const arg = (name, dflt) => {
 const port = Number(arg('port', 6379));
 const jobs = Number(arg('jobs', 40000));
 const mode = arg('mode', 'single');
-const concurrency = Number(arg('concurrency', 100));
+const concurrency = Number(arg('concurrency', mode === 'single' ? 1 : 100));
+const workerCount = Number(arg('workers', mode === 'single' ? 4 : 1));
 const paced = Number(arg('paced', 0));  // jobs/s in all, 0: as fast as they go (single mode)
 const batch = 100;
 if (mode !== 'single' && mode !== 'batch') {
@@ -46,9 +51,10 @@ const uniform = (n) => {
   return rng % (n + 1);
 };
 
-// redis-server's CPU seconds so far, user + system (INFO cpu).
+// redis-server's CPU seconds so far, user + system (INFO cpu), through a client of our own:
+// BullMQ 6's `await queue.client` is undefined.
 const probe = new Queue(name, { connection });
-const probeClient = await probe.client;
+const probeClient = new IORedis({ host: '127.0.0.1', port, maxRetriesPerRequest: null });
 const serverCpu = async () => {
   const info = await probeClient.info('cpu');
   const field = (f) => Number(new RegExp(`^${f}:([0-9.]+)`, 'm').exec(info)[1]);
@@ -60,7 +66,7 @@ let done = 0;
 let finish;
 const finished = new Promise((resolve) => { finish = resolve; });
 const workers = [];
-const shape = mode === 'single' ? { count: 4, concurrency: 1 } : { count: 1, concurrency };
+const shape = { count: workerCount, concurrency };
 for (let c = 0; c < shape.count; ++c) {
   const w = new Worker(name, async (job) => {
     late.push(Date.now() - (job.timestamp + (job.opts.delay || 0)));
@@ -123,4 +129,5 @@ console.log(JSON.stringify({
 await Promise.all(workers.map((w) => w.close()));
 await probe.obliterate({ force: true });
 await probe.close();
+probeClient.disconnect();
 process.exit(0);
