@@ -1,0 +1,656 @@
+// delayq::postgres::delay_queue: the job API of the Redis and SQLite queues (delayq::job_queue)
+// on a PostgreSQL server, and a put that joins the application's own transaction, so that a job
+// exists exactly when the application's write commits. See docs/postgres.md.
+//
+// The idea. The jobs are rows of one table (detail/schema.hpp has the layout); every call is one
+// statement, one round trip, in its own transaction, and every decision about time is made by
+// the server's clock inside that statement: a job is due when the server says so, a lease ends
+// when the server says so. Consumers claim due rows with FOR UPDATE SKIP LOCKED, so many
+// consumers in many processes never take one job twice and never wait for one another.
+//
+// Waiting without polling. A take that finds nothing due learns, in the same statement, when the
+// next row comes due (or its lease ends), and sleeps until then on a connection of its own that
+// LISTENs on the queue's channel. A put, nack or reschedule that makes a job due before every job
+// the consumers may be sleeping until sends NOTIFY on that channel (see detail/schema.hpp,
+// notify_slack_ms), which the server delivers at commit; the sleeping take wakes and claims. An
+// idle consumer therefore sends no query at all while nothing is due. Within one object, takes
+// follow delay_queue's leader-follower pattern: one waiting thread, the leader, sleeps on the
+// listening connection; the others sleep on a condition variable until the leader leaves.
+//
+// A put in the caller's transaction. put_in_transaction() runs one statement on the caller's own
+// connection, inside the caller's BEGIN: the job is a row of that transaction, there when it
+// commits and never otherwise, and its NOTIFY is delivered at that commit (a rolled-back
+// transaction wakes nobody). It always notifies: the rule above judges by what the statement
+// sees, and the caller's transaction may commit much later.
+//
+// Connections. The object holds a small pool of connections (options::connections) that its
+// calls share, and the listening one once a take has waited. A connection that breaks, or misses
+// io_timeout, is dropped: the call fails with connection_error and the next call connects
+// afresh. Nothing is lost by that: a put that failed may have been applied, and retrying it
+// returns false while the job is queued; an ack that failed may have been applied, and a lease is
+// fenced by its token, so a job is never settled twice.
+#pragma once
+
+#include <libpq-fe.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "../detail/epoch_ms.hpp"
+#include "../detail/time.hpp"
+#include "../job.hpp"
+#include "detail/connection.hpp"
+#include "detail/schema.hpp"
+
+namespace delayq::postgres {
+
+/// The options of delay_queue. Bad values make its constructor throw std::invalid_argument.
+struct options {
+    /// The server: a libpq connection string ("host=... port=... dbname=... user=...") or URI
+    /// ("postgresql://..."); empty: libpq's defaults and PG* environment variables.
+    std::string conninfo;
+    std::string name;               ///< the queue; non-empty, at most 200 bytes
+    std::string schema = "delayq";  ///< the schema of the tables: [a-z_][a-z0-9_]*, <= 63 bytes
+    /// How long a taken job is invisible to other consumers before it is delivered again (> 0).
+    std::chrono::milliseconds lease = std::chrono::seconds(30);
+    /// The limit of one call's exchange with the server, and of a connect (> 0).
+    std::chrono::milliseconds io_timeout = std::chrono::seconds(5);
+    unsigned max_attempts = 0;  ///< 0: redeliver forever; else dead-letter after this many
+    /// Connections the object's calls share at most (> 0); a call waits for a free one. A take
+    /// that waits holds one more, which only listens.
+    std::size_t connections = 4;
+};
+
+/// A server or connection problem. `what()` names what the call was doing and carries the
+/// server's own words; sqlstate() is the server's SQLSTATE (empty when the problem is not the
+/// server's answer).
+class error : public queue_error {
+  public:
+    /// An error saying `what`, with SQLSTATE `sqlstate`.
+    error(const std::string& what, std::string sqlstate)
+        : queue_error(what), sqlstate_(std::move(sqlstate)) {}
+    /// The server's SQLSTATE, or empty.
+    const std::string& sqlstate() const noexcept { return sqlstate_; }
+
+  private:
+    std::string sqlstate_;
+};
+/// The connection could not be made, broke, or the server did not answer within io_timeout (or
+/// is shutting down, restarting, or not yet accepting connections). The call may have been
+/// applied; retrying it is safe (see "Connections" above).
+class connection_error : public error {
+  public:
+    using error::error;  ///< as error's
+};
+/// The schema holds delayq tables of another version (see "Upgrading" in docs/postgres.md).
+class schema_version_error : public error {
+  public:
+    using error::error;  ///< as error's
+};
+/// The server refused a statement for a missing privilege (SQLSTATE 42501); what() names it.
+class permission_error : public error {
+  public:
+    using error::error;  ///< as error's
+};
+/// The server is older than PostgreSQL 12.
+class server_version_error : public error {
+  public:
+    using error::error;  ///< as error's
+};
+
+/// A durable delay queue on a PostgreSQL server; see docs/postgres.md. Every member may be
+/// called from many threads at once, and many processes may share one queue.
+class delay_queue {
+  public:
+    using job = delayq::job;                  ///< what take() hands out
+    using put_request = delayq::put_request;  ///< one job of put_many()
+
+    /// Connects, and creates the queue's tables on first use. Throws std::invalid_argument for
+    /// bad options, and an error of this family when the server cannot hold the queue.
+    explicit delay_queue(options o)
+        : opt_(checked(std::move(o))),
+          channel_(channel_of(opt_.schema, opt_.name)),
+          sql_{detail::put_sql(opt_.schema),      detail::put_many_sql(opt_.schema),
+               detail::cancel_sql(opt_.schema),   detail::reschedule_sql(opt_.schema),
+               detail::claim_sql(opt_.schema),    detail::ack_sql(opt_.schema),
+               detail::ack_many_sql(opt_.schema), detail::nack_sql(opt_.schema),
+               detail::size_sql(opt_.schema),     detail::dead_size_sql(opt_.schema)} {
+        // One connection now: the server is there, new enough, and holds the tables.
+        auto c = acquire();
+        release(std::move(c));
+    }
+
+    delay_queue(const delay_queue&) = delete;
+    delay_queue& operator=(const delay_queue&) = delete;
+
+    /// The options the queue was made with.
+    const options& get_options() const noexcept { return opt_; }
+
+    /// Queues `id` to be due at `deadline` (the caller's clock, rounded up to the ms). False if
+    /// `id` is already queued (waiting or leased); nothing changes then. Committed when it returns.
+    bool put(std::string_view id, std::string_view payload,
+             std::chrono::system_clock::time_point deadline) {
+        check_id(id);
+        return run_put(id, payload, delayq::detail::to_ms(deadline), false);
+    }
+
+    /// Queues `id` to be due `delay` from now (the server's clock). False if already queued.
+    bool put_after(std::string_view id, std::string_view payload, std::chrono::milliseconds delay) {
+        check_id(id);
+        return run_put(id, payload, delayq::detail::clamp_delay(delay), true);
+    }
+
+    /// put() inside the caller's transaction: `conn` is the application's own connection, inside
+    /// its BEGIN. The job exists exactly when that transaction commits, and the consumers are
+    /// woken then; a rollback leaves no job and wakes nobody. One round trip on `conn`. False if
+    /// `id` is already queued (as the transaction sees it). Throws std::invalid_argument when
+    /// `conn` is not inside a transaction block; an error of this family aborts the caller's
+    /// transaction, as any failed statement does.
+    bool put_in_transaction(PGconn* conn, std::string_view id, std::string_view payload,
+                            std::chrono::system_clock::time_point deadline) {
+        check_id(id);
+        return run_put_in(conn, id, payload, delayq::detail::to_ms(deadline), false);
+    }
+
+    /// put_after() inside the caller's transaction (see put_in_transaction): due `delay` after
+    /// the statement runs, by the server's clock.
+    bool put_after_in_transaction(PGconn* conn, std::string_view id, std::string_view payload,
+                                  std::chrono::milliseconds delay) {
+        check_id(id);
+        return run_put_in(conn, id, payload, delayq::detail::clamp_delay(delay), true);
+    }
+
+    /// put_after for many jobs, in one statement. Element i of the result is what put_after would
+    /// have returned for jobs[i]; a duplicate id within the call is refused.
+    std::vector<bool> put_many(std::span<const put_request> jobs) {
+        std::vector<bool> out(jobs.size());
+        if (jobs.empty()) return out;
+        for (const auto& r : jobs) check_id(r.id);
+        detail::params p;
+        p.text(opt_.name)
+            .bytes_array(jobs, [](const put_request& r) { return r.id; })
+            .bytes_array(jobs, [](const put_request& r) { return r.payload; })
+            .int8_array(jobs,
+                        [](const put_request& r) { return delayq::detail::clamp_delay(r.delay); })
+            .text(channel_);
+        const auto r = run(st_put_many, p, "put_many");
+        for (int i = 0; i < r.rows(); ++i)
+            if (const long long k = r.integer(i, 0); k > 0)
+                out[static_cast<std::size_t>(k - 1)] = true;
+        return out;
+    }
+
+    /// Removes a waiting or leased job (the holder's ack or nack then returns false). False if
+    /// `id` is not queued. Committed when it returns.
+    bool cancel(std::string_view id) {
+        check_id(id);
+        detail::params p;
+        p.text(opt_.name).bytes(id);
+        return run(st_cancel, p, "cancel").changed() == 1;
+    }
+
+    /// Gives a waiting job a new due time, `delay` from now. False for an unknown or leased id.
+    bool reschedule(std::string_view id, std::chrono::milliseconds delay) {
+        check_id(id);
+        detail::params p;
+        p.text(opt_.name).bytes(id).int8(delayq::detail::clamp_delay(delay)).text(channel_);
+        return run(st_reschedule, p, "reschedule").integer(0, 0) == 1;
+    }
+
+    /// Leases the earliest due job, waiting up to `max_wait` for one (not at all when <= 0).
+    std::optional<job> take(std::chrono::milliseconds max_wait) {
+        auto jobs = take_jobs(1, max_wait);
+        if (jobs.empty()) return std::nullopt;
+        return std::move(jobs.front());
+    }
+
+    /// Leases up to `max_jobs` (at most 1000) due jobs, earliest first, in one statement, waiting
+    /// up to `max_wait` for the first. Every job has its own token.
+    std::vector<job> take_many(std::size_t max_jobs, std::chrono::milliseconds max_wait) {
+        return take_jobs(std::clamp<std::size_t>(max_jobs, 1, max_take), max_wait);
+    }
+
+    /// Done with the job: it is gone for good. False if the lease was lost (ended, or cancelled,
+    /// or the job delivered again).
+    bool ack(const job& j) {
+        check_id(j.id);
+        detail::params p;
+        p.text(opt_.name).bytes(j.id).int8(token_of(j));
+        return run(st_ack, p, "ack").changed() == 1;
+    }
+
+    /// ack for many jobs, in one statement; element i is what ack(jobs[i]) would have returned.
+    std::vector<bool> ack_many(std::span<const job> jobs) {
+        std::vector<bool> out(jobs.size());
+        if (jobs.empty()) return out;
+        for (const auto& j : jobs) check_id(j.id);
+        detail::params p;
+        p.text(opt_.name)
+            .bytes_array(jobs, [](const job& j) { return std::string_view(j.id); })
+            .int8_array(jobs, [](const job& j) { return token_of(j); });
+        const auto r = run(st_ack_many, p, "ack_many");
+        for (int i = 0; i < r.rows(); ++i)
+            out[static_cast<std::size_t>(r.integer(i, 0) - 1)] = true;
+        return out;
+    }
+
+    /// Back to the queue, due `retry_after` from now, or to the dead letters if this was its
+    /// max_attempts-th delivery. False if the lease was lost.
+    bool nack(const job& j, std::chrono::milliseconds retry_after) {
+        check_id(j.id);
+        detail::params p;
+        p.text(opt_.name)
+            .bytes(j.id)
+            .int8(token_of(j))
+            .int8(delayq::detail::clamp_delay(retry_after))
+            .int8(opt_.max_attempts)
+            .text(channel_);
+        return run(st_nack, p, "nack").integer(0, 0) == 1;
+    }
+
+    /// Jobs queued: waiting plus leased. Counts rows: O(n).
+    std::size_t size() { return count(st_size, "size"); }
+
+    /// Jobs moved to the dead letters (the `dead` table) after max_attempts deliveries.
+    std::size_t dead_size() { return count(st_dead_size, "dead_size"); }
+
+  private:
+    using steady = std::chrono::steady_clock;
+    using milliseconds = std::chrono::milliseconds;
+    using conn_ptr = std::unique_ptr<detail::connection>;
+
+    static constexpr std::size_t max_take = 1000;  // jobs per take_many: one short statement
+    static constexpr std::size_t max_id = 1024;    // bytes: a key of the primary key's b-tree
+
+    // The statements every connection prepares, by index (their names are "dq0", "dq1", ...).
+    enum statement_index : unsigned char {
+        st_put,
+        st_put_many,
+        st_cancel,
+        st_reschedule,
+        st_claim,
+        st_ack,
+        st_ack_many,
+        st_nack,
+        st_size,
+        st_dead_size,
+        st_count
+    };
+    static const std::vector<Oid>& types_of(int st) {
+        using namespace detail;
+        static const std::vector<Oid> t[st_count] = {
+            {text_oid, bytea_oid, bytea_oid, int8_oid, bool_oid, text_oid, bool_oid},  // put
+            {text_oid, bytea_array_oid, bytea_array_oid, int8_array_oid, text_oid},    // put_many
+            {text_oid, bytea_oid},                                                     // cancel
+            {text_oid, bytea_oid, int8_oid, text_oid},                                 // reschedule
+            {text_oid, int8_oid, int8_oid, int8_oid},                                  // claim
+            {text_oid, bytea_oid, int8_oid},                                           // ack
+            {text_oid, bytea_array_oid, int8_array_oid},                               // ack_many
+            {text_oid, bytea_oid, int8_oid, int8_oid, int8_oid, text_oid},             // nack
+            {text_oid},                                                                // size
+            {text_oid},                                                                // dead_size
+        };
+        return t[st];
+    }
+    static const char* name_of(int st) {
+        static const char* const n[st_count] = {"dq0", "dq1", "dq2", "dq3", "dq4",
+                                                "dq5", "dq6", "dq7", "dq8", "dq9"};
+        return n[st];
+    }
+
+    [[noreturn]] static void raise(detail::problem p, const std::string& what,
+                                   const std::string& sqlstate) {
+        const std::string m = "delayq::postgres: " + what;
+        switch (p) {
+            case detail::problem::connection:
+                throw connection_error(m, sqlstate);
+            case detail::problem::schema_version:
+                throw schema_version_error(m, sqlstate);
+            case detail::problem::permission:
+                throw permission_error(m, sqlstate);
+            case detail::problem::server_version:
+                throw server_version_error(m, sqlstate);
+            default:
+                throw error(m, sqlstate);
+        }
+    }
+
+    static options checked(options o) {
+        const auto check = [](bool ok, const char* what) {
+            if (!ok)
+                throw std::invalid_argument(std::string("delayq::postgres::delay_queue: ") + what);
+        };
+        check(!o.name.empty(), "options.name is empty");
+        check(o.name.size() <= 200, "options.name is longer than 200 bytes");
+        check(o.name.find('\0') == std::string::npos, "options.name contains a NUL byte");
+        const auto ident = [](const std::string& s) {
+            if (s.empty() || s.size() > 63 || (s[0] >= '0' && s[0] <= '9')) return false;
+            return std::all_of(s.begin(), s.end(), [](char c) {
+                return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+            });
+        };
+        check(ident(o.schema), "options.schema must match [a-z_][a-z0-9_]* (at most 63 bytes)");
+        check(o.lease > milliseconds::zero(), "options.lease must be > 0");
+        check(o.lease.count() <= delayq::detail::max_ms, "options.lease is too long");
+        check(o.io_timeout > milliseconds::zero(), "options.io_timeout must be > 0");
+        check(o.io_timeout <= milliseconds(std::numeric_limits<int>::max()),
+              "options.io_timeout is too long");
+        check(o.connections > 0, "options.connections must be > 0");
+        check(o.conninfo.find('\0') == std::string::npos, "options.conninfo contains a NUL byte");
+        return o;
+    }
+
+    static void check_id(std::string_view id) {
+        if (id.empty())
+            throw std::invalid_argument(
+                "delayq::postgres::delay_queue: a job id must not be empty");
+        if (id.size() > max_id)
+            throw std::invalid_argument(
+                "delayq::postgres::delay_queue: a job id must be at most 1024 bytes");
+    }
+
+    static long long token_of(const job& j) noexcept {
+        return static_cast<long long>(
+            std::min<std::uint64_t>(j.token, std::numeric_limits<long long>::max()));
+    }
+
+    // The queue's NOTIFY channel: a short name (an identifier is at most 63 bytes) from a hash of
+    // the schema and the queue. Two queues that hash alike only wake each other's consumers.
+    static std::string channel_of(const std::string& schema, const std::string& name) {
+        std::uint64_t h = 1469598103934665603ULL;  // FNV-1a, 64 bits
+        const auto mix = [&h](std::string_view s) {
+            for (const unsigned char c : s) h = (h ^ c) * 1099511628211ULL;
+        };
+        mix(schema);
+        mix(std::string_view("\0", 1));
+        mix(name);
+        static const char hex[] = "0123456789abcdef";
+        std::string out = "delayq_";
+        for (int i = 60; i >= 0; i -= 4) out += hex[(h >> i) & 0xf];
+        return out;
+    }
+
+    // A connection of the pool, connected, checked and prepared if it is new.
+    conn_ptr acquire() {
+        {
+            std::unique_lock lk(pool_m_);
+            pool_cv_.wait(lk, [&] { return !idle_.empty() || open_ < opt_.connections; });
+            if (!idle_.empty()) {
+                conn_ptr c = std::move(idle_.back());
+                idle_.pop_back();
+                return c;
+            }
+            ++open_;
+        }
+        try {
+            return connect(true);
+        } catch (...) {
+            std::lock_guard lk(pool_m_);
+            --open_;
+            pool_cv_.notify_one();
+            throw;
+        }
+    }
+
+    // Back to the pool, or dropped if it broke.
+    void release(conn_ptr c) {
+        std::lock_guard lk(pool_m_);
+        if (c && !c->broken())
+            idle_.push_back(std::move(c));
+        else
+            --open_;
+        pool_cv_.notify_one();
+    }
+
+    conn_ptr connect(bool prepare) {
+        auto c = std::make_unique<detail::connection>(opt_.conninfo, opt_.io_timeout, &raise);
+        detail::check_server_version(c->server_version(), &raise);
+        if (!prepare) return c;
+        {
+            std::lock_guard lk(schema_m_);
+            if (!schema_checked_) {
+                detail::ensure_schema(*c, opt_.schema, &raise);
+                schema_checked_ = true;
+            }
+        }
+        for (int i = 0; i < st_count; ++i) c->prepare(name_of(i), sql_[i], types_of(i));
+        return c;
+    }
+
+    // Runs statement `st` on a pooled connection.
+    detail::result run(int st, const detail::params& p, const char* doing) {
+        conn_ptr c = acquire();
+        struct give_back {
+            delay_queue& q;
+            conn_ptr& c;
+            ~give_back() { q.release(std::move(c)); }
+        } g{*this, c};
+        return c->exec(name_of(st), p, doing);
+    }
+
+    bool run_put(std::string_view id, std::string_view payload, long long at, bool delay) {
+        detail::params p;
+        p.text(opt_.name).bytes(id).bytes(payload).int8(at).boolean(delay).text(channel_).boolean(
+            false);
+        return run(st_put, p, "put").integer(0, 0) == 1;
+    }
+
+    bool run_put_in(PGconn* conn, std::string_view id, std::string_view payload, long long at,
+                    bool delay) {
+        if (conn == nullptr)
+            throw std::invalid_argument("delayq::postgres::delay_queue: the connection is null");
+        switch (PQtransactionStatus(conn)) {
+            case PQTRANS_INTRANS:
+                break;
+            case PQTRANS_IDLE:
+                throw std::invalid_argument(
+                    "delayq::postgres::delay_queue: put_in_transaction needs a connection inside "
+                    "a transaction block (BEGIN first)");
+            case PQTRANS_INERROR:
+                raise(detail::problem::other,
+                      "put_in_transaction: the caller's transaction has failed already "
+                      "(ROLLBACK it)",
+                      "25P02");
+            case PQTRANS_ACTIVE:
+                throw std::invalid_argument(
+                    "delayq::postgres::delay_queue: put_in_transaction: the connection is busy "
+                    "with another command");
+            default:
+                raise(detail::problem::connection, "put_in_transaction: the connection is broken",
+                      "");
+        }
+        detail::params p;
+        p.text(opt_.name).bytes(id).bytes(payload).int8(at).boolean(delay).text(channel_).boolean(
+            true);
+        const auto v = p.pointers();
+        // The caller's connection, as the caller set it up (blocking or not, its own timeouts):
+        // one unnamed statement, parsed, bound and run in one round trip.
+        PGresult* r = PQexecParams(conn, sql_[st_put].c_str(), p.count(), p.types(),
+                                   v.values.data(), v.lengths.data(), v.formats.data(), 1);
+        if (r == nullptr || PQresultStatus(r) != PGRES_TUPLES_OK) {
+            // A failed statement aborts the caller's transaction, as any other would.
+            const char* state = r ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : nullptr;
+            const std::string sqlstate = state ? state : "";
+            std::string m = r ? PQresultErrorMessage(r) : PQerrorMessage(conn);
+            PQclear(r);
+            while (!m.empty() && (m.back() == '\n' || m.back() == ' ')) m.pop_back();
+            const auto problem = PQstatus(conn) != CONNECTION_OK ? detail::problem::connection
+                                                                 : detail::classify(sqlstate);
+            raise(problem, "put_in_transaction: " + m, sqlstate);
+        }
+        const detail::result res(r);
+        return res.integer(0, 0) == 1;
+    }
+
+    std::size_t count(int st, const char* doing) {
+        detail::params p;
+        p.text(opt_.name);
+        return static_cast<std::size_t>(run(st, p, doing).integer(0, 0));
+    }
+
+    // What one claim statement found.
+    struct claimed {
+        std::vector<job> jobs;
+        std::optional<long long> next;  // the next `at` among the rows not claimed
+        long long buried = 0;           // jobs moved to the dead letters
+        long long now = 0;              // the server's clock
+        steady::time_point seen;        // when the answer came
+    };
+
+    claimed claim(std::size_t want) {
+        detail::params p;
+        p.text(opt_.name)
+            .int8(static_cast<long long>(want))
+            .int8(opt_.lease.count())
+            .int8(opt_.max_attempts);
+        const auto r = run(st_claim, p, "take");
+        claimed out;
+        out.seen = steady::now();
+        for (int i = 0; i < r.rows(); ++i) {
+            if (r.is_null(i, 0)) {  // the trailer
+                if (!r.is_null(i, 2)) out.next = r.integer(i, 2);
+                out.buried = r.integer(i, 3);
+                out.now = r.integer(i, 5);
+                continue;
+            }
+            job j;
+            j.id = r.bytes(i, 0);
+            j.payload = r.bytes(i, 1);
+            j.deadline = delayq::detail::from_ms(r.integer(i, 2));
+            j.attempts = static_cast<unsigned>(r.integer(i, 3));
+            j.token = static_cast<std::uint64_t>(r.integer(i, 4));
+            j.lease_deadline = delayq::detail::from_ms(r.integer(i, 5));
+            out.jobs.push_back(std::move(j));
+        }
+        return out;
+    }
+
+    // Unlocks `lk` while it lives, and locks it again however the scope is left.
+    struct unlocked {
+        explicit unlocked(std::unique_lock<std::mutex>& lk) : lk_(lk) { lk_.unlock(); }
+        ~unlocked() { lk_.lock(); }
+        unlocked(const unlocked&) = delete;
+        unlocked& operator=(const unlocked&) = delete;
+        std::unique_lock<std::mutex>& lk_;
+    };
+
+    // The leader sleeps on the listening connection until `until` or a notification. False when
+    // it must claim again at once: it had no listening connection (notifications may have been
+    // missed meanwhile) or one came.
+    bool sleep_listening(steady::time_point until) {
+        if (!listener_ || listener_->broken()) {
+            listener_.reset();
+            auto c = connect(false);
+            c->exec_simple("LISTEN " + channel_, "take (LISTEN)");
+            listener_ = std::move(c);
+            return false;
+        }
+        return !listener_->wait_notification(until);
+    }
+
+    // The leader-follower wait (see the top of this file). Claims on entry, and again whenever a
+    // notification, the next event it learned of, or a leader that left says something may be due.
+    std::vector<job> take_jobs(std::size_t want, milliseconds max_wait) {
+        const auto start = steady::now();
+        const auto limit = max_wait > milliseconds::zero()
+                               ? delayq::detail::saturating_add(start, max_wait)
+                               : start;
+        std::unique_lock lk(m_);
+        const char self = 0;
+        struct hand_over {  // however the call ends, it no longer leads; a follower may
+            delay_queue& q;
+            const void* self;
+            ~hand_over() {
+                if (q.leader_ == self) {
+                    q.leader_ = nullptr;
+                    q.cv_.notify_one();
+                }
+            }
+        } guard{*this, &self};
+
+        bool look = true;
+        auto wake = start;  // when this thread's last claim said something comes due
+        milliseconds backoff(1);
+        for (;;) {
+            if (look) {
+                look = false;
+                claimed c;
+                {
+                    unlocked u(lk);
+                    c = claim(want);
+                }
+                const bool more_due = c.next && *c.next <= c.now;
+                if (!c.jobs.empty()) {
+                    if (more_due) cv_.notify_one();  // a follower may claim the rest
+                    return std::move(c.jobs);
+                }
+                if (c.buried > 0) {  // dead-lettered what was due: more may be
+                    look = true;
+                    continue;
+                }
+                if (!c.next) {
+                    wake = steady::time_point::max();
+                } else if (more_due) {
+                    // Due rows that other transactions hold (being claimed, acked): look again
+                    // shortly, backing off, until they settle.
+                    wake = c.seen + backoff;
+                    backoff = std::min(backoff * 2, milliseconds(250));
+                } else {
+                    wake = delayq::detail::saturating_add(c.seen, milliseconds(*c.next - c.now));
+                    backoff = milliseconds(1);
+                }
+            }
+            const auto now = steady::now();
+            if (now >= limit) return {};
+            if (now >= wake) {
+                look = true;
+                continue;
+            }
+            if (leader_ != nullptr && leader_ != &self) {
+                // A follower: the leader watches the queue for everyone, and wakes one follower
+                // when it leaves or when more is due.
+                if (cv_.wait_until(lk, limit) == std::cv_status::no_timeout) look = true;
+                continue;
+            }
+            leader_ = &self;
+            bool timed_out;
+            {
+                unlocked u(lk);
+                timed_out = sleep_listening(std::min(limit, wake));
+            }
+            if (!timed_out) look = true;
+        }
+    }
+
+    options opt_;
+    std::string channel_;
+    std::string sql_[st_count];
+
+    std::mutex pool_m_;
+    std::condition_variable pool_cv_;
+    std::vector<conn_ptr> idle_;  // connected and prepared, free
+    std::size_t open_ = 0;        // connections that exist, idle or in use
+
+    std::mutex schema_m_;
+    bool schema_checked_ = false;
+
+    std::mutex m_;
+    std::condition_variable cv_;    // the followers sleep here
+    const void* leader_ = nullptr;  // the waiting take that sleeps on listener_
+    conn_ptr listener_;             // LISTENs on channel_; used by the leader only
+};
+
+}  // namespace delayq::postgres

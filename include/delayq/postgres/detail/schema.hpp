@@ -1,0 +1,252 @@
+// The tables of delayq::postgres (schema version 1), their creation on first use, and the
+// statements the queue runs. Part of <delayq/postgres/delay_queue.hpp>.
+//
+// The layout. All queues of one database live in one schema (options::schema, "delayq" by
+// default), told apart by a `queue` column:
+//
+// clang-format off
+//   meta   name text PRIMARY KEY, value bigint: 'version', the schema's version (1)
+//   jobs   queue text, id bytea, payload bytea, at bigint, attempts integer, token bigint,
+//          PRIMARY KEY (queue, id)
+//          waiting (token = 0): `at` is when it is due
+//          leased  (token > 0): `at` is when the lease ends; `token` the lease's fencing token
+//   jobs_at ON jobs(queue, at)           -- the next due job, the next ended lease: one seek
+//   dead   queue text, id bytea, payload bytea, attempts integer, died bigint,
+//          PRIMARY KEY (queue, id)       -- past max_attempts
+//   tokens a sequence: the fencing tokens
+// clang-format on
+//
+// Why one `at` column for both states: a take claims every row whose `at` has passed, in order
+// of `at`: a waiting job that came due and a lease that ended (a redelivery, or a move to the dead
+// letters after its max_attempts-th delivery) alike, with one index seek and no separate reclaim
+// pass. The next event a waiting consumer sleeps until is min(at), one seek too.
+//
+// Times are milliseconds since 1970 on the server's clock (clock_timestamp(), rounded down for
+// "now", so nothing is ever early); a put's absolute deadline is the caller's, rounded up.
+// Fencing tokens are nextval('tokens') * 65536 plus 16 random bits: greater at each lease, and a
+// value that a crash or a failover handed out again (a sequence may repeat values whose
+// transaction was lost) still differs from the lost lease's token but for a 1 in 65 536 chance.
+//
+// Creation and upgrades. The first object to connect to a database without the schema creates it
+// in one transaction, under a transaction-level advisory lock, so that processes starting at once
+// all succeed with one schema. An object that finds another version refuses to run
+// (schema_version_error). A later version will upgrade version 1 in place under the same lock, in
+// one transaction; docs/postgres.md ("Upgrading") says how to do it by hand.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "connection.hpp"
+
+namespace delayq::postgres::detail {
+
+inline constexpr long long schema_version = 1;
+inline constexpr int oldest_server = 120000;  // PostgreSQL 12
+
+// The advisory lock key that serializes creating (and later upgrading) the schema: "delayq" in
+// ASCII, as every delayq version spells it.
+inline constexpr long long schema_lock_key = 0x64656c617971LL;
+
+// A waiting consumer sleeps until the next `at` it saw; a put whose job comes due before every
+// job more than this many ms ahead wakes the consumers (NOTIFY). Jobs due sooner than this may be
+// claimed or acked while the put's statement runs, so the put does not trust them to wake
+// anyone: the slack covers the time from the statement's snapshot to its commit.
+inline constexpr long long notify_slack_ms = 50;
+
+/// Throws server_version_error for a server older than PostgreSQL 12 (`version` as
+/// PQserverVersion gives it, e.g. 150004).
+inline void check_server_version(int version, raise_fn raise) {
+    if (version < oldest_server)
+        raise(problem::server_version,
+              "the server is PostgreSQL " + std::to_string(version / 10000) + " (version " +
+                  std::to_string(version) + "); delayq::postgres needs PostgreSQL 12 or later",
+              "");
+}
+
+// The SQL that creates version 1 in schema `s` (an identifier already checked).
+inline std::string create_sql(const std::string& s) {
+    return "CREATE SCHEMA IF NOT EXISTS " + s + ";" + "CREATE TABLE IF NOT EXISTS " + s +
+           ".meta(name text PRIMARY KEY, value bigint NOT NULL);" + "CREATE TABLE IF NOT EXISTS " +
+           s +
+           ".jobs(queue text NOT NULL, id bytea NOT NULL, payload bytea NOT NULL,"
+           " at bigint NOT NULL, attempts integer NOT NULL DEFAULT 0,"
+           " token bigint NOT NULL DEFAULT 0, PRIMARY KEY (queue, id));" +
+           "CREATE INDEX IF NOT EXISTS jobs_at ON " + s + ".jobs(queue, at);" +
+           "CREATE TABLE IF NOT EXISTS " + s +
+           ".dead(queue text NOT NULL, id bytea NOT NULL, payload bytea NOT NULL,"
+           " attempts integer NOT NULL, died bigint NOT NULL, PRIMARY KEY (queue, id));" +
+           "CREATE SEQUENCE IF NOT EXISTS " + s + ".tokens;" + "INSERT INTO " + s +
+           ".meta(name, value) VALUES ('version', " + std::to_string(schema_version) +
+           ") ON CONFLICT (name) DO NOTHING;";
+}
+
+// The schema's version, or -1 when it (or its meta table) does not exist.
+inline long long read_version(connection& c, const std::string& s) {
+    try {
+        result r = c.exec_simple("SELECT value::text FROM " + s + ".meta WHERE name = 'version'",
+                                 "reading the schema");
+        if (r.rows() == 0) return 0;       // a meta table without a version: not ours
+        return std::stoll(r.bytes(0, 0));  // simple protocol: text
+    } catch (const std::exception&) {
+        if (c.broken()) throw;
+        // 42P01 (no such table) or 3F000 (no such schema): not created yet. Any other
+        // problem (a refused privilege) comes again, typed, from the creation below.
+        return -1;
+    }
+}
+
+// Makes sure schema `s` holds version 1 of the tables, creating them if needed.
+inline void ensure_schema(connection& c, const std::string& s, raise_fn raise) {
+    long long v = read_version(c, s);
+    if (v < 0) {
+        c.exec_simple("BEGIN; SELECT pg_advisory_xact_lock(" + std::to_string(schema_lock_key) +
+                          ");" + create_sql(s) + "COMMIT;",
+                      "creating the queue's tables");
+        v = read_version(c, s);
+    }
+    if (v != schema_version)
+        raise(problem::schema_version,
+              "schema " + s + " holds delayq tables of version " + std::to_string(v) +
+                  "; this delayq reads version " + std::to_string(schema_version) +
+                  (v > schema_version ? " (written by a newer delayq: upgrade delayq)"
+                                      : " (see \"Upgrading\" in docs/postgres.md)"),
+              "");
+}
+
+// "now" on the server, in ms since 1970, rounded down.
+inline constexpr const char* now_cte =
+    "t AS (SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now)";
+
+// Whether a job due at `at` (an SQL expression) must wake the consumers: nothing else is due
+// between the slack and it (see notify_slack_ms). $1 is the queue.
+inline std::string wakes(const std::string& s, const std::string& at) {
+    const std::string slack = std::to_string(notify_slack_ms);
+    return "(" + at + " <= t.now + " + slack + " OR NOT EXISTS (SELECT 1 FROM " + s +
+           ".jobs w WHERE w.queue = $1 AND w.at > t.now + " + slack + " AND w.at <= " + at + "))";
+}
+
+inline std::string max_ms_sql() {
+    return "99999999999999";  // delayq::detail::max_ms
+}
+
+// put: $1 queue, $2 id, $3 payload, $4 due (ms) or delay, $5 whether $4 is a delay, $6 channel,
+// $7 notify whatever (a put in the caller's transaction). Returns (inserted, notified).
+inline std::string put_sql(const std::string& s) {
+    return "WITH " + std::string(now_cte) + ", v AS (SELECT least(CASE WHEN $5 THEN t.now ELSE 0 " +
+           "END + $4, " + max_ms_sql() + ") AS at FROM t), i AS (INSERT INTO " + s +
+           ".jobs(queue, id, payload, at) SELECT $1, $2, $3, v.at FROM v ON CONFLICT DO NOTHING "
+           "RETURNING at), n AS (SELECT pg_notify($6, '') FROM i, t WHERE $7 OR " +
+           wakes(s, "i.at") + ") SELECT (SELECT count(*) FROM i), (SELECT count(*) FROM n)";
+}
+
+// put_many: $1 queue, $2 ids, $3 payloads, $4 delays, $5 channel. Returns the 1-based positions
+// of the jobs put (the first of several with one id).
+inline std::string put_many_sql(const std::string& s) {
+    return "WITH " + std::string(now_cte) +
+           ", r AS (SELECT u.id, u.payload, least(t.now + greatest(u.delay, 0), " + max_ms_sql() +
+           ") AS at, u.ord FROM t, unnest($2::bytea[], $3::bytea[], $4::bigint[]) WITH "
+           "ORDINALITY AS u(id, payload, delay, ord)), i AS (INSERT INTO " +
+           s +
+           ".jobs(queue, id, payload, at) SELECT $1, id, payload, at FROM r ORDER BY id, ord "
+           "ON CONFLICT DO NOTHING RETURNING id, at), f AS (SELECT id, min(ord) AS ord FROM r "
+           "GROUP BY id), n AS (SELECT pg_notify($5, '') FROM (SELECT min(at) AS at FROM i) m, t "
+           "WHERE m.at IS NOT NULL AND " +
+           wakes(s, "m.at") +
+           ") SELECT f.ord FROM f JOIN i ON i.id = f.id UNION ALL SELECT 0 FROM n";
+}
+
+// cancel: $1 queue, $2 id.
+inline std::string cancel_sql(const std::string& s) {
+    return "DELETE FROM " + s + ".jobs WHERE queue = $1 AND id = $2";
+}
+
+// reschedule: $1 queue, $2 id, $3 delay, $4 channel. Returns (moved, notified).
+inline std::string reschedule_sql(const std::string& s) {
+    return "WITH " + std::string(now_cte) + ", u AS (UPDATE " + s +
+           ".jobs j SET at = least(t.now + $3, " + max_ms_sql() +
+           ") FROM t WHERE j.queue = $1 AND j.id = $2 AND j.token = 0 RETURNING j.at), n AS "
+           "(SELECT pg_notify($4, '') FROM u, t WHERE " +
+           wakes(s, "u.at") + ") SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM n)";
+}
+
+// Moves the jobs in CTE `from` (columns id, payload, attempts) to the dead letters.
+inline std::string bury_sql(const std::string& s, const char* from) {
+    return "INSERT INTO " + s +
+           ".dead(queue, id, payload, attempts, died) SELECT $1, x.id, x.payload, x.attempts, "
+           "t.now FROM " +
+           from +
+           " x, t ON CONFLICT (queue, id) DO UPDATE SET payload = excluded.payload, attempts = "
+           "excluded.attempts, died = excluded.died";
+}
+
+// The fencing token of a new lease.
+inline std::string token_sql(const std::string& s) {
+    return "nextval('" + s + ".tokens') * 65536 + floor(random() * 65536)::bigint";
+}
+
+// claim: $1 queue, $2 at most this many jobs, $3 lease (ms), $4 max_attempts (0: none). Claims
+// the rows whose `at` passed, earliest first, skipping rows another transaction holds: a waiting
+// job that came due, or a lease that ended (redelivered, or buried after its max_attempts-th
+// delivery). Returns one row per job leased (id, payload, due, attempts, token, lease end), then
+// one row with a NULL id: the next `at` among the rows not claimed (NULL: none), the number of
+// jobs buried, and the server's now.
+inline std::string claim_sql(const std::string& s) {
+    return "WITH " + std::string(now_cte) +
+           ", p AS (SELECT j.id, j.at, j.token <> 0 AND $4 > 0 AND j.attempts >= $4 AS dead FROM " +
+           s +
+           ".jobs j WHERE j.queue = $1 AND j.at <= (SELECT now FROM t) ORDER BY j.at LIMIT $2 "
+           "FOR UPDATE SKIP LOCKED), b AS (DELETE FROM " +
+           s +
+           ".jobs j USING p WHERE j.queue = $1 AND j.id = p.id AND p.dead RETURNING j.id, "
+           "j.payload, j.attempts), d AS (" +
+           bury_sql(s, "b") + "), c AS (UPDATE " + s + ".jobs j SET at = least(t.now + $3, " +
+           max_ms_sql() + "), token = " + token_sql(s) +
+           ", attempts = j.attempts + 1 FROM p, t WHERE j.queue = $1 AND j.id = p.id AND NOT "
+           "p.dead RETURNING j.id, j.payload, p.at AS due, j.attempts, j.token, j.at) SELECT "
+           "c.id, c.payload, c.due, c.attempts::bigint, c.token, c.at FROM c UNION ALL SELECT "
+           "NULL, NULL, (SELECT j.at FROM " +
+           s +
+           ".jobs j WHERE j.queue = $1 AND j.id NOT IN (SELECT id FROM p) ORDER BY j.at LIMIT "
+           "1), (SELECT count(*) FROM b), NULL, t.now FROM t";
+}
+
+// ack: $1 queue, $2 id, $3 token.
+inline std::string ack_sql(const std::string& s) {
+    return "WITH " + std::string(now_cte) + " DELETE FROM " + s +
+           ".jobs j USING t WHERE j.queue = $1 AND j.id = $2 AND j.token = $3 AND j.token <> 0 "
+           "AND j.at > t.now";
+}
+
+// ack_many: $1 queue, $2 ids, $3 tokens. Returns the 1-based positions of the jobs acked.
+inline std::string ack_many_sql(const std::string& s) {
+    return "WITH " + std::string(now_cte) + " DELETE FROM " + s +
+           ".jobs j USING t, unnest($2::bytea[], $3::bigint[]) WITH ORDINALITY AS u(id, token, "
+           "ord) WHERE j.queue = $1 AND j.id = u.id AND j.token = u.token AND j.token <> 0 AND "
+           "j.at > t.now RETURNING u.ord";
+}
+
+// nack: $1 queue, $2 id, $3 token, $4 retry after (ms), $5 max_attempts, $6 channel. Back to
+// waiting, or to the dead letters after the max_attempts-th delivery. Returns (settled, notified).
+inline std::string nack_sql(const std::string& s) {
+    const std::string held =
+        "j.queue = $1 AND j.id = $2 AND j.token = $3 AND j.token <> 0 AND j.at > t.now";
+    return "WITH " + std::string(now_cte) + ", r AS (UPDATE " + s +
+           ".jobs j SET at = least(t.now + $4, " + max_ms_sql() + "), token = 0 FROM t WHERE " +
+           held + " AND ($5 = 0 OR j.attempts < $5) RETURNING j.at), b AS (DELETE FROM " + s +
+           ".jobs j USING t WHERE " + held +
+           " AND $5 > 0 AND j.attempts >= $5 RETURNING j.id, j.payload, j.attempts), d AS (" +
+           bury_sql(s, "b") + "), n AS (SELECT pg_notify($6, '') FROM r, t WHERE " +
+           wakes(s, "r.at") +
+           ") SELECT (SELECT count(*) FROM r) + (SELECT count(*) FROM b), (SELECT count(*) FROM "
+           "n)";
+}
+
+inline std::string size_sql(const std::string& s) {
+    return "SELECT count(*) FROM " + s + ".jobs WHERE queue = $1";
+}
+inline std::string dead_size_sql(const std::string& s) {
+    return "SELECT count(*) FROM " + s + ".dead WHERE queue = $1";
+}
+
+}  // namespace delayq::postgres::detail
