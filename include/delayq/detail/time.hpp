@@ -11,6 +11,18 @@ namespace delayq::detail {
 
 __extension__ typedef __int128 wide_rep;
 
+// A count `c` of `From` units (128 bits: a difference of two 64-bit counts fits) in units of `To`,
+// rounded up.
+template <class To, class From>
+constexpr wide_rep ceil_wide_count(wide_rep c) noexcept {
+    using ratio = std::ratio_divide<typename From::period, typename To::period>;
+    const wide_rep num = ratio::num, den = ratio::den;
+    const wide_rep prod = c * num;  // |c| <= 2^64, num < 2^63: within 128 bits
+    wide_rep r = prod / den;
+    if (prod % den > 0) ++r;  // round up; truncation already rounds negatives up
+    return r;
+}
+
 // `d` in units of `To`, rounded up (a deadline is never early), as a 128-bit count: every 64-bit
 // count times every ratio fits, so nothing overflows before the caller clamps.
 template <class To, class Rep, class Period>
@@ -28,11 +40,7 @@ constexpr wide_rep ceil_count(std::chrono::duration<Rep, Period> d) noexcept {
         if (static_cast<long double>(t) < v) ++t;
         return t;
     } else {
-        const wide_rep num = ratio::num, den = ratio::den;
-        const wide_rep prod = static_cast<wide_rep>(d.count()) * num;
-        wide_rep r = prod / den;
-        if (prod % den > 0) ++r;  // round up; truncation already rounds negatives up
-        return r;
+        return ceil_wide_count<To, std::chrono::duration<Rep, Period>>(d.count());
     }
 }
 
@@ -57,6 +65,21 @@ constexpr TimePoint saturating_add(TimePoint tp, std::chrono::duration<Rep, Peri
     using dur = typename TimePoint::duration;
     const wide_rep sum = static_cast<wide_rep>(tp.time_since_epoch().count()) + ceil_count<dur>(d);
     return TimePoint{dur{clamp_count<typename dur::rep>(sum)}};
+}
+
+// `to - from` in units of `To`, rounded up and clamped to To's range: nothing overflows, however
+// far apart the two are (from time_point::min() to time_point::max() included).
+template <class To, class TimePoint>
+constexpr To saturating_between(TimePoint from, TimePoint to) noexcept {
+    using from_dur = typename TimePoint::duration;
+    using rep = typename from_dur::rep;
+    if constexpr (std::is_floating_point_v<rep>) {
+        return saturating_ceil<To>(to - from);  // a floating difference saturates by itself
+    } else {
+        const wide_rep diff = static_cast<wide_rep>(to.time_since_epoch().count()) -
+                              static_cast<wide_rep>(from.time_since_epoch().count());
+        return To{clamp_count<typename To::rep>(ceil_wide_count<To, from_dur>(diff))};
+    }
 }
 
 // `Clock::now() + d`, saturating: the deadline of something delayed by `d` from now.

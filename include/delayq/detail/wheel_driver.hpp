@@ -188,10 +188,10 @@ class wheel_driver {
         }
     }
 
-    // When a worker waiting for deadline d starts to spin: d - spin (saturating).
+    // When a worker waiting for deadline d starts to spin: d - spin (spin in Clock's unit rounded
+    // up, saturating).
     static time_point spin_start(time_point d, std::chrono::nanoseconds spin) noexcept {
-        const auto s = std::chrono::duration_cast<typename Clock::duration>(spin);
-        return d < time_point::min() + s ? time_point::min() : d - s;
+        return saturating_add(d, -saturating_ceil<typename Clock::duration>(spin));
     }
 
     // Spins, yielding the CPU, until Clock reaches `until` or wake_count moves on from `seen`
