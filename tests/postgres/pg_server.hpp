@@ -206,10 +206,27 @@ class pg_server {
         kill9();
     }
 
-    /// kill -9 of the postmaster and every backend (its process group), as a crash would.
+    /// kill -9 of the postmaster and every backend at once, as a crash of the machine would.
+    /// (The backends are sessions of their own, not in the postmaster's process group.)
     void kill9() {
         if (pid_ <= 0) return;
-        ::killpg(pid_, SIGKILL);
+        ::kill(pid_, SIGSTOP);  // forks no more
+        std::vector<pid_t> children;
+        std::error_code ec;
+        for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
+            std::ifstream stat(e.path() / "stat");
+            std::string line;
+            if (!std::getline(stat, line)) continue;
+            const auto close = line.rfind(')');  // "pid (comm) state ppid ..."
+            if (close == std::string::npos) continue;
+            std::istringstream rest(line.substr(close + 1));
+            std::string state;
+            pid_t ppid = 0;
+            rest >> state >> ppid;
+            if (ppid == pid_) children.push_back(std::atoi(e.path().filename().c_str()));
+        }
+        for (const pid_t c : children) ::kill(c, SIGKILL);
+        ::kill(pid_, SIGKILL);
         ::waitpid(pid_, nullptr, 0);
         pid_ = 0;
     }

@@ -139,6 +139,10 @@ class delay_queue {
     /// The options the queue was made with.
     const options& get_options() const noexcept { return opt_; }
 
+    /// The channel the queue NOTIFYs when a job comes due before those the consumers wait for
+    /// (an identifier of the form delayq_<16 hex digits>, from a hash of the schema and the name).
+    const std::string& channel() const noexcept { return channel_; }
+
     /// Queues `id` to be due at `deadline` (the caller's clock, rounded up to the ms). False if
     /// `id` is already queued (waiting or leased); nothing changes then. Committed when it returns.
     bool put(std::string_view id, std::string_view payload,
@@ -388,10 +392,11 @@ class delay_queue {
         {
             std::unique_lock lk(pool_m_);
             pool_cv_.wait(lk, [&] { return !idle_.empty() || open_ < opt_.connections; });
-            if (!idle_.empty()) {
+            while (!idle_.empty()) {
                 conn_ptr c = std::move(idle_.back());
                 idle_.pop_back();
-                return c;
+                if (c->alive()) return c;
+                --open_;  // closed while idle (a restart): connect afresh instead of failing
             }
             ++open_;
         }
@@ -551,14 +556,19 @@ class delay_queue {
     // it must claim again at once: it had no listening connection (notifications may have been
     // missed meanwhile) or one came.
     bool sleep_listening(steady::time_point until) {
-        if (!listener_ || listener_->broken()) {
-            listener_.reset();
-            auto c = connect(false);
-            c->exec_simple("LISTEN " + channel_, "take (LISTEN)");
-            listener_ = std::move(c);
-            return false;
-        }
+        if (!listening()) return false;
         return !listener_->wait_notification(until);
+    }
+
+    // The leader's: whether the listening connection was there and well (true), or had to be
+    // made, so that notifications sent meanwhile were missed (false).
+    bool listening() {
+        if (listener_ && listener_->alive(true)) return true;
+        listener_.reset();
+        auto c = connect(false);
+        c->exec_simple("LISTEN " + channel_, "take (LISTEN)");
+        listener_ = std::move(c);
+        return false;
     }
 
     // The leader-follower wait (see the top of this file). Claims on entry, and again whenever a
@@ -581,6 +591,12 @@ class delay_queue {
             }
         } guard{*this, &self};
 
+        if (max_wait > milliseconds::zero() && leader_ == nullptr) {
+            // Listen before the first claim, so that a put after it wakes this take.
+            leader_ = &self;
+            unlocked u(lk);
+            listening();
+        }
         bool look = true;
         auto wake = start;  // when this thread's last claim said something comes due
         milliseconds backoff(1);

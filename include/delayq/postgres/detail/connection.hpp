@@ -194,6 +194,10 @@ class connection {
             st = PQconnectPoll(conn_.get());
         }
         if (PQsetnonblocking(conn_.get(), 1) != 0) fail_connect();
+        // The server's notices (CREATE ... IF NOT EXISTS skipping) are not the caller's business;
+        // libpq would print them on stderr.
+        PQsetNoticeProcessor(
+            conn_.get(), [](void*, const char*) {}, nullptr);
     }
 
     connection(const connection&) = delete;
@@ -203,6 +207,18 @@ class connection {
     /// Whether the connection broke or missed a deadline: it is never used again.
     bool broken() const noexcept { return broken_ || PQstatus(conn_.get()) != CONNECTION_OK; }
     int server_version() const noexcept { return PQserverVersion(conn_.get()); }
+
+    /// Whether an idle connection still looks usable: a server that went away (restarted,
+    /// terminated the backend) has written its last words on it or closed it, which one poll with
+    /// no wait shows. Costs no round trip. `listening`: notifications may arrive, and stay
+    /// queued for wait_notification(); otherwise anything that came while idle means the end.
+    bool alive(bool listening = false) {
+        if (broken()) return false;
+        pollfd fd{PQsocket(conn_.get()), POLLIN, 0};
+        if (::poll(&fd, 1, 0) <= 0) return true;  // nothing to read: as it was
+        if (!listening || PQconsumeInput(conn_.get()) == 0) broken_ = true;
+        return !broken();
+    }
 
     /// Prepares `sql` as statement `name` with the parameter types of `p`.
     void prepare(const char* name, const std::string& sql, const std::vector<Oid>& types) {

@@ -1,0 +1,409 @@
+// delayq::postgres::delay_queue beyond the contract suite: processes that start at once on a new
+// server, a job that kills its consumer, a cancel from another process, a server killed and
+// restarted, the typed errors, the put inside the caller's transaction, and an idle consumer's
+// statements.
+#include <libpq-fe.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <delayq/postgres/delay_queue.hpp>
+#include <fstream>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "catch.hpp"
+#include "expect_error.hpp"
+#include "pg_fixture.hpp"
+
+using namespace std::chrono_literals;
+using delayq::test::contains;
+using delayq::test::message_of;
+using delayq_pg_test::fresh_name;
+using delayq_pg_test::opts;
+using delayq_pg_test::server;
+namespace pg = delayq::postgres;
+
+namespace {
+
+// Runs the helper with `args` (already quoted for the shell); its stdout, or the exit status.
+struct helper_run {
+    FILE* f;
+    explicit helper_run(const std::string& args)
+        : f(::popen((std::string(DELAYQ_PG_HELPER) + " " + args).c_str(), "r")) {}
+    std::string output(int* status = nullptr) {
+        std::string out;
+        char buf[256];
+        while (std::fgets(buf, sizeof buf, f)) out += buf;
+        const int st = ::pclose(f);
+        if (status) *status = st;
+        return out;
+    }
+};
+
+std::string quoted(const std::string& s) {
+    return "'" + s + "'";
+}
+
+// A connection of the test's own (the application's, for the transactional put).
+struct app_conn {
+    PGconn* c;
+    explicit app_conn(const std::string& conninfo) : c(PQconnectdb(conninfo.c_str())) {
+        REQUIRE(PQstatus(c) == CONNECTION_OK);
+    }
+    ~app_conn() { PQfinish(c); }
+    app_conn(const app_conn&) = delete;
+    app_conn& operator=(const app_conn&) = delete;
+    void exec(const char* sql) {
+        PGresult* r = PQexec(c, sql);
+        const auto st = PQresultStatus(r);
+        const std::string err = PQresultErrorMessage(r);
+        PQclear(r);
+        INFO(err);
+        REQUIRE((st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK));
+    }
+    // Notifications received so far (consumes input).
+    int notifications() {
+        PQconsumeInput(c);
+        int n = 0;
+        while (PGnotify* p = PQnotifies(c)) {
+            PQfreemem(p);
+            ++n;
+        }
+        return n;
+    }
+};
+
+}  // namespace
+
+TEST_CASE("postgres: processes that start at once on a new schema all succeed, nothing lost",
+          "[postgres][processes]") {
+    const std::string schema = "race_" + std::to_string(::getpid());
+    const std::string name = fresh_name("race");
+    constexpr int n = 8;
+    std::vector<helper_run> runs;
+    for (int i = 0; i < n; ++i)
+        runs.emplace_back("put " + quoted(server().conninfo()) + " " + schema + " " + name +
+                          " job" + std::to_string(i));
+    for (auto& r : runs) {
+        int status = 0;
+        CHECK(r.output(&status) == "1\n");
+        CHECK(status == 0);
+    }
+    auto o = opts(name);
+    o.schema = schema;
+    pg::delay_queue q(o);
+    CHECK(q.size() == n);
+}
+
+TEST_CASE("postgres: a job that kills its consumer is dead-lettered after max_attempts deliveries",
+          "[postgres][processes]") {
+    const std::string name = fresh_name("poison");
+    auto o = opts(name);
+    o.lease = 300ms;
+    o.max_attempts = 2;
+    pg::delay_queue q(o);
+    REQUIRE(q.put_after("poison", "boom", 0ms));
+    std::vector<std::string> deliveries;
+    for (int round = 0; round < 10 && q.dead_size() == 0; ++round) {
+        auto out = helper_run("crash " + quoted(server().conninfo()) + " " + name + " 2").output();
+        if (!out.empty()) deliveries.push_back(out);
+    }
+    REQUIRE(deliveries.size() == 2);
+    CHECK(deliveries[0] == "poison 1\n");
+    CHECK(deliveries[1] == "poison 2\n");
+    CHECK(q.dead_size() == 1);
+    CHECK(q.size() == 0);
+    CHECK_FALSE(q.take(0ms));
+}
+
+TEST_CASE("postgres: a cancel from another process: no take after it hands the job out",
+          "[postgres][processes]") {
+    const std::string name = fresh_name("cancel");
+    pg::delay_queue q(opts(name));
+    REQUIRE(q.put_after("order-1", "x", 0ms));
+    REQUIRE(q.put_after("order-2", "x", 0ms));
+    auto held = q.take(5s);  // one leased, one waiting
+    REQUIRE(held);
+    const std::string other = held->id == "order-1" ? "order-2" : "order-1";
+    CHECK(helper_run("cancel " + quoted(server().conninfo()) + " " + name + " " + other).output() ==
+          "1\n");
+    CHECK(helper_run("cancel " + quoted(server().conninfo()) + " " + name + " " + held->id)
+              .output() == "1\n");
+    CHECK_FALSE(q.take(300ms));
+    CHECK_FALSE(q.ack(*held));
+    CHECK(q.size() == 0);
+}
+
+TEST_CASE(
+    "postgres: a server killed and restarted: calls fail with connection_error, then work; "
+    "nothing lost, no lease honoured twice",
+    "[postgres][restart]") {
+    delayq_pg_test::pg_server srv;
+    auto o = opts("restart", srv);
+    o.io_timeout = 2s;
+    pg::delay_queue q(o);
+    for (int i = 0; i < 50; ++i) REQUIRE(q.put_after("j" + std::to_string(i), "x", 0ms));
+    auto held = q.take(5s);
+    REQUIRE(held);
+
+    // A take waiting on an empty queue of another name learns of the kill, within seconds.
+    pg::delay_queue idle(opts("restart-idle", srv));
+    std::atomic<int> outcome{0};  // 1: connection_error, 2: something else
+    std::thread waiter([&] {
+        try {
+            idle.take(30s);
+            outcome = 2;
+        } catch (const pg::connection_error&) {
+            outcome = 1;
+        } catch (...) {
+            outcome = 2;
+        }
+    });
+    std::this_thread::sleep_for(300ms);  // most likely asleep listening by now; either way works
+    srv.kill9();
+    waiter.join();
+    CHECK(outcome == 1);
+
+    CHECK_THROWS_AS(q.put_after("during", "x", 0ms), pg::connection_error);
+    CHECK_THROWS_AS(q.size(), pg::connection_error);
+    srv.start();
+    // The retry of a put that failed returns true once (or false if the failed one was applied).
+    bool put = false;
+    for (int i = 0; i < 50 && !put; ++i) {
+        try {
+            put = q.put_after("during", "x", 0ms) || true;
+        } catch (const pg::connection_error&) {
+            std::this_thread::sleep_for(100ms);
+        }
+    }
+    REQUIRE(put);
+    CHECK(q.size() == 51);
+    std::set<std::string> seen;
+    while (auto j = q.take(0ms)) {
+        CHECK(j->id != held->id);  // its lease survived the crash
+        CHECK(j->token != held->token);
+        seen.insert(j->id);
+        CHECK(q.ack(*j));
+    }
+    CHECK(seen.size() == 50);
+    CHECK(q.ack(*held));
+    CHECK_FALSE(q.ack(*held));
+    CHECK(q.size() == 0);
+
+    // The waiting take's object works again too.
+    CHECK_FALSE(idle.take(0ms));
+}
+
+TEST_CASE("postgres: a schema of another version is a schema_version_error", "[postgres][errors]") {
+    const std::string schema = "v_" + std::to_string(::getpid());
+    auto o = opts(fresh_name("version"));
+    o.schema = schema;
+    { pg::delay_queue q(o); }
+    server().exec("UPDATE " + schema + ".meta SET value = 2 WHERE name = 'version'");
+    const auto m = message_of<pg::schema_version_error>([&] { pg::delay_queue q(o); });
+    CHECK(contains(m, "version 2"));
+    CHECK(contains(m, "newer"));
+    server().exec("DROP SCHEMA " + schema + " CASCADE");
+}
+
+TEST_CASE("postgres: a missing privilege is a permission_error naming it", "[postgres][errors]") {
+    const std::string role = "nobody_" + std::to_string(::getpid());
+    server().exec("CREATE ROLE " + role + " LOGIN");
+    // No schema, and no right to create one in the database.
+    auto o = opts(fresh_name("perm"));
+    o.conninfo = server().conninfo(role);
+    o.schema = "perm_" + std::to_string(::getpid());
+    auto m = message_of<pg::permission_error>([&] { pg::delay_queue q(o); });
+    CHECK(contains(m, "permission denied"));
+
+    // The tables exist; the role may read them, not write.
+    o.conninfo = server().conninfo();
+    { pg::delay_queue q(o); }
+    server().exec("GRANT USAGE ON SCHEMA " + o.schema + " TO " + role + "; GRANT SELECT ON ALL " +
+                  "TABLES IN SCHEMA " + o.schema + " TO " + role);
+    o.conninfo = server().conninfo(role);
+    pg::delay_queue q(o);
+    CHECK(q.size() == 0);
+    m = message_of<pg::permission_error>([&] { q.put_after("a", "x", 0ms); });
+    CHECK(contains(m, "permission denied for table jobs"));
+    try {
+        q.put_after("a", "x", 0ms);
+    } catch (const pg::permission_error& e) {
+        CHECK(e.sqlstate() == "42501");
+    }
+}
+
+TEST_CASE("postgres: a server older than PostgreSQL 12 is refused", "[postgres][errors]") {
+    struct seen {
+        static void raise(pg::detail::problem p, const std::string& what, const std::string&) {
+            throw std::runtime_error(p == pg::detail::problem::server_version ? what : "other");
+        }
+    };
+    const auto m = message_of<std::runtime_error>(
+        [] { pg::detail::check_server_version(110022, &seen::raise); });
+    CHECK(contains(m, "PostgreSQL 11"));
+    CHECK(contains(m, "needs PostgreSQL 12"));
+    pg::detail::check_server_version(120000, &seen::raise);  // accepted
+}
+
+TEST_CASE("postgres: bad options and ids are std::invalid_argument", "[postgres][errors]") {
+    auto o = opts("x");
+    o.name = "";
+    CHECK_THROWS_AS(pg::delay_queue(o), std::invalid_argument);
+    o = opts("x");
+    o.schema = "Bad-Schema";
+    CHECK_THROWS_AS(pg::delay_queue(o), std::invalid_argument);
+    o = opts("x");
+    o.lease = 0ms;
+    CHECK_THROWS_AS(pg::delay_queue(o), std::invalid_argument);
+    o = opts("x");
+    o.io_timeout = 0ms;
+    CHECK_THROWS_AS(pg::delay_queue(o), std::invalid_argument);
+    o = opts("x");
+    o.connections = 0;
+    CHECK_THROWS_AS(pg::delay_queue(o), std::invalid_argument);
+    pg::delay_queue q(opts(fresh_name("ids")));
+    CHECK_THROWS_AS(q.put_after("", "x", 0ms), std::invalid_argument);
+    CHECK_THROWS_AS(q.put_after(std::string(1025, 'i'), "x", 0ms), std::invalid_argument);
+    CHECK(q.put_after(std::string(1024, 'i'), "x", 0ms));
+}
+
+TEST_CASE(
+    "postgres: no server, or one that never answers, is a connection_error within "
+    "io_timeout",
+    "[postgres][errors]") {
+    auto o = opts("x");
+    o.conninfo = "host=127.0.0.1 port=" + std::to_string(delayq_pg_test::free_port()) +
+                 " user=postgres dbname=postgres";
+    CHECK_THROWS_AS(pg::delay_queue(o), pg::connection_error);
+
+    // A socket that accepts and never answers.
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(::listen(fd, 4) == 0);
+    REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+    o.conninfo = "host=127.0.0.1 port=" + std::to_string(ntohs(a.sin_port)) +
+                 " user=postgres dbname=postgres sslmode=disable";
+    o.io_timeout = 300ms;
+    const auto start = std::chrono::steady_clock::now();
+    const auto m = message_of<pg::connection_error>([&] { pg::delay_queue q(o); });
+    CHECK(std::chrono::steady_clock::now() - start < 5s);  // 300 ms; seconds would be broken
+    CHECK(contains(m, "io_timeout"));
+    ::close(fd);
+}
+
+TEST_CASE("postgres: a put in the caller's transaction exists exactly when it commits",
+          "[postgres][transaction]") {
+    const std::string name = fresh_name("tx");
+    pg::delay_queue q(opts(name));
+    app_conn app(server().conninfo());
+    app_conn listener(server().conninfo());
+    listener.exec(("LISTEN " + q.channel()).c_str());
+
+    SECTION("rolled back: no job, no wake-up") {
+        app.exec("BEGIN");
+        CHECK(q.put_after_in_transaction(app.c, "order-1", "cancel", 0ms));
+        CHECK_FALSE(q.put_after_in_transaction(app.c, "order-1", "again", 0ms));  // queued
+        CHECK(q.size() == 0);  // not committed: nobody else sees it
+        app.exec("ROLLBACK");
+        CHECK(q.size() == 0);
+        CHECK_FALSE(q.take(300ms));
+        // Notifications come in commit order: after a later commit's, none came from the
+        // rollback.
+        app.exec("BEGIN");
+        CHECK(q.put_after_in_transaction(app.c, "order-9", "x", 1h));
+        app.exec("COMMIT");
+        int n = 0;
+        for (int i = 0; i < 100 && n == 0; ++i) {
+            std::this_thread::sleep_for(50ms);
+            listener.exec("SELECT 1");
+            n = listener.notifications();
+        }
+        std::this_thread::sleep_for(200ms);
+        listener.exec("SELECT 1");
+        n += listener.notifications();
+        CHECK(n == 1);
+    }
+    SECTION("committed: the job, and a waiting take is woken") {
+        std::optional<delayq::job> got;
+        std::thread taker([&] { got = q.take(30s); });
+        std::this_thread::sleep_for(300ms);  // most likely asleep listening by now
+        app.exec("BEGIN");
+        CHECK(q.put_in_transaction(app.c, "order-2", "cancel",
+                                   std::chrono::system_clock::now() - 1s));
+        app.exec("COMMIT");
+        taker.join();
+        REQUIRE(got);
+        CHECK(got->id == "order-2");
+        CHECK(got->payload == "cancel");
+        CHECK(q.ack(*got));
+    }
+    SECTION("one round trip on the caller's connection") {
+        app.exec("BEGIN");
+        char path[] = "/tmp/delayq-pg-trace-XXXXXX";
+        const int fd = ::mkstemp(path);
+        REQUIRE(fd >= 0);
+        FILE* trace = ::fdopen(fd, "w");
+        PQtrace(app.c, trace);
+        CHECK(q.put_after_in_transaction(app.c, "order-3", "x", 30min));
+        PQuntrace(app.c);
+        std::fclose(trace);
+        app.exec("COMMIT");
+        std::ifstream in(path);
+        int syncs = 0, sent = 0;
+        for (std::string line; std::getline(in, line);) {
+            if (line.find("\tF\t") == std::string::npos) continue;  // what the client sent
+            ++sent;
+            if (contains(line, "Sync")) ++syncs;
+        }
+        ::unlink(path);
+        CHECK(sent > 0);
+        CHECK(syncs == 1);  // one exchange: Parse, Bind, Describe, Execute, Sync
+        CHECK(q.size() == 1);
+    }
+    SECTION("not inside a transaction block: std::invalid_argument") {
+        CHECK_THROWS_AS(q.put_after_in_transaction(app.c, "x", "y", 0ms), std::invalid_argument);
+        CHECK_THROWS_AS(q.put_after_in_transaction(nullptr, "x", "y", 0ms), std::invalid_argument);
+    }
+}
+
+TEST_CASE("postgres: an idle consumer sends no statement while nothing is due",
+          "[postgres][idle]") {
+    // A server of its own that logs every statement with the client's application_name.
+    delayq_pg_test::pg_server srv({"log_statement=all", "log_line_prefix=%a|"});
+    auto o = opts("idle", srv);
+    o.conninfo += " application_name=idle-consumer";
+    pg::delay_queue consumer(o);
+    pg::delay_queue producer(opts("idle", srv));
+    const auto claims = [&] {
+        std::ifstream in(srv.log());
+        int n = 0;
+        for (std::string line; std::getline(in, line);)
+            if (line.rfind("idle-consumer|", 0) == 0 && contains(line, "execute dq4")) ++n;
+        return n;
+    };
+    CHECK_FALSE(consumer.take(2s));  // an empty queue: one claim on entry, none while waiting
+    CHECK(claims() == 1);
+
+    // A job due in 1.5 s: the put wakes the consumer (one claim, which learns when it is due),
+    // which sleeps until then (one more claim, which takes it).
+    std::optional<delayq::job> got;
+    std::thread taker([&] { got = consumer.take(30s); });
+    std::this_thread::sleep_for(300ms);
+    REQUIRE(producer.put_after("later", "x", 1500ms));
+    taker.join();
+    REQUIRE(got);
+    CHECK(consumer.ack(*got));
+    CHECK(claims() <= 4);  // entry, the put's wake-up, the due time (and at most one spurious)
+}
