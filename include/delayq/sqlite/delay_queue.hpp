@@ -47,11 +47,7 @@
 // holds jobs until it reaches their due times again.
 #pragma once
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -75,6 +71,7 @@
 #include "detail/group_commit.hpp"
 #include "detail/handle.hpp"
 #include "detail/schema.hpp"
+#include "detail/wal_file.hpp"
 
 namespace delayq::sqlite {
 
@@ -159,18 +156,14 @@ class delay_queue {
     explicit delay_queue(options o)
         : opt_(checked(std::move(o))),
           db_(opt_.path, &raise, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE),
-          st_(set_up(db_, opt_)),
-          wal_path_(sqlite3_filename_wal(sqlite3_db_filename(db_.get(), "main"))) {
+          st_(set_up(db_, opt_)) {
         detail::statement::use u(st_.data_version);
         if (u->step()) data_version_ = u->integer(0);
     }
 
     /// Gives back the jobs that acks kept for a take() that never came (see "Prefetch" above);
     /// if that fails, their short hold ends by itself.
-    ~delay_queue() {
-        keeper_.stop();
-        if (wal_fd_ >= 0) ::close(wal_fd_);
-    }
+    ~delay_queue() { keeper_.stop(); }
 
     delay_queue(const delay_queue&) = delete;
     delay_queue& operator=(const delay_queue&) = delete;
@@ -501,21 +494,14 @@ class delay_queue {
 
     // An fsync of the WAL, which holds every commit so far (a checkpoint fsyncs what it copies
     // into the main file before the WAL is reused). Run by the puts' group leader, one at a time,
-    // outside db_m_: other transactions commit meanwhile, through SQLite's own descriptor.
+    // outside db_m_ but the first time (detail/wal_file.hpp): other transactions commit meanwhile.
     void sync_wal() {
-        if (wal_fd_ < 0) {
-            wal_fd_ = ::open(wal_path_.c_str(), O_RDONLY | O_CLOEXEC);
-            if (wal_fd_ < 0) sync_failed("cannot open the WAL to fsync it");
+        if (!wal_.ready()) {
+            std::lock_guard g(db_m_);
+            wal_.sync(db_);
+            return;
         }
-        if (::fdatasync(wal_fd_) != 0) sync_failed("fsync of the WAL failed");
-    }
-    [[noreturn]] void sync_failed(const char* doing) {
-        const int e = errno;
-        const bool full = e == ENOSPC || e == EDQUOT || e == EFBIG;
-        db_.fail(full ? detail::problem::disk_full : detail::problem::other,
-                 std::string(full ? "the disk is full (" : "") + doing + ": " +
-                     std::system_category().message(e) + (full ? ")" : ""),
-                 SQLITE_IOERR_FSYNC);
+        wal_.sync(db_);
     }
 
     // A group commit's leader, under db_m_: one transaction for the whole group (never fsynced
@@ -818,8 +804,7 @@ class delay_queue {
     detail::database db_;
     statements st_;
     long long data_version_ = 0;  // PRAGMA data_version when this object last read the file
-    std::string wal_path_;        // the WAL's file, which sync_wal() fsyncs
-    int wal_fd_ = -1;             // open on it once needed; used by one sync_wal() at a time
+    detail::wal_file wal_;        // what sync_wal() fsyncs; used by one sync_wal() at a time
 
     group_type puts_;    // puts, cancels and reschedules: committed, then fsynced
     group_type writes_;  // the other writes: committed without waiting for the disk

@@ -104,6 +104,8 @@ class database {
 
     sqlite3* get() const noexcept { return db_; }
     const std::string& path() const noexcept { return path_; }
+    /// The busy timeout set by set_busy_timeout(), in ms.
+    long long busy_timeout_ms() const noexcept { return busy_timeout_ms_; }
 
     /// Runs `sql` (no parameters, rows ignored).
     void exec(const char* sql) {

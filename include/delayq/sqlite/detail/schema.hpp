@@ -31,11 +31,14 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
+#include <thread>
 
 #include "handle.hpp"
 
@@ -44,6 +47,7 @@ namespace delayq::sqlite::detail {
 inline constexpr std::int32_t application_id = 0x64517571;  // "dQuq"
 inline constexpr int format_version = 1;
 
+// Run inside open_queue()'s write transaction, on a file found empty.
 inline constexpr const char* schema_sql =
     "CREATE TABLE IF NOT EXISTS jobs(id BLOB PRIMARY KEY NOT NULL, payload BLOB NOT NULL,"
     " due INTEGER NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,"
@@ -65,93 +69,169 @@ inline long long query_integer(database& db, const char* sql) {
     return u->step() ? u->integer(0) : 0;
 }
 
-// Whether the file looks like SQLite at all: its first 16 bytes. SQLite says SQLITE_NOTADB both
-// for a file that never was a database and for one whose header was damaged; the magic string
-// tells which (a delayq file with a damaged first page is corrupt, a text file is not a queue).
-inline bool has_sqlite_header(const std::string& path) {
+// The database file as SQLite holds it open. The library never opens the file (or its WAL) itself
+// while a connection may be open on it in the process: closing any descriptor of a file drops every
+// POSIX lock the process holds on it, SQLite's among them, and another process would then take
+// the file for unused (SQLite's "How To Corrupt An SQLite Database File", 2.2).
+inline sqlite3_file* main_file(database& db) {
+    sqlite3_file* f = nullptr;
+    if (sqlite3_file_control(db.get(), "main", SQLITE_FCNTL_FILE_POINTER, &f) != SQLITE_OK ||
+        f == nullptr || f->pMethods == nullptr)
+        return nullptr;
+    return f;
+}
+
+// Whether the file looks like SQLite at all: its first 16 bytes, read through SQLite's own
+// descriptor. SQLite says SQLITE_NOTADB both for a file that never was a database and for one
+// whose header was damaged; the magic string tells which (a delayq file with a damaged first page
+// is corrupt, a text file is not a queue).
+inline bool has_sqlite_header(database& db) {
+    sqlite3_file* f = main_file(db);
     char head[16] = {};
-    std::FILE* f = std::fopen(path.c_str(), "rb");
-    if (!f) return false;
-    const std::size_t n = std::fread(head, 1, sizeof head, f);
-    std::fclose(f);
+    // A file shorter than that reads as SQLITE_IOERR_SHORT_READ.
+    if (f == nullptr || f->pMethods->xRead(f, head, sizeof head, 0) != SQLITE_OK) return false;
     // The header string is "SQLite format 3" and its NUL: 16 bytes, the NUL included.
     constexpr char magic[] = "SQLite format 3";
     static_assert(sizeof magic == sizeof head);
-    return n == sizeof head && std::memcmp(head, magic, sizeof head) == 0;
+    return std::memcmp(head, magic, sizeof head) == 0;
 }
 
-// The file's size in bytes; 0 if it does not exist.
+// The file's size in bytes; 0 if it does not exist. stat() opens no descriptor.
 inline std::uint64_t file_size(const std::string& path) {
     struct stat st {};
     return ::stat(path.c_str(), &st) == 0 ? static_cast<std::uint64_t>(st.st_size) : 0;
 }
 
+// What the file's header and schema say, read in one transaction.
+struct contents {
+    long long app = 0, version = 0, objects = 0;  // application_id, user_version, schema objects
+    bool empty() const noexcept { return app == 0 && version == 0 && objects == 0; }
+};
+
+// BEGIN IMMEDIATE ... COMMIT on `db` for open_queue(): rolled back if left without commit().
+class opening_transaction {
+  public:
+    explicit opening_transaction(database& db) : db_(db) { db_.exec("BEGIN IMMEDIATE"); }
+    ~opening_transaction() {
+        if (open_) sqlite3_exec(db_.get(), "ROLLBACK", nullptr, nullptr, nullptr);
+    }
+    opening_transaction(const opening_transaction&) = delete;
+    opening_transaction& operator=(const opening_transaction&) = delete;
+    void commit() {
+        db_.exec("COMMIT");
+        open_ = false;
+    }
+
+  private:
+    database& db_;
+    bool open_ = true;
+};
+
+// Switches the file to WAL mode (recorded in the file: every later connection gets it too).
+// The switch needs the file to itself for a moment, and SQLite answers SQLITE_BUSY at once,
+// without its busy handler, when another connection holds the write lock: so this waits and
+// retries, up to the connection's busy_timeout in all.
+inline void use_wal(database& db) {
+    using clock = std::chrono::steady_clock;
+    const auto start = clock::now();
+    const auto limit = std::chrono::milliseconds(db.busy_timeout_ms());
+    auto pause = std::chrono::milliseconds(1);
+    for (;;) {
+        std::string mode;
+        char* msg = nullptr;
+        const int rc = sqlite3_exec(
+            db.get(), "PRAGMA journal_mode=WAL",
+            [](void* out, int, char** v, char**) {
+                *static_cast<std::string*>(out) = v[0] != nullptr ? v[0] : "";
+                return 0;
+            },
+            &mode, &msg);
+        const std::string why = msg != nullptr ? msg : sqlite3_errstr(rc);
+        sqlite3_free(msg);
+        if (rc == SQLITE_OK) {
+            if (mode != "wal")
+                db.fail(problem::other,
+                        "cannot switch to WAL mode (journal_mode is '" + mode + "')");
+            return;
+        }
+        const auto waited = clock::now() - start;
+        if ((rc & 0xff) != SQLITE_BUSY && (rc & 0xff) != SQLITE_LOCKED)
+            db.fail(rc, sqlite3_system_errno(db.get()), "PRAGMA journal_mode=WAL", why.c_str());
+        if (waited >= limit) {
+            const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(waited).count();
+            db.fail(problem::busy,
+                    "cannot switch the file to WAL mode: other connections kept it busy for " +
+                        std::to_string(ms) + " ms, past busy_timeout (" +
+                        std::to_string(limit.count()) + " ms) (" + why + ")",
+                    rc);
+        }
+        std::this_thread::sleep_for(std::min<clock::duration>(pause, limit - waited));
+        pause = std::min(pause * 2, std::chrono::milliseconds(20));
+    }
+}
+
 // Makes `db` a queue: checks what the file holds, creates the tables in an empty one, and turns on
 // WAL. Throws the typed errors (not a queue, a newer format, read-only, ...).
+//
+// Several processes may create one file at the same moment: the header and the schema are read,
+// and the tables created if there are none, in one write transaction, so that a peer's creation
+// is seen whole or not at all, and only one process creates. The switch to WAL comes after it
+// (it cannot be made inside a transaction): a file that is a queue but not yet in WAL mode is
+// switched by whichever process gets there.
 inline void open_queue(database& db) {
     if (sqlite3_db_readonly(db.get(), "main") == 1)
         db.fail(problem::read_only, "the file is read-only (opened without write permission)",
                 SQLITE_READONLY);
-    long long app = 0, version = 0, tables = 0;
-    try {
-        app = query_integer(db, "PRAGMA application_id");
-        version = query_integer(db, "PRAGMA user_version");
-        tables = query_integer(db, "SELECT count(*) FROM sqlite_schema");
-    } catch (...) {
-        // The first read of a file that is not SQLite fails with SQLITE_NOTADB: say which case.
-        if (sqlite3_errcode(db.get()) == SQLITE_NOTADB) {
-            if (has_sqlite_header(db.path()))
-                db.fail(problem::corrupt,
-                        "the file is corrupt: its SQLite header is damaged (SQLITE_NOTADB)",
-                        SQLITE_NOTADB);
-            db.fail(problem::not_a_queue,
-                    "not a delayq queue: the file is not an SQLite database (SQLITE_NOTADB)",
-                    SQLITE_NOTADB);
-        }
-        throw;
-    }
-    const bool empty = app == 0 && version == 0 && tables == 0;
-    // SQLite reads a file shorter than its header as an empty database, and would write one
-    // over it: a short file of something else must stay as it is.
-    if (empty && file_size(db.path()) > 0 && !has_sqlite_header(db.path()))
-        db.fail(problem::not_a_queue, "not a delayq queue: the file is not an SQLite database");
-    if (!empty) {
-        if (app != application_id)
-            db.fail(
-                problem::not_a_queue,
-                "not a delayq queue: an SQLite database of another application (application_id " +
-                    std::to_string(app) + ", " + std::to_string(tables) + " schema objects)");
-        if (version > format_version)
-            db.fail(problem::newer_version,
-                    "written by a newer delayq: queue format " + std::to_string(version) +
-                        ", this version reads format " + std::to_string(format_version) +
-                        " (upgrade delayq to open it)");
-        if (version < format_version)
-            db.fail(problem::corrupt, "the file is corrupt: a delayq queue of unknown format " +
-                                          std::to_string(version));
-    }
-    // WAL: readers never block the writer, and a commit appends to the log (one fsync, or none
-    // with synchronous=NORMAL) instead of writing a rollback journal and the pages. It is
-    // recorded in the file: every later connection gets it too.
     {
-        statement s(db, "PRAGMA journal_mode=WAL");
-        statement::use u(s);
-        const std::string mode = u->step() ? u->blob(0) : std::string();
-        if (mode != "wal")
-            db.fail(problem::other, "cannot switch to WAL mode (journal_mode is '" + mode + "')");
-    }
-    if (empty) {
-        // Two processes may create the file at once: the second finds the tables in place
-        // (IF NOT EXISTS) once it has the write lock.
-        db.exec("BEGIN IMMEDIATE");
+        std::optional<opening_transaction> t;
+        contents c;
         try {
-            db.exec(schema_sql);
-            db.exec("COMMIT");
+            t.emplace(db);
+            c.app = query_integer(db, "PRAGMA application_id");
+            c.version = query_integer(db, "PRAGMA user_version");
+            c.objects = query_integer(db, "SELECT count(*) FROM sqlite_schema");
         } catch (...) {
-            sqlite3_exec(db.get(), "ROLLBACK", nullptr, nullptr, nullptr);
+            // The first read of a file that is not SQLite fails with SQLITE_NOTADB: say which
+            // case.
+            if (sqlite3_errcode(db.get()) == SQLITE_NOTADB) {
+                t.reset();
+                if (has_sqlite_header(db))
+                    db.fail(problem::corrupt,
+                            "the file is corrupt: its SQLite header is damaged (SQLITE_NOTADB)",
+                            SQLITE_NOTADB);
+                db.fail(problem::not_a_queue,
+                        "not a delayq queue: the file is not an SQLite database (SQLITE_NOTADB)",
+                        SQLITE_NOTADB);
+            }
             throw;
         }
+        // SQLite reads a file shorter than its header as an empty database, and would write one
+        // over it: a short file of something else must stay as it is.
+        if (c.empty() && file_size(db.path()) > 0 && !has_sqlite_header(db))
+            db.fail(problem::not_a_queue, "not a delayq queue: the file is not an SQLite database");
+        if (!c.empty()) {
+            if (c.app != application_id)
+                db.fail(problem::not_a_queue,
+                        "not a delayq queue: an SQLite database of another application "
+                        "(application_id " +
+                            std::to_string(c.app) + ", " + std::to_string(c.objects) +
+                            " schema objects)");
+            if (c.version > format_version)
+                db.fail(problem::newer_version,
+                        "written by a newer delayq: queue format " + std::to_string(c.version) +
+                            ", this version reads format " + std::to_string(format_version) +
+                            " (upgrade delayq to open it)");
+            if (c.version < format_version)
+                db.fail(problem::corrupt, "the file is corrupt: a delayq queue of unknown format " +
+                                              std::to_string(c.version));
+        } else {
+            db.exec(schema_sql);
+        }
+        t->commit();
     }
+    // WAL: readers never block the writer, and a commit appends to the log (one fsync, or none
+    // with synchronous=NORMAL) instead of writing a rollback journal and the pages.
+    use_wal(db);
 }
 
 }  // namespace delayq::sqlite::detail

@@ -1,0 +1,373 @@
+// delayq::sqlite::delay_queue as production runs it: several processes (fork()ed from the test,
+// not threads) on one file, created at once, opened and closed beside each other, killed with
+// SIGKILL. What every test counts: a put that returned true is in the file afterwards.
+//
+// fork() is called only while the test process runs no other thread and holds no SQLite
+// connection: a child starts from a clean slate, and ends with _exit (never returning into
+// Catch2).
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sqlite3.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <functional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "catch.hpp"
+#include "expect_error.hpp"
+#include "sqlite_files.hpp"
+
+using namespace std::chrono_literals;
+using delayq::sqlite::delay_queue;
+using delayq::test::contains;
+using delayq_sqlite_test::opts;
+using delayq_sqlite_test::temp_dir;
+
+namespace {
+
+const auto past = std::chrono::system_clock::time_point(std::chrono::hours(24));
+
+// One pipe; both ends closed on destruction.
+struct channel {
+    int fd[2] = {-1, -1};
+    channel() { REQUIRE(::pipe(fd) == 0); }
+    ~channel() {
+        close_read();
+        close_write();
+    }
+    channel(const channel&) = delete;
+    channel& operator=(const channel&) = delete;
+    void close_read() {
+        if (fd[0] >= 0) ::close(fd[0]);
+        fd[0] = -1;
+    }
+    void close_write() {
+        if (fd[1] >= 0) ::close(fd[1]);
+        fd[1] = -1;
+    }
+    // One line (with its '\n'); atomic on a pipe for lines under PIPE_BUF.
+    void say(const std::string& line) const {
+        const std::string l = line + "\n";
+        const char* p = l.data();
+        std::size_t left = l.size();
+        while (left > 0) {
+            const ssize_t n = ::write(fd[1], p, left);
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) return;
+            p += n;
+            left -= static_cast<std::size_t>(n);
+        }
+    }
+    // The next line, without its '\n'; "" at end of file or after `limit`.
+    std::string hear(std::chrono::milliseconds limit = 60s) {
+        std::string line;
+        const auto end = std::chrono::steady_clock::now() + limit;
+        for (;;) {
+            char c = 0;
+            pollfd p{fd[0], POLLIN, 0};
+            const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                end - std::chrono::steady_clock::now());
+            if (left <= 0ms) return line;
+            if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+            const ssize_t n = ::read(fd[0], &c, 1);
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0 || c == '\n') return line;
+            line += c;
+        }
+    }
+    // Every line until every writer closed its end.
+    std::vector<std::string> hear_all() {
+        std::vector<std::string> out;
+        std::string line;
+        char buf[512];
+        for (;;) {
+            const ssize_t n = ::read(fd[0], buf, sizeof buf);
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) break;
+            for (ssize_t i = 0; i < n; ++i) {
+                if (buf[i] != '\n') {
+                    line += buf[i];
+                    continue;
+                }
+                out.push_back(line);
+                line.clear();
+            }
+        }
+        return out;
+    }
+};
+
+// Runs `body` in a child process, which ends with _exit(body's result); 99 if it threw.
+pid_t child(const std::function<int()>& body) {
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        int rc = 99;
+        try {
+            rc = body();
+        } catch (...) {
+        }
+        std::_Exit(rc);
+    }
+    return pid;
+}
+
+int wait_for(pid_t pid) {
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    return status;
+}
+
+void kill_9(pid_t pid) {
+    ::kill(pid, SIGKILL);
+    wait_for(pid);
+}
+
+// The file after what happened to it, checked by a plain connection of its own.
+std::string integrity(const std::string& path) {
+    sqlite3* db = nullptr;
+    std::string result;
+    if (sqlite3_open(path.c_str(), &db) == SQLITE_OK) {
+        sqlite3_exec(
+            db, "PRAGMA integrity_check",
+            [](void* r, int, char** v, char**) {
+                *static_cast<std::string*>(r) += v[0] ? v[0] : "";
+                return 0;
+            },
+            &result, nullptr);
+    }
+    sqlite3_close(db);
+    return result;
+}
+
+// What a peer's creation leaves for an instant, and what `sqlite3 FILE 'PRAGMA
+// journal_mode=WAL'` leaves for good: an SQLite file in WAL mode, its header written, no tables.
+void make_empty_wal_database(const std::string& path) {
+    sqlite3* db = nullptr;
+    REQUIRE(sqlite3_open(path.c_str(), &db) == SQLITE_OK);
+    REQUIRE(sqlite3_exec(db, "PRAGMA journal_mode=WAL", nullptr, nullptr, nullptr) == SQLITE_OK);
+    sqlite3_close(db);
+}
+
+// How many of `ids` are queued in `path`: cancel() is true exactly for a queued id.
+std::size_t still_queued(const std::string& path, const std::vector<std::string>& ids) {
+    delay_queue q(opts(path));
+    std::size_t n = 0;
+    for (const auto& id : ids) n += q.cancel(id) ? 1 : 0;
+    return n;
+}
+
+}  // namespace
+
+TEST_CASE("processes: a queue keeps its puts when another process opens and closes the file") {
+    temp_dir dir;
+    const std::string path = dir.file();
+    SECTION("a file the holder created") {}
+    SECTION("a file that was an empty SQLite database") {
+        make_empty_wal_database(path);
+    }
+    channel up, down;  // child -> test, test -> child
+    const pid_t holder = child([&] {
+        up.close_read();
+        down.close_write();
+        delay_queue q(opts(path));
+        if (!q.put("held-0", "x", past)) return 2;
+        up.say("put held-0");
+        up.say("ready");
+        if (down.hear() != "go") return 3;
+        for (int i = 1; i < 10; ++i) {
+            const std::string id = "held-" + std::to_string(i);
+            if (q.put(id, "x", past)) up.say("put " + id);
+        }
+        up.say("done");
+        for (;;) ::pause();  // killed with SIGKILL: no destructor runs, no checkpoint
+    });
+    up.close_write();
+    down.close_read();
+    std::vector<std::string> returned;
+    std::string line;
+    while ((line = up.hear()) != "ready" && !line.empty())
+        if (line.rfind("put ", 0) == 0) returned.push_back(line.substr(4));
+    REQUIRE(line == "ready");
+    { delay_queue other(opts(path)); }  // opens and closes the file beside the holder
+    down.say("go");
+    while ((line = up.hear()) != "done" && !line.empty())
+        if (line.rfind("put ", 0) == 0) returned.push_back(line.substr(4));
+    kill_9(holder);
+    CHECK(line == "done");
+    CHECK(returned.size() == 10);
+    CHECK(integrity(path) == "ok");
+    CHECK(still_queued(path, returned) == returned.size());
+}
+
+TEST_CASE("processes: a second queue object on the file in the same process changes nothing") {
+    temp_dir dir;
+    const std::string path = dir.file();
+    channel up, down;
+    const pid_t holder = child([&] {
+        up.close_read();
+        down.close_write();
+        delay_queue q(opts(path));
+        if (!q.put("a-0", "x", past)) return 2;
+        up.say("put a-0");
+        {
+            delay_queue second(opts(path));  // the same file, the same process
+            if (!second.put("b-0", "x", past)) return 3;
+            up.say("put b-0");
+        }
+        for (int i = 1; i < 5; ++i) {
+            const std::string id = "a-" + std::to_string(i);
+            if (q.put(id, "x", past)) up.say("put " + id);
+        }
+        up.say("ready");
+        if (down.hear() != "go") return 4;  // another process has opened and closed it
+        for (int i = 5; i < 10; ++i) {
+            const std::string id = "a-" + std::to_string(i);
+            if (q.put(id, "x", past)) up.say("put " + id);
+        }
+        up.say("done");
+        for (;;) ::pause();
+    });
+    up.close_write();
+    down.close_read();
+    std::vector<std::string> returned;
+    std::string line;
+    while ((line = up.hear()) != "ready" && !line.empty())
+        if (line.rfind("put ", 0) == 0) returned.push_back(line.substr(4));
+    REQUIRE(line == "ready");
+    { delay_queue other(opts(path)); }
+    down.say("go");
+    while ((line = up.hear()) != "done" && !line.empty())
+        if (line.rfind("put ", 0) == 0) returned.push_back(line.substr(4));
+    kill_9(holder);
+    CHECK(line == "done");
+    CHECK(returned.size() == 11);
+    CHECK(integrity(path) == "ok");
+    CHECK(still_queued(path, returned) == returned.size());
+}
+
+TEST_CASE("processes: 8 processes create one new file at once, and every returned put is kept") {
+    temp_dir dir;
+    constexpr int rounds = 12, processes = 8, puts = 3;
+    std::size_t failed = 0, returned_total = 0, lost = 0;
+    std::vector<std::string> errors;
+    for (int round = 0; round < rounds; ++round) {
+        const std::string path = dir.file(("race-" + std::to_string(round) + ".db").c_str());
+        channel start, up;
+        std::vector<pid_t> pids;
+        for (int p = 0; p < processes; ++p)
+            pids.push_back(child([&, p] {
+                start.close_write();
+                up.close_read();
+                char c = 0;
+                while (::read(start.fd[0], &c, 1) < 0 && errno == EINTR) {
+                }  // end of file: every process starts at once
+                try {
+                    auto q = std::make_unique<delay_queue>(opts(path));
+                    for (int i = 0; i < puts; ++i) {
+                        const std::string id = "p" + std::to_string(p) + "-" + std::to_string(i);
+                        if (q->put_after(id, "x", std::chrono::milliseconds(i)))
+                            up.say("put " + id);
+                        else
+                            up.say("error refused " + id);
+                    }
+                    // Half leave as a crash would (no destructor, no checkpoint), half close
+                    // the file while the others may still be writing.
+                    if (p % 2 == 0) std::_Exit(0);
+                } catch (const std::exception& e) {
+                    up.say(std::string("error ") + e.what());
+                }
+                return 0;
+            }));
+        start.close_write();  // go
+        up.close_write();
+        std::vector<std::string> returned;
+        for (const auto& l : up.hear_all()) {
+            if (l.rfind("put ", 0) == 0) returned.push_back(l.substr(4));
+            if (l.rfind("error ", 0) == 0) {
+                ++failed;
+                if (errors.size() < 5) errors.push_back(l);
+            }
+        }
+        for (const pid_t pid : pids) wait_for(pid);
+        returned_total += returned.size();
+        INFO("round " << round);
+        CHECK(integrity(path) == "ok");
+        lost += returned.size() - still_queued(path, returned);
+    }
+    for (const auto& e : errors) UNSCOPED_INFO(e);
+    CHECK(failed == 0);
+    CHECK(lost == 0);
+    CHECK(returned_total == static_cast<std::size_t>(rounds * processes * puts));
+}
+
+TEST_CASE("processes: a put into a WAL that was removed from under the queue does not return") {
+    temp_dir dir;
+    const std::string path = dir.file();
+    delay_queue q(opts(path));
+    REQUIRE(q.put("before", "x", past));
+    // Not SQLite: what `rm` (or a program ignoring SQLite's locks) does to a live queue.
+    REQUIRE(::unlink((path + "-wal").c_str()) == 0);
+    const auto msg =
+        delayq::test::message_of<delayq::sqlite::error>([&] { q.put("after", "x", past); });
+    CHECK(contains(msg, path));
+    CHECK(contains(msg, "removed"));
+}
+
+TEST_CASE("processes: opening waits out another connection's lock within busy_timeout") {
+    temp_dir dir;
+    const std::string path = dir.file();
+    {
+        delay_queue q(opts(path));
+        REQUIRE(q.put("kept", "x", past));
+    }
+    // Back to a rollback journal, as a file left by a creator that died before its switch to
+    // WAL, which the next open makes; another connection holds a lock on it meanwhile.
+    sqlite3* other = nullptr;
+    REQUIRE(sqlite3_open(path.c_str(), &other) == SQLITE_OK);
+    REQUIRE(sqlite3_exec(other, "PRAGMA journal_mode=DELETE", nullptr, nullptr, nullptr) ==
+            SQLITE_OK);
+    const char* lock = GENERATE("BEGIN IMMEDIATE",                    // a writer
+                                "BEGIN; SELECT count(*) FROM jobs");  // a reader
+    INFO(lock);
+    REQUIRE(sqlite3_exec(other, lock, nullptr, nullptr, nullptr) == SQLITE_OK);
+    SECTION("a lock let go within busy_timeout") {
+        std::thread let_go([&] {
+            std::this_thread::sleep_for(300ms);
+            sqlite3_exec(other, "COMMIT", nullptr, nullptr, nullptr);
+        });
+        auto o = opts(path);
+        o.busy_timeout = 20s;
+        std::unique_ptr<delay_queue> q;
+        try {
+            q = std::make_unique<delay_queue>(o);
+        } catch (const std::exception& e) {
+            FAIL_CHECK(e.what());
+        }
+        let_go.join();
+        if (q) CHECK(q->size() == 1);
+    }
+    SECTION("a lock held on: busy_error after busy_timeout, saying so") {
+        auto o = opts(path);
+        o.busy_timeout = 300ms;
+        const auto start = std::chrono::steady_clock::now();
+        const auto msg =
+            delayq::test::message_of<delayq::sqlite::busy_error>([&] { delay_queue q(o); });
+        CHECK(std::chrono::steady_clock::now() - start >= 300ms);
+        CHECK(contains(msg, path));
+        CHECK(contains(msg, "busy_timeout (300 ms)"));
+        sqlite3_exec(other, "COMMIT", nullptr, nullptr, nullptr);
+    }
+    sqlite3_close(other);
+}
