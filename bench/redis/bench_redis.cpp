@@ -88,7 +88,7 @@ struct config {
     int repeat = 3;
     int port = 0;
     int bullmq_concurrency = 100;  // the batched BullMQ worker's
-    bool prefetch = true;          // delayq's options::prefetch in the end-to-end runs
+    bool prefetch = true;          // the SQLite queue's options::prefetch (--only sqlite)
     std::string only;
 };
 
@@ -645,18 +645,14 @@ class script_tap {
             return n <= 1 ? std::to_string(n) : n < 100 ? std::string("2-99") : std::string("100+");
         };
         if (name == "put" && argc >= base) return "put of " + bucket((argc - base) / 4);
-        if (name != "consume" || argc < base + 5) return name;
-        // lease_ms max_attempts reclaim_batch take hold_ms (how id token)*
-        const std::size_t settles = (argc - base - 5) / 3;
+        if (name != "consume" || argc < base + 4) return name;
+        // lease_ms max_attempts reclaim_batch take (how id token)*
+        const std::size_t settles = (argc - base - 4) / 3;
         const std::size_t take = std::strtoull(args[base + 3].c_str(), nullptr, 10);
         std::string kinds;
-        for (std::size_t i = base + 5; i < args.size() && i + 2 < argc; i += 3) {
+        for (std::size_t i = base + 4; i < args.size() && i + 2 < argc; i += 3) {
             const char k = args[i].empty() ? '?' : args[i][0];
-            const std::string kind = k == 'a'   ? "ack"
-                                     : k == 'n' ? "nack"
-                                     : k == 'r' ? "release"
-                                     : k == 'x' ? "extend"
-                                                : "?";
+            const std::string kind = k == 'a' ? "ack" : k == 'n' ? "nack" : "?";
             if (kinds.empty())
                 kinds = kind;
             else if (kinds != kind)
@@ -664,9 +660,7 @@ class script_tap {
         }
         std::string s = "consume:";
         if (settles > 0) s += " " + kinds + " " + bucket(settles);
-        if (take > 0)
-            s += std::string(settles > 0 ? " +" : "") + " take " + bucket(take) +
-                 (args[base + 4] != "0" ? " kept" : "");
+        if (take > 0) s += std::string(settles > 0 ? " +" : "") + " take " + bucket(take);
         if (settles == 0 && take == 0) s += " nothing";
         return s;
     }
@@ -1017,9 +1011,8 @@ int main(int argc, char** argv) {
     const auto want = [&](const char* part) { return cfg.only.empty() || cfg.only == part; };
     const auto single = [&](const std::string& name) {
         return [&cfg, name](int i) {
-            auto o = queue_options(cfg.port, name + std::to_string(i));
-            o.prefetch = cfg.prefetch;
-            return std::make_unique<delayq::redis::delay_queue>(o);
+            return std::make_unique<delayq::redis::delay_queue>(
+                queue_options(cfg.port, name + std::to_string(i)));
         };
     };
     if (want("put")) {
@@ -1036,10 +1029,7 @@ int main(int argc, char** argv) {
         if (!missing.empty()) std::printf("bullmq: skipped (%s)\n", missing.c_str());
         const bool bull = missing.empty();
         const std::string conc = std::to_string(cfg.bullmq_concurrency);
-        series ds{std::string("delayq end to end (single calls: put_after, take, ack") +
-                      (cfg.prefetch ? ")" : "; prefetch off)"),
-                  cfg.jobs,
-                  {}};
+        series ds{"delayq end to end (single calls: put_after, take, ack)", cfg.jobs, {}};
         series bs{"", cfg.jobs, {}};   // 4 workers of concurrency 1
         series bs1{"", cfg.jobs, {}};  // 1 worker of concurrency 4
         series db{"delayq end to end (batches of 100)", cfg.batch_jobs, {}};

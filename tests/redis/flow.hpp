@@ -22,11 +22,11 @@ struct flow_options {
     std::chrono::milliseconds put_interval{0};  // each producer's pause between puts
     std::chrono::seconds limit{60};             // consumers give up after this
     std::function<void()> midway;  // run by the calling thread once half the jobs are put
-    // An outage (a failover, a slot migration) may end leases: a prefetched job that take()
-    // handed out keeps only its short hold until the keeper's extension reaches the server
-    // (redis/detail/stash.hpp), so one handed out just before the outage can be delivered again.
-    // Then a refused ack or nack is what fencing owes its holder, not a failure; it is counted in
-    // `lost`, and the job must still be acked exactly once by someone.
+    // An outage longer than a lease (30 s by default) ends the leases it holds up, and their jobs
+    // are delivered again. Then a refused ack or nack is what fencing owes its holder, not a
+    // failure; it is counted in `lost`, and the job must still be acked exactly once by someone.
+    // (While the queue had prefetch, a job handed out from the object's memory held only a short
+    // hold until the object's word reached the server, so a failover could end it.)
     bool leases_may_be_lost = false;
 };
 

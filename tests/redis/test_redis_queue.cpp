@@ -442,120 +442,17 @@ TEST_CASE("put_many then take_many then ack_many: batches keep the single calls'
     CHECK(q.take_many(10, 0ms).empty());
 }
 
-TEST_CASE(
-    "the take/ack loop costs one script call per job while jobs are due: ack leases the next") {
+TEST_CASE("take_many(0, ...) returns nothing at once and leases nothing") {
     server srv;
-    delay_queue q(opts(srv));
-    constexpr int n = 200;
-    for (int i = 0; i < n; ++i) REQUIRE(q.put("j" + std::to_string(i), "", past));
-    srv.command({"CONFIG", "RESETSTAT"});
-    int taken = 0;
-    while (auto j = q.take(0ms)) {
-        REQUIRE(q.ack(*j));
-        ++taken;
-    }
-    CHECK(taken == n);
-    const auto calls = std::stoi(srv.info_field("commandstats", "cmdstat_evalsha:calls="));
-    CHECK(calls <= n + 2);  // the first take, one ack (with the next take) per job, the last look
-    CHECK(q.size() == 0);
-}
-
-TEST_CASE("a job an ack leased for a take() that never came goes back, its delivery not counted") {
-    server srv;
-    auto o = opts(srv);
-    o.lease = 2s;  // kept jobs go back within min(400 ms, lease / 4)
-    {
-        delay_queue q(o);
-        REQUIRE(q.put("a", "", past));
-        REQUIRE(q.put("b", "", past));
-        auto a = q.take(1s);
-        REQUIRE(a);
-        REQUIRE(q.ack(*a));  // leases b for the next take()
-        CHECK(q.size() == 1);
-    }  // destroyed without that take: b goes back
-    delay_queue other(o);
-    auto b = other.take(0ms);
-    REQUIRE(b);
-    CHECK(b->id == "b");
-    CHECK(b->attempts == 1);
-
-    // A kept job that no take() comes for goes back too, while `other` calls nothing
-    // (test_redis_prefetch_acl.cpp has the same with a lease long enough to tell the two apart).
-    REQUIRE(other.put("c", "", past));
-    REQUIRE(other.ack(*b));  // keeps c
-    delay_queue third(o);
-    auto c = third.take(10s);
-    REQUIRE(c);
-    CHECK(c->id == "c");
-    CHECK(c->attempts == 1);
-    CHECK(third.ack(*c));
-    CHECK(third.size() == 0);
-}
-
-TEST_CASE("a kept job that is cancelled through the same object is not handed out") {
-    server srv;
-    delay_queue q(opts(srv));
+    delay_queue q(opts(srv)), other(opts(srv));
     REQUIRE(q.put("a", "", past));
-    REQUIRE(q.put("b", "", past));
-    auto a = q.take(1s);
+    CHECK(q.take_many(0, 10s).empty());
+    auto a = other.take(0ms);  // still waiting: anyone's
     REQUIRE(a);
-    REQUIRE(q.ack(*a));  // keeps b
-    CHECK(q.cancel("b"));
-    CHECK_FALSE(q.take(0ms));
-    CHECK(q.size() == 0);
-}
-
-TEST_CASE("prefetch = false: ack leases nothing") {
-    server srv;
-    auto o = opts(srv);
-    o.prefetch = false;
-    delay_queue q(o);
-    REQUIRE(q.put("a", "", past));
-    REQUIRE(q.put("b", "", past));
-    auto a = q.take(1s);
-    REQUIRE(a);
-    REQUIRE(q.ack(*a));
-    delay_queue other(o);
-    auto b = other.take(0ms);  // b is still waiting: anyone may take it
-    REQUIRE(b);
-    CHECK(b->id == "b");
-}
-
-// The keeper keeps no more jobs than user code holds (an ack keeps the next due job only while
-// more jobs are out in user code than kept): whatever took the jobs and whatever settles them.
-TEST_CASE("prefetch: jobs settled by ack_many are out of user code: later acks keep no more") {
-    server srv;
-    delay_queue q(opts(srv));
-    for (const char* id : {"x1", "x2", "x3"}) REQUIRE(q.put(id, "", past));
-    std::vector<delayq::redis::job> xs;
-    for (int i = 0; i < 3; ++i) {
-        auto x = q.take(1s);
-        REQUIRE(x);
-        xs.push_back(*x);
-    }
-    CHECK(q.ack_many(xs) == std::vector<bool>{true, true, true});
-    for (const char* id : {"a", "b", "c", "d"}) REQUIRE(q.put(id, "", past));
-    auto a = q.take(1s), b = q.take(1s);
-    REQUIRE(a);
-    REQUIRE(b);
-    REQUIRE(q.ack(*a));  // two out in user code, none kept: keeps c
-    REQUIRE(q.ack(*b));  // one out, one kept: keeps nothing
-    delay_queue other(opts(srv));
-    const auto rest = other.take_many(10, 0ms);
-    REQUIRE(rest.size() == 1);
-    CHECK(rest[0].id == "d");
-}
-
-TEST_CASE("prefetch: jobs from take_many count as out in user code, as take()'s do") {
-    server srv;
-    delay_queue q(opts(srv));
-    for (const char* id : {"a", "b", "c", "d"}) REQUIRE(q.put(id, "", past));
-    const auto ab = q.take_many(2, 1s);
-    REQUIRE(ab.size() == 2);
-    REQUIRE(q.ack(ab[0]));  // two out in user code, none kept: keeps c
-    REQUIRE(q.ack(ab[1]));  // one out, one kept: keeps nothing
-    delay_queue other(opts(srv));
-    const auto rest = other.take_many(10, 0ms);
-    REQUIRE(rest.size() == 1);
-    CHECK(rest[0].id == "d");
+    CHECK(a->id == "a");
+    CHECK(a->attempts == 1);
+    CHECK(other.ack(*a));
+    const auto start = std::chrono::steady_clock::now();
+    CHECK(q.take_many(0, 1h).empty());  // an empty queue: no wait either
+    CHECK(std::chrono::steady_clock::now() - start < 30s);
 }

@@ -21,8 +21,6 @@
 //                             decoding their replies
 //   detail/waiting.hpp        how threads wait for due jobs without polling: one reader on the
 //                             subscription, the others asleep until there is work for them
-//   detail/stash.hpp          the job an ack leases for the next take(), so that the take/ack
-//                             loop needs one round trip per job
 //   queue.hpp                 delay_queue and sharded_delay_queue, which tie those together
 #pragma once
 

@@ -5,20 +5,22 @@
 // own hash tag and so its own Cluster slot (sharded_delay_queue). Everything the server does is in
 // the scripts (detail/scripts.hpp), which the object runs through its script client
 // (detail/script_client.hpp); what the object adds is how its threads wait without polling
-// (detail/waiting.hpp), and how few round trips they need: the take/ack loop costs one per job
-// (detail/stash.hpp). Every member below is a few lines that tie those together.
+// (detail/waiting.hpp). Every member below is a few lines that tie those together.
+//
+// No job is kept in the object's memory between calls: every take asks the server, and the
+// server counts the attempt before take() returns. That is what lets a cancel from anywhere hold
+// for every take that starts after it, and max_attempts bound a job that kills its consumer
+// (docs/redis.md, "Prefetch, and why there is none").
 //
 // Threads. Every command goes through a link (detail/connection.hpp), which sends what the
 // threads send at the same time in one write. A take that waits holds the subscription, not a
-// link, so it holds up no other call. The object's lock is the waiting room's; the stash keeps
-// its jobs under it too.
+// link, so it holds up no other call. The object's lock is the waiting room's.
 #pragma once
 
 #include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstddef>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <stdexcept>
@@ -30,7 +32,6 @@
 #include "detail/cluster.hpp"
 #include "detail/script_client.hpp"
 #include "detail/scripts.hpp"
-#include "detail/stash.hpp"
 #include "detail/waiting.hpp"
 #include "types.hpp"
 
@@ -87,10 +88,8 @@ class queue_base {
     /// Removes a waiting or leased job. False if `id` is not queued.
     bool cancel(std::string_view id) {
         check_id(id);
-        const std::size_t s = client_.shard_of(id);
-        stash_.forget(id);  // a kept job that is cancelled must not be handed out
         const std::array<std::string_view, 1> args{id};
-        return script_client::integer(client_.eval(s, s_cancel, args)) == 1;
+        return script_client::integer(client_.eval(client_.shard_of(id), s_cancel, args)) == 1;
     }
 
     /// Gives a waiting job a new due time, `delay` from now. False for an unknown or leased id.
@@ -103,55 +102,49 @@ class queue_base {
 
     /// Leases the earliest due job, waiting up to `max_wait` for one (not at all when <= 0).
     std::optional<job> take(std::chrono::milliseconds max_wait) {
-        auto jobs = take_jobs(1, max_wait);
+        auto jobs = room_.take(1, max_wait);
         if (jobs.empty()) return std::nullopt;
-        stash_.hand_out(1);
         return std::move(jobs.front());
     }
 
     /// Leases up to `max_jobs` (at most 500) due jobs of one shard, earliest first, waiting up to
-    /// `max_wait` for the first. Every job has its own lease and token.
+    /// `max_wait` for the first. Every job has its own lease and token. `max_jobs` 0: nothing,
+    /// at once.
     std::vector<job> take_many(std::size_t max_jobs, std::chrono::milliseconds max_wait) {
-        auto jobs = take_jobs(std::clamp<std::size_t>(max_jobs, 1, max_batch), max_wait);
-        stash_.hand_out(jobs.size());
-        return jobs;
+        if (max_jobs == 0) return {};
+        return room_.take(std::min(max_jobs, max_batch), max_wait);
     }
 
     /// Done with the job: it is gone for good. False if the lease was lost (ended, or cancelled).
     bool ack(const job& j) {
         check_id(j.id);
-        return stash_.settle(client_.shard_of(j.id), j, "a", true);
+        return settle(j, "a");
     }
 
     /// ack for many jobs, one script call per shard and 500 jobs; element i is what ack(jobs[i])
-    /// would have returned. Leases nothing for later.
+    /// would have returned.
     std::vector<bool> ack_many(std::span<const job> jobs) {
         for (const auto& j : jobs) check_id(j.id);
         std::vector<std::string> tokens(jobs.size());
         for (std::size_t i = 0; i < jobs.size(); ++i) tokens[i] = std::to_string(jobs[i].token);
         std::vector<std::string_view> args;
-        auto out = client_.by_shard(
+        return client_.by_shard(
             jobs.size(), [&](std::size_t i) { return jobs[i].id; },
             [&](std::size_t s, std::span<const std::size_t> idx) {
                 args.clear();
                 for (std::size_t i : idx) args.insert(args.end(), {"a", jobs[i].id, tokens[i]});
                 return room_.consume_and_learn(s, args).ok;
             });
-        stash_.settled(jobs);
-        return out;
     }
 
     /// Back to the queue, due `retry_after` from now (or dead-lettered after max_attempts).
     /// False if the lease was lost.
     bool nack(const job& j, std::chrono::milliseconds retry_after) {
-        // Leases nothing for later: the next due job may be this one again, and a nacked job is
-        // for the others to try.
         check_id(j.id);
-        return stash_.settle(client_.shard_of(j.id), j, tagged('n', clamp_delay(retry_after)),
-                             false);
+        return settle(j, tagged('n', clamp_delay(retry_after)));
     }
 
-    /// Jobs queued: waiting plus leased (including those kept for this object's next take()).
+    /// Jobs queued: waiting plus leased.
     std::size_t size() {
         std::size_t n = 0;
         for (std::size_t s = 0; s < client_.shards(); ++s) n += client_.size(s);
@@ -167,9 +160,7 @@ class queue_base {
 
   protected:
     queue_base(options o, std::size_t shards, bool sharded)
-        : client_(checked(std::move(o), shards, sharded), shards, sharded),
-          room_(client_),
-          stash_(client_, room_) {}
+        : client_(checked(std::move(o), shards, sharded), shards, sharded), room_(client_) {}
 
     std::size_t shard_count() const noexcept { return client_.shards(); }
 
@@ -198,17 +189,16 @@ class queue_base {
             throw std::invalid_argument("delayq::redis::delay_queue: a job id must not be empty");
     }
 
-    // A take: the stash's kept jobs first, else the waiting room's wait and script.
-    std::vector<job> take_jobs(std::size_t want, std::chrono::milliseconds max_wait) {
-        return room_.take(want, max_wait,
-                          [&](std::unique_lock<std::mutex>& lk) { return stash_.take(lk, want); });
+    // Settles `j` by the consume script (`how`: see scripts.hpp); false if the lease was lost.
+    bool settle(const job& j, std::string_view how) {
+        const std::string token = std::to_string(j.token);
+        const std::array<std::string_view, 3> args{how, j.id, token};
+        return room_.consume_and_learn(client_.shard_of(j.id), args).ok.front();
     }
 
-    // In this order: each uses the ones before it, and is destroyed before them (the stash's
-    // destructor stops its keeper thread and gives its jobs back through the other two).
+    // In this order: the room uses the client.
     script_client client_;
     waiting_room room_;
-    stash stash_;
 };
 
 }  // namespace detail

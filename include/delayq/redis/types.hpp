@@ -4,10 +4,9 @@
 // The idea. Plain data with no code and nothing beyond the standard library and the job queues'
 // shared vocabulary (<delayq/job.hpp>: the job, the put request, the base of the errors, which the
 // SQLite backend shares), so that every part of the backend can name them: the queue classes, and
-// the parts under detail/ too (a job is what the scripts' replies are decoded into and what the
-// prefetch stash keeps; every layer, down to the wire, throws error). This is the one public header
-// that detail/ includes: moved into detail/, the types would leave the API reference, which
-// documents no detail/ header.
+// the parts under detail/ too (a job is what the scripts' replies are decoded into; every layer,
+// down to the wire, throws error). This is the one public header that detail/ includes: moved
+// into detail/, the types would leave the API reference, which documents no detail/ header.
 #pragma once
 
 #include <chrono>
@@ -59,7 +58,6 @@ struct options {
     std::chrono::milliseconds max_block = std::chrono::seconds(5);
     /// Jobs whose last attempt ended that one script call moves to the dead letters, > 0.
     std::size_t reclaim_batch = 100;
-    bool prefetch = true;  ///< ack also leases the next due job for the next take()
     /// The Redis ACL user to log in as (AUTH user password); empty: `default`, or no AUTH at all
     /// when `password` is empty too. docs/redis.md lists the permissions the user needs.
     std::string user;

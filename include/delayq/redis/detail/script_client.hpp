@@ -157,16 +157,15 @@ class script_client {
         return out;
     }
 
-    // The consume script: settles `settle` ((how, id, token)*), then leases up to `take` jobs,
-    // for the whole lease when `hold_ms` is "0", else kept for hold_ms only (see stash.hpp).
+    // The consume script: settles `settle` ((how, id, token)*), then leases up to `take` jobs.
     // `patient`: see router::call.
     consumed consume(std::size_t s, std::span<const std::string_view> settle, std::size_t take,
-                     std::string_view hold_ms = "0", bool patient = true) {
+                     bool patient = true) {
         std::vector<std::string_view> args;
-        args.reserve(5 + settle.size());
+        args.reserve(4 + settle.size());
         const std::string count = std::to_string(take);
         args.insert(args.end(), {std::string_view(lease_ms_), std::string_view(max_attempts_),
-                                 std::string_view(batch_), std::string_view(count), hold_ms});
+                                 std::string_view(batch_), std::string_view(count)});
         args.insert(args.end(), settle.begin(), settle.end());
         auto r = eval(s, s_consume, args, patient);
         const std::size_t k = settle.size() / 3;
@@ -232,8 +231,10 @@ class script_client {
 
     // Before a shard's first script call: a queue written in an older key layout (scripts.hpp)
     // is refused, with its keys left as they are, rather than read as empty. Its keys share the
-    // shard's hash tag, so one EXISTS on the shard's node sees them. A user whose ACL does not
-    // reach the old keys (NOPERM) cannot have written them through this name: nothing to refuse.
+    // shard's hash tag, so one EXISTS on the shard's node sees them. The user needs read access
+    // to them (docs/redis.md's ACL gives it): a refusal says nothing about the keys (the user may
+    // have been changed since they were written), so it is an error naming what is missing,
+    // never "no old keys".
     void check_layout(shard& at, bool patient) {
         for (std::string_view old : older_layouts) {
             std::vector<std::string> keys;
@@ -243,7 +244,13 @@ class script_client {
             std::vector<std::string_view> argv{"EXISTS"};
             argv.insert(argv.end(), keys.begin(), keys.end());
             auto r = router_.call(at.slot, argv, patient);
-            if (error_starts_with(r.get(), "NOPERM")) continue;
+            if (error_starts_with(r.get(), "NOPERM"))
+                throw error(
+                    "delayq::redis: queue " + at.tag + ": the check for keys of the older layout " +
+                    std::string(old) +
+                    " was refused: the user needs read access to the keys dq:" + std::string(old) +
+                    ":" + at.tag + ":* (the ACL in docs/redis.md, \"Redis ACLs\"): EXISTS: " +
+                    std::string(text_of(r.get())));
             if (integer(r) > 0)
                 throw layout_error("delayq::redis: queue " + at.tag + " holds jobs in key layout " +
                                        std::string(old) + " (dq:" + std::string(old) + ":" +

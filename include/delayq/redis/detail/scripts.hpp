@@ -7,9 +7,6 @@
 //   waiting  in `events` (score: due ms); its payload in its bucket ("p" field); "m" =
 //            "attempts:0:0" once delivered
 //   leased   in `events` (score: lease end ms); "m" = "attempts:token:lease end"
-//   kept     leased by the take inside an ack, for a take() to come (see stash.hpp): in `events`
-//            (score: hold end ms, a short lease); "m" = "attempts:token:hold end:lease end", its
-//            attempts not counting this delivery
 //   dead     in `dead` (id -> payload)
 //   gone     nowhere: the id may be put again
 //
@@ -18,28 +15,31 @@
 // | gone    | waiting | put (refused while the id is waiting or leased)                      |
 // | waiting | waiting | reschedule                                                           |
 // | waiting | leased  | take: attempts + 1, a new token                                      |
-// | waiting | kept    | the take inside an ack: a new token, a lease of `hold` ms            |
-// | kept    | leased  | extend (take() handed it to user code): attempts + 1, the whole lease|
 // | waiting | gone    | cancel                                                               |
-// | leased  | gone    | ack; cancel (and so kept: the ack proves it was handed out)          |
-// | leased  | waiting | nack (kept: attempts + 1 first); release (kept: not counted; leased: |
-// |         |         | attempts - 1)                                                        |
-// | kept    | waiting | release: its attempt never counted                                   |
-// | leased  | leased  | its lease (or hold) ended: a take hands it out again, as any due job |
+// | leased  | gone    | ack; cancel                                                          |
+// | leased  | waiting | nack                                                                 |
+// | leased  | leased  | its lease ended: a take hands it out again, as any due job           |
 // | leased  | dead    | nack, or a take finding its lease ended, once attempts reach         |
 // |         |         | max_attempts                                                         |
 // clang-format on
 //
-// ack, nack, release and extend need the job's current token while its lease holds (lease end, or
-// hold end for a kept job, > now), so a holder whose lease ended, or whose job was cancelled or
-// delivered again, is refused. A kept job's hold is short so that it comes back by the server's
-// clock alone when the object that kept it never calls again (stopped, killed, or simply done
-// taking); only a job handed to user code gets the whole lease and counts as an attempt.
+// ack and nack need the job's current token while its lease holds (lease end > now), so a holder
+// whose lease ended, or whose job was cancelled or delivered again, is refused. A take counts the
+// attempt in the same script that leases the job, so the server has counted every delivery
+// before any user code sees the job.
+//
+// Earlier versions. An ack of an earlier version could also lease the next due job for its
+// object's next take() ("kept": "m" = "attempts:token:hold end:lease end", its attempts not
+// counting that delivery, in `events` until the hold end, a short lease). A server may still hold
+// such entries after an upgrade. These scripts read one as a lease that ends at its hold end
+// (the third field): nobody here holds its token, so it comes back when the hold ends and the
+// next take hands it out with its attempts + 1, or buries it after max_attempts, as any lease
+// that ended. The earlier version's own objects run their own scripts and keep working.
 //
 // The idea. One sorted set holds every queued job, scored by the time something must happen to
 // it: a waiting job's due time, a leased job's lease end. Both mean "hand it out then": a job whose
 // lease ended is due again, at its lease end. So a take is one look at the set's head, whatever
-// the head holds, and a lease, a nack or a release only moves the job's score (one ZADD); the
+// the head holds, and a lease or a nack only moves the job's score (one ZADD); the
 // earliest event of any kind is the head (one ZRANGE). (Layout v2 had a sorted set per state, and
 // each consume call first moved ended leases over: two more calls per job, docs/redis.md "Cost
 // per job".)
@@ -83,10 +83,10 @@
 //
 // Wake-ups. Consumers wait on the pub/sub channel. A script that may make the shard's next event
 // (the head of `events`: the earliest due time or lease end) earlier publishes "<shard> <ms until
-// then>": put and reschedule when the job comes before the head, consume when a nack or a release
-// makes the head earlier than it was. Nothing else can make it earlier (acks, cancels and burials
-// remove events; a take leases a job that was due, so its lease (or hold) ends after the event it
-// replaces; an extend moves a hold end later; a lease that ends is due at that same moment). So a
+// then>": put and reschedule when the job comes before the head, consume when a nack makes the
+// head earlier than it was. Nothing else can make it earlier (acks, cancels and burials remove
+// events; a take leases a job that was due, so its lease ends after the event it replaces; a
+// lease that ends is due at that same moment). So a
 // consumer that knows a time before which nothing is due (from its last script) and hears every
 // message since never sleeps past a due job.
 #pragma once
@@ -158,8 +158,8 @@ consteval lua_text<digits_of(N)> decimal() {
 
 // The scripts' common opening; see "Time" and "Wake-ups" above. Its first line is max_ms, in
 // the constant's own digits. Each redis.call costs about as much as the rest of a small script,
-// so the scripts make as few as they can (one put: TIME, ZRANGE, HSETNX, ZADD; an ack with the
-// take inside it: nine).
+// so the scripts make as few as they can (one put: TIME, ZRANGE, HSETNX, ZADD; a take of one
+// job: TIME, ZRANGE, HMGET, INCRBY, HSET, ZADD).
 inline constexpr auto prelude = lua("local max_ms = ") + decimal<max_ms>() + lua(R"lua(
 local t = redis.call('TIME')
 local sec, usec = tonumber(t[1]), tonumber(t[2])
@@ -211,20 +211,17 @@ if earliest and added[redis.call('ZRANGE', events, '0', '0')[1]] then publish(ea
 return out
 )lua");
 
-// ARGV channel shard lease_ms max_attempts bury_batch take_count hold_ms (how id token)*
-// Settles the listed leases (how: 'a' ack, 'n<ms>' nack due ms from now, 'r<ms>' release back
-// to its due time ms, its delivery not counted, 'x' extend a kept job to its whole lease), then
-// leases up to take_count due jobs, earliest first: for the whole lease when hold_ms is 0, else
-// kept for hold_ms (the reply still gives the attempts and the lease end the job has once
-// extended). A due job whose lease ended after its last attempt (max_attempts) goes to `dead`
-// instead, at most bury_batch of them per call. meta holds "attempts:token:lease_end" (kept:
-// "attempts:token:hold_end:lease_end"), so one HGET proves a lease; a settled lease's token is
-// cleared (0), so it cannot settle again.
+// ARGV channel shard lease_ms max_attempts bury_batch take_count (how id token)*
+// Settles the listed leases (how: 'a' ack, 'n<ms>' nack due ms from now), then leases up to
+// take_count due jobs, earliest first, each counting its attempt. A due job whose lease ended
+// after its last attempt (max_attempts) goes to `dead` instead, at most bury_batch of them per
+// call. meta holds "attempts:token:lease_end", so one HGET proves a lease; a settled lease's token
+// is cleared (0), so it cannot settle again.
 // Returns {next, ok*, n, (id, payload, due, attempts, token, lease_end)*n}: next is the ms until
 // the next event after all that (0: more is due now; -1: nothing is queued); one ok (1 settled,
 // 0 the lease was lost) per settlement.
 inline constexpr auto consume_lua = prelude + lua(R"lua(
-local lease_ms, max_attempts, hold_ms = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[7])
+local lease_ms, max_attempts = tonumber(ARGV[3]), tonumber(ARGV[4])
 local out, before = {0}, false
 local function bury(id, b, payload)
   redis.call('ZREM', events, id)
@@ -236,36 +233,24 @@ local function requeue(id, at)
   if before == false then before = head() end
   redis.call('ZADD', events, string.format('%d', at), id)
 end
-for i = 8, #ARGV, 3 do
-  local how, id, ok = ARGV[i], ARGV[i + 1], 0
+for i = 7, #ARGV, 3 do
+  local id, ok = ARGV[i + 1], 0
   local b = bucket(id)
   local m = redis.call('HGET', b, 'm' .. id)
-  local a, token, lease_end, whole
-  if m then a, token, lease_end, whole = string.match(m, '^(%d+):(%d+):(%d+):?(%d*)$') end
+  local a, token, lease_end
+  -- (An earlier version's kept entry has a fourth field; its third, the hold end, is its lease end.)
+  if m then a, token, lease_end = string.match(m, '^(%d+):(%d+):(%d+)') end
   if token == ARGV[i + 2] and tonumber(lease_end) > now then
     ok = 1
-    local kind, ms = string.sub(how, 1, 1), tonumber(string.sub(how, 2))
-    local kept = whole ~= ''
     a = tonumber(a)
-    -- A kept job that is acked, nacked or extended was handed to user code: its attempt counts.
-    if kept and kind ~= 'r' then a = a + 1 end
-    if kind == 'x' then  -- the lease becomes the whole lease; an extended one stays as it is
-      if kept then
-        redis.call('HSET', b, 'm' .. id, string.format('%d:%s:%s', a, token, whole))
-        redis.call('ZADD', events, whole, id)
-      end
-    elseif kind == 'a' then
+    if ARGV[i] == 'a' then
       redis.call('ZREM', events, id)
       redis.call('HDEL', b, 'p' .. id, 'm' .. id)
-    elseif kind == 'r' then
-      if not kept then a = a - 1 end
-      if a > 0 then redis.call('HSET', b, 'm' .. id, string.format('%d:0:0', a)) else redis.call('HDEL', b, 'm' .. id) end
-      requeue(id, ms)
     elseif max_attempts > 0 and a >= max_attempts then
       bury(id, b, redis.call('HGET', b, 'p' .. id))
     else
       redis.call('HSET', b, 'm' .. id, string.format('%d:0:0', a))
-      requeue(id, due_at(ms))
+      requeue(id, due_at(tonumber(string.sub(ARGV[i], 2))))
     end
   end
   out[#out + 1] = ok
@@ -301,19 +286,14 @@ repeat
 until next_due or not buried
 out[#out + 1] = n
 local lease_end = math.min(now + lease_ms, max_ms)
-local hold_end = hold_ms > 0 and math.min(now + hold_ms, lease_end) or lease_end
 if n > 0 then
   local token = redis.call('INCRBY', seq, string.format('%d', n)) - n
-  local leases, hold_s = {}, string.format('%d', hold_end)
+  local leases, lease_s = {}, string.format('%d', lease_end)
   for k = 1, n do
     local r = rows[k]
     token = token + 1
-    if hold_ms > 0 then
-      redis.call('HSET', r[2], 'm' .. r[1], string.format('%d:%d:%d:%d', r[5] - 1, token, hold_end, lease_end))
-    else
-      redis.call('HSET', r[2], 'm' .. r[1], string.format('%d:%d:%d', r[5], token, lease_end))
-    end
-    leases[2 * k - 1], leases[2 * k] = hold_s, r[1]
+    redis.call('HSET', r[2], 'm' .. r[1], string.format('%d:%d:%d', r[5], token, lease_end))
+    leases[2 * k - 1], leases[2 * k] = lease_s, r[1]
     out[#out + 1] = r[1]
     out[#out + 1] = r[3]
     out[#out + 1] = r[4]
@@ -324,7 +304,7 @@ if n > 0 then
   redis.call('ZADD', events, unpack(leases))
 end
 local after = next_due
-if n > 0 and (not after or hold_end < after) then after = hold_end end
+if n > 0 and (not after or lease_end < after) then after = lease_end end
 if before ~= false and after and (not before or after < before) then publish(after) end
 out[1] = after and math.max(after - now, 0) or -1
 return out
@@ -339,7 +319,7 @@ return 1
 )lua");
 
 // ARGV channel shard id delay_ms. Returns 1 if the job was waiting and is due delay_ms from now.
-// A leased or kept job (a token in its "m") is not waiting, even once its lease ended.
+// A leased job (a token in its "m") is not waiting, even once its lease ended.
 inline constexpr auto reschedule_lua = prelude + lua(R"lua(
 local id = ARGV[3]
 if not redis.call('ZSCORE', events, id) then return 0 end

@@ -60,26 +60,18 @@ class waiting_room {
             if (fd >= 0) ::close(fd);
     }
 
-    // The object's lock: it guards the hints and the reader's post, and the prefetch stash's
-    // kept jobs (stash.hpp).
-    std::mutex& mutex() noexcept { return m_; }
-
     // The leader-follower wait of delay_queue, over the subscription: leases up to `want` due
     // jobs of one shard, waiting up to `max_wait` for the first. One thread, the reader, waits on
     // the subscription until the earliest time something may come due (or its own limit); the
     // others wait on cv_ until their limits, and are woken one at a time when there is something
-    // for them (a kept job, a backlog) or when the reader leaves its post. A thread whose script
-    // taught it an earlier time than the reader waits for pokes the reader. `kept(lk)`, called
-    // under lk (which it may unlock for a while), first hands out what needs no round trip (the
-    // stash's kept jobs): the call returns those when there are any.
-    template <class Kept>
-    std::vector<job> take(std::size_t want, milliseconds max_wait, Kept kept) {
+    // for them (a backlog) or when the reader leaves its post. A thread whose script taught it an
+    // earlier time than the reader waits for pokes the reader.
+    std::vector<job> take(std::size_t want, milliseconds max_wait) {
         const auto limit =
             delayq::detail::saturating_add(clock::now(), std::max(max_wait, milliseconds::zero()));
         bool asked = false;  // this call has run a script: hints alone may now say "nothing due"
         std::unique_lock lk(m_);
         for (;;) {
-            if (std::vector<job> ready = kept(lk); !ready.empty()) return ready;
             const auto now = clock::now();
             bool patient = true;
             if (const auto s = pick(now, !asked, patient)) {
@@ -88,7 +80,7 @@ class waiting_room {
                 lk.unlock();
                 consumed c;
                 try {
-                    c = client_.consume(*s, {}, want, "0", patient);
+                    c = client_.consume(*s, {}, want, patient);
                 } catch (const error&) {
                     lk.lock();
                     --h.takers;
@@ -134,7 +126,7 @@ class waiting_room {
         }
     }
 
-    // The consume script for the calls that keep nothing: the hints learn from it at once.
+    // The consume script for the calls that settle leases: the hints learn from it at once.
     consumed consume_and_learn(std::size_t s, std::span<const std::string_view> settle) {
         consumed c = client_.consume(s, settle, 0);
         std::lock_guard lk(m_);
@@ -142,6 +134,7 @@ class waiting_room {
         return c;
     }
 
+  private:
     // Under m_: shard `s`'s next event is `next_ms` away (+1 ms: the server rounds its now down,
     // so the distance may be short by less than a millisecond), and at most max_block.
     void learn(std::size_t s, long long next_ms) {
@@ -161,7 +154,7 @@ class waiting_room {
             poke();  // the reader would sleep past it
     }
 
-    // Under m_: there is something to take (a kept job, a backlog): one waiting thread takes it.
+    // Under m_: there is something to take (a backlog): one waiting thread takes it.
     void wake_one() {
         if (waiting_ > 0)
             cv_.notify_one();
@@ -169,7 +162,6 @@ class waiting_room {
             poke();
     }
 
-  private:
     // Under m_: what the object knows of one shard (see "The idea").
     struct hint {
         // Nothing is due here before `next`.
@@ -326,7 +318,7 @@ class waiting_room {
     }
 
     script_client& client_;
-    std::mutex m_;  // the hints, the reader's post; the stash's kept jobs (see mutex())
+    std::mutex m_;  // the hints, the reader's post
     std::condition_variable cv_;
     std::vector<hint> hints_;          // one per shard
     std::unique_ptr<subscriber> sub_;  // used by the reading thread only

@@ -1,7 +1,7 @@
-// Takes one job and acks it, which keeps the next due job for a take() that never comes, and then
-// stops itself (SIGSTOP): a consumer process that never calls anything again, not even from a
-// thread of its own. The test sees it stopped with waitpid(WUNTRACED); exit status 1: no job.
-// usage: delayq_redis_prefetch_helper PORT QUEUE LEASE_MS MAX_ATTEMPTS
+// A consumer that takes one job, acks it, and then stops itself (SIGSTOP): a consumer process that
+// never calls anything again, not even from a thread of its own. The test sees it stopped with
+// waitpid(WUNTRACED); exit status 1: no job.
+// usage: delayq_redis_stop_helper PORT QUEUE LEASE_MS MAX_ATTEMPTS
 #include <signal.h>
 
 #include <cstdio>
