@@ -4,8 +4,9 @@
 
 /// \file
 /// The umbrella header: delayed.hpp, manual_clock.hpp, delay_queue.hpp, timeout.hpp,
-/// hashed_wheel_timer.hpp, hierarchical_timing_wheel.hpp and coro.hpp (not the Redis backend,
-/// which needs hiredis: <delayq/redis/delay_queue.hpp>).
+/// hashed_wheel_timer.hpp, hierarchical_timing_wheel.hpp, coro.hpp and version.hpp (not the job
+/// queues, which need hiredis or SQLite: <delayq/redis/delay_queue.hpp>,
+/// <delayq/sqlite/delay_queue.hpp>).
 
 #include "delay_queue.hpp"
 #include "delayed.hpp"
@@ -20,3 +21,4 @@
 #include "hierarchical_timing_wheel.hpp"
 #endif
 #include "coro.hpp"
+#include "version.hpp"
