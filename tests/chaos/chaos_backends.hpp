@@ -1,0 +1,177 @@
+// The chaos check's backends: one small adapter per job queue, all that the harness knows of it.
+// The workers (chaos_worker.hpp) speak only delayq::job_queue; an adapter B adds
+//
+//   using queue = Q;                         // satisfies delayq::job_queue
+//   static constexpr const char* name;       // what --backend names
+//   class store {                            // a fresh store for one round, made by the
+//     explicit store(const std::string& dir);   orchestrator: a new file path (not created: the
+//     std::string locator() const;              workers race to create it), a new server; the
+//     final_state inspect();                    locator is one word the workers open it by;
+//   };                                          inspect() reads what is left once all are gone
+//   static std::unique_ptr<Q> open(const std::string& locator, const queue_settings&);
+//
+// and joins `backends` at the bottom. A backend whose library is not built is left out by its
+// DELAYQ_CHAOS_<NAME> macro (tests/chaos/CMakeLists.txt).
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <tuple>
+
+#include "chaos_check.hpp"
+
+#ifdef DELAYQ_CHAOS_SQLITE
+#include <sqlite3.h>
+
+#include <delayq/sqlite/delay_queue.hpp>
+#endif
+#ifdef DELAYQ_CHAOS_REDIS
+#include <delayq/redis/delay_queue.hpp>
+
+#include "redis_server.hpp"
+#endif
+
+namespace delayq_chaos {
+
+/// The options every worker of a round opens its queue with.
+struct queue_settings {
+    std::chrono::milliseconds lease{1000};
+    unsigned max_attempts = 3;
+    std::chrono::milliseconds call_timeout{10'000};  ///< busy_timeout, io_timeout
+};
+
+#ifdef DELAYQ_CHAOS_SQLITE
+struct sqlite_backend {
+    using queue = delayq::sqlite::delay_queue;
+    static constexpr const char* name = "sqlite";
+
+    class store {
+      public:
+        explicit store(const std::string& dir) : path_(dir + "/queue.db") {}
+        std::string locator() const { return path_; }
+
+        // Through SQLite itself, once no queue has the file open: the jobs left, the dead
+        // letters with their attempts, and `PRAGMA integrity_check`.
+        final_state inspect() const {
+            final_state s;
+            sqlite3* db = nullptr;
+            if (sqlite3_open_v2(path_.c_str(), &db, SQLITE_OPEN_READWRITE, nullptr) != SQLITE_OK) {
+                s.notes.push_back(std::string("cannot open the file: ") + sqlite3_errmsg(db));
+                sqlite3_close(db);
+                return s;
+            }
+            sqlite3_busy_timeout(db, 10'000);
+            bool ok = true;
+            const auto each = [&](const char* sql, auto&& row) {
+                sqlite3_stmt* st = nullptr;
+                if (sqlite3_prepare_v2(db, sql, -1, &st, nullptr) != SQLITE_OK) {
+                    s.notes.push_back(std::string(sql) + ": " + sqlite3_errmsg(db));
+                    ok = false;
+                    return;
+                }
+                int rc;
+                while ((rc = sqlite3_step(st)) == SQLITE_ROW) row(st);
+                if (rc != SQLITE_DONE) {
+                    s.notes.push_back(std::string(sql) + ": " + sqlite3_errmsg(db));
+                    ok = false;
+                }
+                sqlite3_finalize(st);
+            };
+            const auto text = [](sqlite3_stmt* st, int i) {
+                const auto* p = static_cast<const char*>(sqlite3_column_blob(st, i));
+                return p ? std::string(p, static_cast<std::size_t>(sqlite3_column_bytes(st, i)))
+                         : std::string();
+            };
+            std::string integrity;
+            each("PRAGMA integrity_check", [&](sqlite3_stmt* st) {
+                integrity += (integrity.empty() ? "" : "; ") + text(st, 0);
+            });
+            s.integrity = integrity.empty() ? "no answer" : integrity;
+            each("SELECT id FROM jobs", [&](sqlite3_stmt* st) { s.queued.insert(text(st, 0)); });
+            each("SELECT id, attempts FROM dead",
+                 [&](sqlite3_stmt* st) { s.dead[text(st, 0)] = sqlite3_column_int64(st, 1); });
+            sqlite3_close(db);
+            s.read = ok;
+            return s;
+        }
+
+      private:
+        std::string path_;
+    };
+
+    static std::unique_ptr<queue> open(const std::string& locator, const queue_settings& qs) {
+        delayq::sqlite::options o;
+        o.path = locator;
+        o.lease = qs.lease;
+        o.max_attempts = qs.max_attempts;
+        o.busy_timeout = qs.call_timeout;
+        return std::make_unique<queue>(o);
+    }
+};
+#endif
+
+#ifdef DELAYQ_CHAOS_REDIS
+struct redis_backend {
+    using queue = delayq::redis::delay_queue;
+    static constexpr const char* name = "redis";
+
+    // A new redis-server for each round (tests/redis/redis_server.hpp: AOF on, killed with the
+    // orchestrator); the queue is "chaos".
+    class store {
+      public:
+        explicit store(const std::string&) {}
+        std::string locator() const { return std::to_string(server_.port()) + "/chaos"; }
+
+        // The queue's keys, whatever their layout version: `dq:<v>:{chaos}:events` holds every
+        // queued job (waiting or leased), `...:dead` the dead letters (no attempts recorded).
+        final_state inspect() const {
+            final_state s;
+            try {
+                for (const auto& key : server_.keys("*{chaos}*")) {
+                    const auto ends = [&](const char* tail) {
+                        const std::string t = tail;
+                        return key.size() > t.size() &&
+                               key.compare(key.size() - t.size(), t.size(), t) == 0;
+                    };
+                    if (ends(":events"))
+                        for (auto& id : server_.list({"ZRANGE", key, "0", "-1"}))
+                            s.queued.insert(id);
+                    if (ends(":dead"))
+                        for (auto& id : server_.list({"HKEYS", key})) s.dead[id] = -1;
+                }
+                s.read = true;
+            } catch (const std::exception& e) {
+                s.notes.push_back(std::string("cannot read the server: ") + e.what());
+            }
+            return s;
+        }
+
+      private:
+        delayq_test::redis_server server_;
+    };
+
+    static std::unique_ptr<queue> open(const std::string& locator, const queue_settings& qs) {
+        delayq::redis::options o;
+        o.port = std::stoi(locator.substr(0, locator.find('/')));
+        o.name = locator.substr(locator.find('/') + 1);
+        o.lease = qs.lease;
+        o.max_attempts = qs.max_attempts;
+        o.io_timeout = qs.call_timeout;
+        return std::make_unique<queue>(o);
+    }
+};
+#endif
+
+/// Every backend this build can check, in the order `--backend all` runs them (a new backend
+/// adds its line).
+using backends = decltype(std::tuple_cat(
+#ifdef DELAYQ_CHAOS_SQLITE
+    std::tuple<sqlite_backend>{},
+#endif
+#ifdef DELAYQ_CHAOS_REDIS
+    std::tuple<redis_backend>{},
+#endif
+    std::tuple<>{}));
+
+}  // namespace delayq_chaos

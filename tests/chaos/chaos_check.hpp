@@ -1,0 +1,473 @@
+// The chaos check's judge: from the processes' logs (chaos_log.hpp) and the store's state at the
+// end (what is still queued, what is dead, the file's integrity), every broken promise of "What
+// every job queue promises" (SPEC.md), each with the log lines that show it.
+//
+// It must never call at-least-once delivery a violation. What a log can and cannot prove:
+// - A process killed in the middle of a call leaves a "-begin" line without its "-end": the call
+//   may or may not have happened. Such an open put proves nothing (the job may exist); an open ack
+//   or cancel may have removed the job, so the job is not lost; an open take may have leased jobs
+//   that no log names, so a delivery count from the logs is a lower bound.
+// - Order between processes comes from CLOCK_MONOTONIC stamps: an end stamp is taken after the
+//   call returned, a begin stamp before it started, so "begin stamp > end stamp" proves "began
+//   after returned". Ties and overlaps prove nothing and are not reported.
+// - Early is judged on CLOCK_REALTIME, the stores' clock (the Redis server runs on this machine):
+//   a take's end stamp is later than the store's decision to hand the job out, so a stamp before
+//   the job's due time proves the store handed it out early.
+// - Ids are never put twice (each process incarnation makes its own), so every event of an id is
+//   about one job.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "chaos_log.hpp"
+
+namespace delayq_chaos {
+
+/// What the store held once every process was gone.
+struct final_state {
+    bool read = false;                      ///< the store could be read
+    std::set<std::string> queued;           ///< waiting or leased
+    std::map<std::string, long long> dead;  ///< dead letters: id -> attempts (-1: not recorded)
+    std::string integrity;                  ///< "ok", a problem, or "" (no such check)
+    std::vector<std::string> notes;         ///< anything the adapter wants said
+
+    void save(const std::string& path) const {
+        std::ofstream out(path);
+        out << "read " << (read ? 1 : 0) << '\n';
+        for (const auto& id : queued) out << "queued " << id << '\n';
+        for (const auto& [id, a] : dead) out << "dead " << id << ' ' << a << '\n';
+        if (!integrity.empty()) out << "integrity " << integrity << '\n';
+        for (const auto& n : notes) out << "note " << n << '\n';
+    }
+    static final_state load(const std::string& path) {
+        final_state s;
+        std::ifstream in(path);
+        for (std::string l; std::getline(in, l);) {
+            const auto sp = l.find(' ');
+            const std::string k = l.substr(0, sp), rest = sp == l.npos ? "" : l.substr(sp + 1);
+            if (k == "read") s.read = rest == "1";
+            if (k == "queued") s.queued.insert(rest);
+            if (k == "dead") {
+                const auto sp2 = rest.rfind(' ');
+                s.dead[rest.substr(0, sp2)] = std::stoll(rest.substr(sp2 + 1));
+            }
+            if (k == "integrity") s.integrity = rest;
+            if (k == "note") s.notes.push_back(rest);
+        }
+        return s;
+    }
+};
+
+/// What the processes were run with.
+struct check_settings {
+    unsigned max_attempts = 0;
+    long long call_timeout_ms = 10'000;  ///< busy_timeout / io_timeout: a call returns by then
+};
+
+/// One broken promise and the events that show it.
+struct violation {
+    std::string kind;  ///< "lost", "ran-after-cancel", ...
+    std::string id;    ///< the job, or "" for one that is about no job
+    std::string what;  ///< in words
+    std::vector<const event*> evidence;
+};
+
+struct report {
+    std::vector<violation> violations;
+    std::vector<std::string> notes;
+    std::map<std::string, long long> counts;  ///< what happened, for the summary
+};
+
+namespace detail {
+
+/// One call: its begin line, its end (or fail) line, and how it ended.
+struct call {
+    const event* begin = nullptr;
+    const event* end = nullptr;  ///< the "-end" or "-fail" line; null: the process died in it
+    bool failed = false;
+    int result = -1;      ///< 0 / 1 from an "-end" line
+    long long token = 0;  ///< ack, nack
+    long long retry = 0;  ///< nack: ms
+    bool open() const { return end == nullptr; }
+    bool ok() const { return result == 1; }
+};
+
+struct delivery {
+    const event* begin = nullptr;  ///< take-begin
+    const event* line = nullptr;   ///< the job line (stamped when the take returned)
+    long long attempts = 0, token = 0, deadline = 0, lease = 0;
+};
+
+struct history {
+    std::vector<call> puts, cancels, acks, nacks;
+    std::vector<delivery> deliveries;
+    std::vector<const event*> dies;
+    bool poison = false;
+    long long due = 0;   ///< realtime ns before which it must not run (from put-begin)
+    bool known = false;  ///< some put-begin names it
+};
+
+inline std::string key2(const std::string& a, const std::string& b) {
+    return a + ' ' + b;
+}
+
+}  // namespace detail
+
+/// Judges `logs` (logs[i] are the events of the process whose name is names[i]) and `end`.
+inline report check(const std::vector<std::vector<event>>& logs, const final_state& end,
+                    const check_settings& cs) {
+    using detail::call;
+    report r;
+    std::map<std::string, detail::history> jobs;
+    long long open_takes = 0;  // takes a process died in, or that threw: deliveries nobody logged
+    const event* drain_end = nullptr;  // the drainer's "drain-end 1 DEAD"
+    std::vector<const event*> crashes, failures, slow;
+    long long off_min = 0, off_max = 0;
+    bool any = false;
+    const long long budget = (cs.call_timeout_ms + 20'000) * 1'000'000LL;
+
+    const auto add = [&](std::string kind, std::string id, std::string what,
+                         std::vector<const event*> ev) {
+        std::sort(ev.begin(), ev.end(),
+                  [](const event* a, const event* b) { return a->mono < b->mono; });
+        r.violations.push_back({std::move(kind), std::move(id), std::move(what), std::move(ev)});
+    };
+
+    for (const auto& log : logs) {
+        // Calls begun in this process and not yet ended, by what names them.
+        std::map<std::string, call> puts, cancels, acks, nacks;
+        std::map<std::string, const event*> takes;  // seq -> take-begin
+        std::map<std::string, const event*> take_ends;
+        // The call `k` of `open` ended with `e`; an "-end" line's result is its field `at`.
+        const auto finish = [&](std::map<std::string, call>& open, const std::string& k,
+                                const event& e, bool failed, std::size_t at,
+                                std::vector<call>& into) {
+            auto it = open.find(k);
+            if (it == open.end()) return;
+            call c = it->second;
+            open.erase(it);
+            c.end = &e;
+            c.failed = failed;
+            if (!failed) c.result = static_cast<int>(e.num(at));
+            if (e.mono - c.begin->mono > budget) slow.push_back(&e);
+            into.push_back(c);
+        };
+        for (const auto& e : log) {
+            if (!any) off_min = off_max = e.real - e.mono, any = true;
+            off_min = std::min(off_min, e.real - e.mono);
+            off_max = std::max(off_max, e.real - e.mono);
+            const std::string& k = e.kind;
+            if (k == "put-begin") {
+                auto& h = jobs[e.at(0)];
+                h.known = true;
+                h.poison = e.at(1) == "1";
+                h.due = e.num(2);
+                puts[e.at(0)] = call{&e};
+                r.counts["puts begun"]++;
+            } else if (k == "put-end" || k == "put-fail") {
+                finish(puts, e.at(0), e, k == "put-fail", 1, jobs[e.at(0)].puts);
+            } else if (k == "cancel-begin") {
+                cancels[e.at(0)] = call{&e};
+            } else if (k == "cancel-end" || k == "cancel-fail") {
+                finish(cancels, e.at(0), e, k == "cancel-fail", 1, jobs[e.at(0)].cancels);
+            } else if (k == "ack-begin") {
+                call c{&e};
+                c.token = e.num(1);
+                acks[detail::key2(e.at(0), e.at(1))] = c;
+            } else if (k == "ack-end" || k == "ack-fail") {
+                finish(acks, detail::key2(e.at(0), e.at(1)), e, k == "ack-fail", 2,
+                       jobs[e.at(0)].acks);
+            } else if (k == "nack-begin") {
+                call c{&e};
+                c.token = e.num(1);
+                c.retry = e.num(2);
+                nacks[detail::key2(e.at(0), e.at(1))] = c;
+            } else if (k == "nack-end" || k == "nack-fail") {
+                finish(nacks, detail::key2(e.at(0), e.at(1)), e, k == "nack-fail", 2,
+                       jobs[e.at(0)].nacks);
+            } else if (k == "take-begin") {
+                takes[e.at(0)] = &e;
+            } else if (k == "take-end" || k == "take-fail") {
+                auto it = takes.find(e.at(0));
+                if (it != takes.end()) {
+                    if (e.mono - it->second->mono > budget + it->second->num(2) * 1'000'000LL)
+                        slow.push_back(&e);
+                    if (k == "take-fail") {
+                        ++open_takes;
+                        takes.erase(it);
+                    } else {
+                        take_ends[e.at(0)] = it->second;
+                        takes.erase(it);
+                    }
+                }
+            } else if (k == "job") {
+                auto it = take_ends.find(e.at(0));
+                detail::delivery d;
+                d.begin = it != take_ends.end() ? it->second : nullptr;
+                d.line = &e;
+                d.attempts = e.num(2);
+                d.token = e.num(3);
+                d.deadline = e.num(4);
+                d.lease = e.num(5);
+                if (d.begin != nullptr) jobs[e.at(1)].deliveries.push_back(d);
+                r.counts["deliveries"]++;
+            } else if (k == "die") {
+                jobs[e.at(0)].dies.push_back(&e);
+                r.counts["poison deaths"]++;
+            } else if (k == "drain-end") {
+                if (e.at(0) == "1") drain_end = &e;
+            } else if (k == "crash") {
+                crashes.push_back(&e);
+            } else if (k == "kill") {
+                r.counts["kills (SIGKILL)"]++;
+            } else if (k == "stop") {
+                r.counts["stops (SIGTERM)"]++;
+            }
+            if (k.size() > 5 && k.compare(k.size() - 5, 5, "-fail") == 0) failures.push_back(&e);
+        }
+        // What the process was in the middle of when it died.
+        for (auto& [key, c] : puts) jobs[key].puts.push_back(c);
+        for (auto& [key, c] : cancels) jobs[key].cancels.push_back(c);
+        for (auto& [key, c] : acks) jobs[key.substr(0, key.find(' '))].acks.push_back(c);
+        for (auto& [key, c] : nacks) jobs[key.substr(0, key.find(' '))].nacks.push_back(c);
+        open_takes += static_cast<long long>(takes.size());
+    }
+    r.counts["takes a process died in or that threw"] = open_takes;
+
+    for (const event* e : failures) add("call-failed", e->at(0), "a call threw", {e});
+    for (const event* e : slow)
+        add("slow-call", e->at(0), "a call took longer than its timeout + 20 s", {e});
+    for (const event* e : crashes) add("process-crashed", e->at(0), "a process died unasked", {e});
+    if (!end.read)
+        add("store-unreadable", "", "the store's state at the end could not be read", {});
+    if (!end.integrity.empty() && end.integrity != "ok")
+        add("integrity", "", "the store's integrity check: " + end.integrity, {});
+    if (off_max - off_min > 50'000'000)
+        r.notes.push_back("the system clock moved against CLOCK_MONOTONIC by " +
+                          std::to_string((off_max - off_min) / 1'000'000) +
+                          " ms during the run: an early delivery near a step may be a false one");
+    const bool drained = drain_end != nullptr;
+    if (!drained)
+        r.notes.push_back("the drain did not empty the queue: jobs left are counted as queued");
+    else if (end.read && !drain_end->at(1).empty() &&
+             drain_end->num(1) != static_cast<long long>(end.dead.size()))
+        add("store-unreadable", "",
+            "the store's inspection found " + std::to_string(end.dead.size()) +
+                " dead letters, the queue's dead_size() said " + drain_end->at(1),
+            {drain_end});
+
+    const unsigned max = cs.max_attempts;
+    for (auto& [id, h] : jobs) {
+        std::vector<const event*> all;  // every line about the job, for the evidence
+        for (auto* v : {&h.puts, &h.cancels, &h.acks, &h.nacks})
+            for (const call& c : *v) {
+                all.push_back(c.begin);
+                if (c.end) all.push_back(c.end);
+            }
+        for (const auto& d : h.deliveries) all.insert(all.end(), {d.begin, d.line});
+        all.insert(all.end(), h.dies.begin(), h.dies.end());
+        std::sort(h.deliveries.begin(), h.deliveries.end(),
+                  [](const auto& a, const auto& b) { return a.token < b.token; });
+
+        const bool put_ok =
+            std::any_of(h.puts.begin(), h.puts.end(), [](const call& c) { return c.ok(); });
+        const bool queued = end.queued.count(id) != 0;
+        const auto dead_it = end.dead.find(id);
+        const bool dead = dead_it != end.dead.end();
+        if (put_ok) r.counts["puts returned true"]++;
+        if (put_ok && h.poison) r.counts["poison puts returned true"]++;
+        if (dead) r.counts["dead at the end"]++;
+        if (queued) r.counts["queued at the end"]++;
+
+        for (const call& c : h.puts)
+            if (c.result == 0)
+                add("put-refused", id, "a put of an id never put before returned false",
+                    {c.begin, c.end});
+        if (!h.known && (queued || dead || !h.deliveries.empty()))
+            add("phantom", id, "a job that no process put", all);
+
+        // Removed by a call that returned true, or may have been by one a process died in.
+        bool maybe_removed = false;
+        for (const call& c : h.acks) maybe_removed |= c.ok() || c.open() || c.failed;
+        for (const call& c : h.cancels) maybe_removed |= c.ok() || c.open() || c.failed;
+        if (put_ok && end.read && !maybe_removed && !queued && !dead)
+            add("lost", id,
+                "its put returned true; it was never acked or cancelled, is not dead and not "
+                "queued",
+                all);
+
+        std::vector<const call*> acked, settled;
+        for (const call& c : h.acks)
+            if (c.ok()) acked.push_back(&c), settled.push_back(&c);
+        for (const call& c : h.nacks)
+            if (c.ok()) settled.push_back(&c);
+        r.counts["acks returned true"] += static_cast<long long>(acked.size());
+        if (acked.size() > 1) add("acked-twice", id, "two acks returned true", all);
+
+        // cancel() returned true after the put returned: nothing may hand it out or settle it
+        // afterwards, and it must be gone at the end.
+        for (const call& c : h.cancels) {
+            if (!c.ok()) continue;
+            r.counts["cancels returned true"]++;
+            const bool put_before = std::any_of(h.puts.begin(), h.puts.end(), [&](const call& p) {
+                return p.ok() && p.end->mono < c.begin->mono;
+            });
+            if (!put_before) continue;
+            for (const auto& d : h.deliveries)
+                if (d.begin->mono > c.end->mono)
+                    add("ran-after-cancel", id,
+                        "handed out by a take that began after cancel() returned true",
+                        {h.puts.front().begin, h.puts.front().end, c.begin, c.end, d.begin,
+                         d.line});
+            for (const call* s : settled)
+                if (s->begin->mono > c.end->mono)
+                    add("settled-after-cancel", id,
+                        "an ack or nack that began after cancel() returned true returned true",
+                        {c.begin, c.end, s->begin, s->end});
+            if (queued || dead)
+                add("cancelled-came-back", id,
+                    std::string("cancel() returned true, yet it is ") +
+                        (queued ? "queued" : "dead") + " at the end",
+                    all);
+        }
+        if (!acked.empty()) {
+            const call& a = *acked.front();
+            for (const auto& d : h.deliveries)
+                if (d.begin->mono > a.end->mono)
+                    add("acked-came-back", id,
+                        "handed out by a take that began after ack() returned true",
+                        {a.begin, a.end, d.begin, d.line});
+            if (queued || dead)
+                add("acked-came-back", id,
+                    std::string("ack() returned true, yet it is ") + (queued ? "queued" : "dead") +
+                        " at the end",
+                    all);
+        }
+
+        // Fencing: a settle that returned true must hold the newest lease.
+        for (const call* s : settled)
+            for (const auto& d : h.deliveries)
+                if (d.token > s->token && d.line->mono < s->begin->mono)
+                    add("fencing", id,
+                        "an ack or nack with token " + std::to_string(s->token) +
+                            " returned true after a newer lease (token " + std::to_string(d.token) +
+                            ") had been handed out",
+                        {d.begin, d.line, s->begin, s->end});
+
+        // Deliveries: one lease at a time, each an attempt, never early.
+        std::set<long long> doubled;  // leases already reported as handed out twice
+        for (std::size_t i = 0; i < h.deliveries.size(); ++i) {
+            const auto& d = h.deliveries[i];
+            if (d.line->real < d.deadline)
+                add("early", id,
+                    "handed out " + std::to_string((d.deadline - d.line->real) / 1000) +
+                        " us before its deadline (the store's clock)",
+                    {d.begin, d.line});
+            if (h.known && d.line->real < h.due)
+                add("early", id,
+                    "handed out " + std::to_string((h.due - d.line->real) / 1000) +
+                        " us before the due time it was put with",
+                    all);
+            for (const call& n : h.nacks)
+                if (n.ok() && n.token < d.token && d.begin->mono > n.end->mono &&
+                    d.line->real < n.begin->real + n.retry * 1'000'000LL)
+                    add("early", id, "handed out again before its nack's retry_after passed",
+                        {n.begin, n.end, d.begin, d.line});
+            if (max > 0 && d.attempts > static_cast<long long>(max))
+                add("too-many-deliveries", id,
+                    "delivered with attempts " + std::to_string(d.attempts) + " > max_attempts " +
+                        std::to_string(max),
+                    all);
+            if (i > 0) {
+                const auto& p = h.deliveries[i - 1];
+                if (p.token == d.token)
+                    add("attempt-not-counted", id,
+                        "one lease (token " + std::to_string(d.token) + ") handed out twice", all);
+                else if (d.attempts <= p.attempts)
+                    add("attempt-not-counted", id,
+                        "a later lease (token " + std::to_string(d.token) + ") has attempts " +
+                            std::to_string(d.attempts) + ", not more than the earlier's " +
+                            std::to_string(p.attempts),
+                        all);
+            }
+            for (std::size_t j = 0; j < i; ++j) {
+                const auto& p = h.deliveries[j];
+                if (p.token == d.token || d.line->real >= p.lease) continue;
+                bool let_go = false;  // the earlier holder settled before this take returned
+                for (auto* v : {&h.acks, &h.nacks})
+                    for (const call& c : *v)
+                        let_go |= c.token == p.token && c.begin->mono < d.line->mono;
+                if (!let_go && !doubled.count(p.token)) {
+                    doubled.insert(p.token);
+                    add("double-lease", id,
+                        "handed out again " + std::to_string((p.lease - d.line->real) / 1000) +
+                            " us before the end of the lease an earlier take reported (token " +
+                            std::to_string(p.token) + "), which no ack or nack had let go",
+                        {p.begin, p.line, d.begin, d.line});
+                }
+            }
+        }
+        if (max > 0 && h.deliveries.size() > max)
+            add("too-many-deliveries", id,
+                std::to_string(h.deliveries.size()) + " deliveries logged, max_attempts " +
+                    std::to_string(max),
+                all);
+
+        if (dead && max > 0) {
+            long long seen = 0;
+            for (const auto& d : h.deliveries) seen = std::max(seen, d.attempts);
+            const long long recorded = dead_it->second;
+            if (recorded >= 0 && recorded != static_cast<long long>(max))
+                add(recorded < static_cast<long long>(max) ? "dead-too-early"
+                                                           : "too-many-deliveries",
+                    id,
+                    "dead letter records " + std::to_string(recorded) + " attempts, max_attempts " +
+                        std::to_string(max),
+                    all);
+            else if (static_cast<long long>(max) - seen > open_takes)
+                add("dead-too-early", id,
+                    "dead after " + std::to_string(seen) + " logged attempts (max_attempts " +
+                        std::to_string(max) + "), more missing than takes went unlogged (" +
+                        std::to_string(open_takes) + ")",
+                    all);
+        }
+        if (h.poison && put_ok && drained && queued)
+            add("poison-not-dead", id, "a poison job still queued after the queue was drained",
+                all);
+        if (h.poison && dead) r.counts["poison jobs dead"]++;
+    }
+    return r;
+}
+
+/// Prints `r`: a summary, then each violation with its evidence (at most `per_kind` of each kind
+/// in full). `names[i]` names log i.
+inline void print(std::FILE* out, const report& r, const std::vector<std::string>& names,
+                  std::size_t per_kind = 5) {
+    for (const auto& [what, n] : r.counts) std::fprintf(out, "  %-40s %lld\n", what.c_str(), n);
+    for (const auto& n : r.notes) std::fprintf(out, "  note: %s\n", n.c_str());
+    std::map<std::string, std::size_t> kinds;
+    for (const auto& v : r.violations) ++kinds[v.kind];
+    std::fprintf(out, "  violations: %zu\n", r.violations.size());
+    for (const auto& [k, n] : kinds) std::fprintf(out, "    %-28s %zu\n", k.c_str(), n);
+    std::map<std::string, std::size_t> shown;
+    for (const auto& v : r.violations) {
+        if (shown[v.kind]++ >= per_kind) continue;
+        std::fprintf(out, "  VIOLATION %s %s: %s\n", v.kind.c_str(), v.id.c_str(), v.what.c_str());
+        for (const event* e : v.evidence) {
+            const std::string& name =
+                e->file >= 0 && static_cast<std::size_t>(e->file) < names.size() ? names[e->file]
+                                                                                 : "?";
+            std::fprintf(out, "      %s:%zu: %s\n", name.c_str(), e->no, e->text.c_str());
+        }
+    }
+}
+
+}  // namespace delayq_chaos

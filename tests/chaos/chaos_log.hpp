@@ -1,0 +1,194 @@
+// The chaos check's event logs: one file per process (per incarnation of a worker), one line per
+// event, each line written with one write() and made durable with fdatasync() before the process
+// acts on what the line records. The checker (chaos_check.hpp) reads them all back.
+//
+// A line is `<mono_ns> <real_ns> <kind> <fields...>`: CLOCK_MONOTONIC, which is one clock for every
+// process of the machine (so "this take began after that cancel returned" compares lines of two
+// processes), and CLOCK_REALTIME, the clock that the SQLite queue judges due times by and that the
+// Redis server (on this machine) reads with TIME. A stamp is taken after the call it records
+// returned (an "-end" line) or before it began (a "-begin" line), so an end stamp is never earlier
+// than the real return and a begin stamp never later than the real start: every ordering the
+// checker concludes from two stamps held in fact.
+//
+// The kinds and their fields (ids never contain spaces; a message is the rest of its line):
+//
+//   start ROLE INDEX INCARNATION PID             the process began
+//   open-begin | open-end | close                 a queue object constructed / destroyed
+//   put-begin ID POISON DUE_NS HOW                about to put ID; POISON 0/1; DUE_NS: the time
+//                                                 (realtime ns) before which it must not run
+//   put-end ID 0|1                                the put returned false / true
+//   cancel-begin ID | cancel-end ID 0|1
+//   take-begin SEQ MAX_JOBS WAIT_MS               SEQ numbers this process's takes
+//   take-end SEQ N                                followed by N lines, in the same write:
+//   job SEQ ID ATTEMPTS TOKEN DEADLINE_NS LEASE_NS   one job handed out
+//   ack-begin ID TOKEN | ack-end ID TOKEN 0|1
+//   nack-begin ID TOKEN RETRY_MS | nack-end ID TOKEN 0|1
+//   die ID                                        a poison job: the process ends itself now
+//   <call>-fail ... CLASS MESSAGE                 a call threw (open, put, cancel, take, ack, nack)
+//   drain-end COMPLETE [DEAD]                     the drainer saw the queue empty (1; then
+//                                                 dead_size() too) or gave up (0)
+//   kill NAME PID | stop NAME PID | crash NAME WHAT      the orchestrator's own log
+#pragma once
+
+#include <fcntl.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace delayq_chaos {
+
+/// Both clocks, read back to back.
+struct stamp {
+    long long mono = 0;  ///< CLOCK_MONOTONIC, ns
+    long long real = 0;  ///< CLOCK_REALTIME, ns
+};
+
+inline long long clock_ns(clockid_t id) {
+    timespec ts{};
+    ::clock_gettime(id, &ts);
+    return static_cast<long long>(ts.tv_sec) * 1'000'000'000LL + ts.tv_nsec;
+}
+
+inline stamp now() {
+    stamp s;
+    s.mono = clock_ns(CLOCK_MONOTONIC);
+    s.real = clock_ns(CLOCK_REALTIME);
+    return s;
+}
+
+/// One line's text after its stamps: `kind` and the fields, space-separated. A message (which may
+/// hold spaces or newlines) goes last, flattened to one line.
+class line {
+  public:
+    explicit line(std::string_view kind) : text_(kind) {}
+    line& operator<<(std::string_view field) {
+        text_ += ' ';
+        for (char c : field) text_ += (c == '\n' || c == '\r') ? ' ' : c;
+        return *this;
+    }
+    line& operator<<(long long v) { return *this << std::string_view(std::to_string(v)); }
+    line& operator<<(unsigned long long v) { return *this << std::string_view(std::to_string(v)); }
+    line& operator<<(int v) { return *this << static_cast<long long>(v); }
+    line& operator<<(unsigned v) { return *this << static_cast<unsigned long long>(v); }
+    line& operator<<(long v) { return *this << static_cast<long long>(v); }
+    line& operator<<(unsigned long v) { return *this << static_cast<unsigned long long>(v); }
+    const std::string& text() const noexcept { return text_; }
+
+  private:
+    std::string text_;
+};
+
+/// A process's log: appends lines and makes them durable before returning.
+class log_writer {
+  public:
+    explicit log_writer(const std::string& path)
+        : fd_(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644)) {
+        if (fd_ < 0) throw std::runtime_error("cannot open the log " + path);
+    }
+    ~log_writer() { ::close(fd_); }
+    log_writer(const log_writer&) = delete;
+    log_writer& operator=(const log_writer&) = delete;
+
+    /// Writes `lines`, all with stamp `s`, in one write(), then fdatasync() (unless `sync` is
+    /// false: for a line that records no result, when a process must not lose time before a call).
+    void write(const stamp& s, const std::vector<line>& lines, bool sync = true) {
+        std::string out;
+        const std::string head = std::to_string(s.mono) + ' ' + std::to_string(s.real) + ' ';
+        for (const auto& l : lines) out += head + l.text() + '\n';
+        std::size_t done = 0;
+        while (done < out.size()) {
+            const ssize_t n = ::write(fd_, out.data() + done, out.size() - done);
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) throw std::runtime_error(std::string("log write: ") + std::strerror(errno));
+            done += static_cast<std::size_t>(n);
+        }
+        while (sync && ::fdatasync(fd_) != 0)
+            if (errno != EINTR)
+                throw std::runtime_error(std::string("log fdatasync: ") + std::strerror(errno));
+    }
+
+    /// One line stamped now. Returns the stamp.
+    stamp write(const line& l) {
+        const stamp s = now();
+        write(s, {l});
+        return s;
+    }
+    /// One line with a stamp taken earlier (the moment a call returned).
+    void write(const stamp& s, const line& l) { write(s, std::vector<line>{l}); }
+
+  private:
+    int fd_;
+};
+
+/// One event read back from a log.
+struct event {
+    int file = 0;                ///< index of the log it came from (one process incarnation)
+    std::size_t no = 0;          ///< its line number there, from 1
+    long long mono = 0;          ///< CLOCK_MONOTONIC ns
+    long long real = 0;          ///< CLOCK_REALTIME ns
+    std::string kind;            ///< "put-begin", ...
+    std::vector<std::string> f;  ///< the fields after the kind
+    std::string text;            ///< the whole line, for reports
+
+    /// Field i, or "" when the line is shorter.
+    const std::string& at(std::size_t i) const {
+        static const std::string none;
+        return i < f.size() ? f[i] : none;
+    }
+    long long num(std::size_t i) const {
+        const std::string& s = at(i);
+        return s.empty() ? 0 : std::stoll(s);
+    }
+};
+
+/// Parses one line (without its newline); false if it is not a whole event line.
+inline bool parse_line(const std::string& text, event& e) {
+    std::istringstream in(text);
+    std::string mono, real;
+    if (!(in >> mono >> real >> e.kind)) return false;
+    try {
+        e.mono = std::stoll(mono);
+        e.real = std::stoll(real);
+    } catch (const std::exception&) {
+        return false;
+    }
+    e.f.clear();
+    for (std::string w; in >> w;) e.f.push_back(w);
+    e.text = text;
+    return true;
+}
+
+/// The events of one log. A last line without its newline (the process died in the middle of the
+/// write) is left out: its event was never acted upon.
+inline std::vector<event> read_log(const std::string& path, int file) {
+    std::ifstream in(path, std::ios::binary);
+    std::stringstream all;
+    all << in.rdbuf();
+    const std::string s = all.str();
+    std::vector<event> out;
+    std::size_t pos = 0, no = 0;
+    while (pos < s.size()) {
+        const std::size_t nl = s.find('\n', pos);
+        if (nl == std::string::npos) break;
+        ++no;
+        event e;
+        if (parse_line(s.substr(pos, nl - pos), e)) {
+            e.file = file;
+            e.no = no;
+            out.push_back(std::move(e));
+        }
+        pos = nl + 1;
+    }
+    return out;
+}
+
+}  // namespace delayq_chaos

@@ -1,0 +1,289 @@
+// The chaos check's judge (chaos_check.hpp) on logs written by hand: each broken promise is found,
+// and nothing that at-least-once delivery allows (a process killed in the middle of a call, a
+// lease that ended, a redelivery) is called a violation.
+#include <initializer_list>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "catch.hpp"
+#include "chaos_check.hpp"
+
+namespace {
+
+using delayq_chaos::event;
+using delayq_chaos::final_state;
+
+constexpr long long ms = 1'000'000;               // ns
+constexpr long long t0 = 1'000 * ms;              // CLOCK_MONOTONIC at the "start"
+constexpr long long r0 = 1'700'000'000'000 * ms;  // CLOCK_REALTIME then
+
+// A process's log, built line by line; `at` is ms after the start, on both clocks.
+struct log_builder {
+    explicit log_builder(int f) : file(f) {}
+    int file;
+    std::vector<event> events;
+    log_builder& operator()(long long at, const std::string& text) {
+        event e;
+        const std::string full =
+            std::to_string(t0 + at * ms) + " " + std::to_string(r0 + at * ms) + " " + text;
+        REQUIRE(delayq_chaos::parse_line(full, e));
+        e.file = file;
+        e.no = events.size() + 1;
+        events.push_back(e);
+        return *this;
+    }
+};
+
+std::string ns_at(long long at) {
+    return std::to_string(r0 + at * ms);
+}
+
+// "job SEQ ID ATTEMPTS TOKEN DEADLINE LEASE", times in ms after the start.
+std::string job(int seq, const std::string& id, int attempts, int token, long long due,
+                long long lease_end) {
+    return "job " + std::to_string(seq) + " " + id + " " + std::to_string(attempts) + " " +
+           std::to_string(token) + " " + ns_at(due) + " " + ns_at(lease_end);
+}
+
+// A producer that put `id`, due at `due` ms, between 0 and 10 ms.
+log_builder producer(const std::string& id, long long due = 0, bool poison = false) {
+    log_builder p(0);
+    p(0, "put-begin " + id + (poison ? " 1 " : " 0 ") + ns_at(due) +
+             " after:" + std::to_string(due))(10, "put-end " + id + " 1");
+    return p;
+}
+
+std::multiset<std::string> kinds(std::initializer_list<log_builder> logs, const final_state& end,
+                                 unsigned max_attempts = 3) {
+    std::vector<std::vector<event>> all;
+    for (const auto& l : logs) {
+        all.push_back(l.events);
+        for (auto& e : all.back()) e.file = static_cast<int>(all.size() - 1);
+    }
+    delayq_chaos::check_settings cs;
+    cs.max_attempts = max_attempts;
+    const auto r = delayq_chaos::check(all, end, cs);
+    std::multiset<std::string> out;
+    for (const auto& v : r.violations) {
+        out.insert(v.kind);
+        // Every violation shows its events, but those about the store as a whole.
+        if (v.kind != "integrity" && v.kind != "store-unreadable") CHECK(!v.evidence.empty());
+    }
+    return out;
+}
+
+final_state empty_end() {
+    final_state s;
+    s.read = true;
+    s.integrity = "ok";
+    return s;
+}
+
+final_state queued(const std::string& id) {
+    auto s = empty_end();
+    s.queued.insert(id);
+    return s;
+}
+
+final_state dead(const std::string& id, long long attempts) {
+    auto s = empty_end();
+    s.dead[id] = attempts;
+    return s;
+}
+
+const std::multiset<std::string> none;
+
+}  // namespace
+
+TEST_CASE("chaos check: a job put, taken and acked is no violation") {
+    log_builder c(1);
+    c(20, "take-begin 0 1 100")(30, "take-end 0 1")(30, job(0, "a", 1, 7, 0, 1030))(
+        40, "ack-begin a 7")(50, "ack-end a 7 1");
+    CHECK(kinds({producer("a"), c}, empty_end()) == none);
+}
+
+TEST_CASE("chaos check: a returned put that is nowhere at the end is lost") {
+    CHECK(kinds({producer("a")}, empty_end()) == std::multiset<std::string>{"lost"});
+    CHECK(kinds({producer("a")}, queued("a")) == none);
+}
+
+TEST_CASE("chaos check: what a process killed mid-call may have done is not a loss") {
+    SECTION("killed between an ack's return and its log line") {
+        log_builder c(1);
+        c(20, "take-begin 0 1 100")(30, "take-end 0 1")(30, job(0, "a", 1, 7, 0, 1030))(
+            40, "ack-begin a 7");
+        CHECK(kinds({producer("a"), c}, empty_end()) == none);
+    }
+    SECTION("killed in a cancel") {
+        log_builder k(1);
+        k(20, "cancel-begin a");
+        CHECK(kinds({producer("a"), k}, empty_end()) == none);
+    }
+    SECTION("a put whose process died before its log line may or may not exist") {
+        log_builder p(0);
+        p(0, "put-begin a 0 " + ns_at(0) + " after:0");
+        CHECK(kinds({p}, empty_end()) == none);
+        log_builder c(1);
+        c(20, "take-begin 0 1 100")(30, "take-end 0 1")(30, job(0, "a", 1, 7, 0, 1030))(
+            40, "ack-begin a 7")(50, "ack-end a 7 1");
+        CHECK(kinds({p, c}, empty_end()) == none);
+    }
+}
+
+TEST_CASE("chaos check: a redelivery after a lease ended is at-least-once, not a violation") {
+    // The first consumer died holding the job (its lease ended at 1030); the second took it at
+    // 1100 with attempts 2 and acked it.
+    log_builder c1(1), c2(2);
+    c1(20, "take-begin 0 1 100")(30, "take-end 0 1")(30, job(0, "a", 1, 7, 0, 1030));
+    c2(1050, "take-begin 0 1 100")(1100, "take-end 0 1")(1100, job(0, "a", 2, 9, 1030, 2100))(
+        1110, "ack-begin a 9")(1120, "ack-end a 9 1");
+    CHECK(kinds({producer("a"), c1, c2}, empty_end()) == none);
+    SECTION("a consumer killed after the server leased it, before it logged the take") {
+        log_builder c3(1);
+        c3(20, "take-begin 0 1 100");  // attempts 1 went to it; the log shows only attempts 2
+        CHECK(kinds({producer("a"), c3, c2}, empty_end()) == none);
+    }
+}
+
+TEST_CASE("chaos check: handed out by a take that began after cancel() returned true") {
+    log_builder k(1), c(2);
+    k(20, "cancel-begin a")(30, "cancel-end a 1");
+    SECTION("the take began after the cancel returned") {
+        c(40, "take-begin 0 1 0")(45, "take-end 0 1")(45, job(0, "a", 1, 7, 0, 1045));
+        CHECK(kinds({producer("a"), k, c}, empty_end()) ==
+              std::multiset<std::string>{"ran-after-cancel"});
+    }
+    SECTION("a take that began before the cancel returned may hand it out") {
+        c(25, "take-begin 0 1 0")(45, "take-end 0 1")(45, job(0, "a", 1, 7, 0, 1045));
+        CHECK(kinds({producer("a"), k, c}, empty_end()) == none);
+    }
+    SECTION("its holder's ack after the cancel must be refused") {
+        c(15, "take-begin 0 1 0")(18, "take-end 0 1")(18, job(0, "a", 1, 7, 0, 1018))(
+            40, "ack-begin a 7")(45, "ack-end a 7 1");
+        CHECK(kinds({producer("a"), k, c}, empty_end()) ==
+              std::multiset<std::string>{"settled-after-cancel"});
+        log_builder ok(2);
+        ok(15, "take-begin 0 1 0")(18, "take-end 0 1")(18, job(0, "a", 1, 7, 0, 1018))(
+            40, "ack-begin a 7")(45, "ack-end a 7 0");
+        CHECK(kinds({producer("a"), k, ok}, empty_end()) == none);
+    }
+    SECTION("still queued at the end") {
+        CHECK(kinds({producer("a"), k}, queued("a")) ==
+              std::multiset<std::string>{"cancelled-came-back"});
+    }
+}
+
+TEST_CASE("chaos check: two acks that returned true") {
+    log_builder c1(1), c2(2);
+    c1(20, "take-begin 0 1 100")(30, "take-end 0 1")(30, job(0, "a", 1, 7, 0, 1030))(
+        1500, "ack-begin a 7")(1510, "ack-end a 7 1");
+    c2(1040, "take-begin 0 1 100")(1050, "take-end 0 1")(1050, job(0, "a", 2, 9, 1030, 2050))(
+        1600, "ack-begin a 9")(1610, "ack-end a 9 1");
+    const auto k = kinds({producer("a"), c1, c2}, empty_end());
+    CHECK(k.count("acked-twice") == 1);
+    CHECK(k.count("fencing") == 1);  // c1's ack, token 7, after token 9 was handed out
+}
+
+TEST_CASE("chaos check: handed out again while a lease still held") {
+    log_builder c1(1), c2(2);
+    c1(20, "take-begin 0 1 100")(30, "take-end 0 1")(30, job(0, "a", 1, 7, 0, 1030));
+    c2(500, "take-begin 0 1 100")(510, "take-end 0 1")(510, job(0, "a", 2, 9, 0, 1510))(
+        520, "ack-begin a 9")(530, "ack-end a 9 1");
+    CHECK(kinds({producer("a"), c1, c2}, empty_end()) ==
+          std::multiset<std::string>{"double-lease"});
+    SECTION("not after a nack let it go") {
+        c1(100, "nack-begin a 7 0")(110, "nack-end a 7 1");
+        CHECK(kinds({producer("a"), c1, c2}, empty_end()) == none);
+    }
+}
+
+TEST_CASE("chaos check: early deliveries") {
+    SECTION("before the deadline the store handed out") {
+        log_builder c(1);
+        c(20, "take-begin 0 1 100")(30, "take-end 0 1")(30, job(0, "a", 1, 7, 31, 1030))(
+            40, "ack-begin a 7")(50, "ack-end a 7 1");
+        CHECK(kinds({producer("a"), c}, empty_end()) == std::multiset<std::string>{"early"});
+    }
+    SECTION("before the due time it was put with") {
+        log_builder c(1);
+        c(20, "take-begin 0 1 100")(30, "take-end 0 1")(30, job(0, "a", 1, 7, 0, 1030))(
+            40, "ack-begin a 7")(50, "ack-end a 7 1");
+        CHECK(kinds({producer("a", 500), c}, empty_end()) == std::multiset<std::string>{"early"});
+    }
+    SECTION("before a nack's retry_after") {
+        log_builder c(1);
+        c(20, "take-begin 0 1 100")(30, "take-end 0 1")(30, job(0, "a", 1, 7, 0, 1030))(
+            40, "nack-begin a 7 300")(50, "nack-end a 7 1")(60, "take-begin 1 1 100")(
+            70, "take-end 1 1")(70, job(1, "a", 2, 8, 0, 1070))(80, "ack-begin a 8")(
+            90, "ack-end a 8 1");
+        CHECK(kinds({producer("a"), c}, empty_end()) == std::multiset<std::string>{"early"});
+    }
+}
+
+TEST_CASE("chaos check: poison jobs and max_attempts") {
+    // Three deliveries, each ending its consumer, then dead: the promise kept.
+    log_builder c1(1), c2(2), c3(3);
+    c1(20, "take-begin 0 1 100")(30, "take-end 0 1")(30, job(0, "x", 1, 1, 0, 1030))(30, "die x");
+    c2(1040, "take-begin 0 1 100")(1050, "take-end 0 1")(1050, job(0, "x", 2, 2, 1030, 2050))(
+        1050, "die x");
+    c3(2060, "take-begin 0 1 100")(2070, "take-end 0 1")(2070, job(0, "x", 3, 3, 2050, 3070))(
+        2070, "die x");
+    CHECK(kinds({producer("x", 0, true), c1, c2, c3}, dead("x", 3)) == none);
+    CHECK(kinds({producer("x", 0, true), c1, c2, c3}, dead("x", -1)) == none);
+
+    SECTION("a delivery that did not count as an attempt") {
+        log_builder c4(4);
+        c4(3100, "take-begin 0 1 100")(3110, "take-end 0 1")(3110, job(0, "x", 3, 4, 3070, 4110))(
+            3110, "die x");
+        const auto k = kinds({producer("x", 0, true), c1, c2, c3, c4}, dead("x", 3));
+        CHECK(k.count("attempt-not-counted") == 1);
+        CHECK(k.count("too-many-deliveries") == 1);  // 4 logged deliveries, max 3
+    }
+    SECTION("dead before max_attempts deliveries") {
+        CHECK(kinds({producer("x", 0, true), c1, c2}, dead("x", 2)) ==
+              std::multiset<std::string>{"dead-too-early"});
+        // Without the store's count: only when fewer takes went unlogged than attempts are missing.
+        CHECK(kinds({producer("x", 0, true), c1}, dead("x", -1)) ==
+              std::multiset<std::string>{"dead-too-early"});
+        log_builder killed(5);
+        killed(500, "take-begin 0 1 100");
+        CHECK(kinds({producer("x", 0, true), c1, c2, killed}, dead("x", -1)) == none);
+    }
+    SECTION("still queued after a complete drain") {
+        log_builder d(6);
+        d(5000, "drain-end 1");
+        CHECK(kinds({producer("x", 0, true), c1, d}, queued("x")) ==
+              std::multiset<std::string>{"poison-not-dead"});
+    }
+}
+
+TEST_CASE("chaos check: failures, crashes, phantoms and the store's integrity") {
+    log_builder p(0);
+    p(0, "open-begin")(5, "open-fail - delayq::sqlite::busy_error database is locked");
+    CHECK(kinds({p}, empty_end()) == std::multiset<std::string>{"call-failed"});
+    log_builder o(0);
+    o(0, "crash consumer-1.0 signal-Segmentation fault");
+    CHECK(kinds({o}, empty_end()) == std::multiset<std::string>{"process-crashed"});
+    log_builder c(0);
+    c(20, "take-begin 0 1 100")(30, "take-end 0 1")(30, job(0, "z", 1, 7, 0, 1030));
+    CHECK(kinds({c}, empty_end()) == std::multiset<std::string>{"phantom"});
+    auto bad = empty_end();
+    bad.integrity = "*** in database main *** Page 5 is never used";
+    CHECK(kinds({}, bad).count("integrity") == 1);
+}
+
+TEST_CASE("chaos check: a log's torn last line is left out") {
+    const std::string path = "chaos_check_torn.log";
+    {
+        std::FILE* f = std::fopen(path.c_str(), "w");
+        REQUIRE(f != nullptr);
+        std::fputs("1 2 put-begin a 0 3 after:0\n4 5 put-end a 1\n6 7 ack-be", f);
+        std::fclose(f);
+    }
+    const auto ev = delayq_chaos::read_log(path, 0);
+    std::remove(path.c_str());
+    REQUIRE(ev.size() == 2);
+    CHECK(ev[1].kind == "put-end");
+    CHECK(ev[1].no == 2);
+}
