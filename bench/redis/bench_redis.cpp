@@ -3,7 +3,7 @@
 // BullMQ's beside them when it is installed.
 //
 //   bench_redis [--jobs N] [--batch-jobs N] [--paced-seconds S] [--idle-seconds S] [--repeat R]
-//               [--port P] [--bullmq-concurrency C] [--prefetch 0|1]
+//               [--port P] [--bullmq-concurrency C]
 //               [--only put|e2e|delayq|bullmq|bullmq-batch|scripts|paced|idle|memory|sharded|
 //                       sqlite|sqlite-reopen]
 //
@@ -36,8 +36,7 @@
 //    temporary directory, every put fsynced): R rounds of the Redis queue's two end-to-end runs of
 //    2. (single calls, batches of 100), each followed by the same run on a sqlite::delay_queue in
 //    the same process, jobs/s and client CPU per job (the SQLite queue's whole cost: it has no
-//    server) side by side with the ratios sqlite / redis (--prefetch sets the SQLite queue's
-//    options::prefetch);
+//    server) side by side with the ratios sqlite / redis;
 // 9. reopening an SQLite queue of 1M pending jobs (put_many of 500, delays U[0, 2 s]): the time to
 //    open it in a fresh object and take the first due job, and the resident memory that added
 //    (/proc/self/statm) per pending job.
@@ -88,7 +87,6 @@ struct config {
     int repeat = 3;
     int port = 0;
     int bullmq_concurrency = 100;  // the batched BullMQ worker's
-    bool prefetch = true;          // the SQLite queue's options::prefetch (--only sqlite)
     std::string only;
 };
 
@@ -815,11 +813,9 @@ class temp_dir {
     std::filesystem::path path_;
 };
 
-std::unique_ptr<delayq::sqlite::delay_queue> sqlite_queue(const std::string& path,
-                                                          bool prefetch = true) {
+std::unique_ptr<delayq::sqlite::delay_queue> sqlite_queue(const std::string& path) {
     delayq::sqlite::options o;
     o.path = path;  // the defaults otherwise: every put fsynced
-    o.prefetch = prefetch;
     return std::make_unique<delayq::sqlite::delay_queue>(o);
 }
 
@@ -866,9 +862,7 @@ void print_sqlite_table(const series& rs, const series& ss, const series& rb, co
 void sqlite_beside_redis(const config& cfg) {
     temp_dir dir;
     series rs{"delayq-redis end to end (single calls: put_after, take, ack)", cfg.jobs, {}};
-    series ss{std::string("delayq-sqlite end to end (single calls: put_after, take, ack; durable "
-                          "puts") +
-                  (cfg.prefetch ? ")" : "; prefetch off)"),
+    series ss{"delayq-sqlite end to end (single calls: put_after, take, ack; durable puts)",
               cfg.jobs,
               {}};
     series rb{"delayq-redis end to end (batches of 100)", cfg.batch_jobs, {}};
@@ -888,14 +882,13 @@ void sqlite_beside_redis(const config& cfg) {
             add(rs, "delayq-redis single", i, measured(cfg.port, q, {cfg.jobs, 0, 1, 0}));
         }
         add(ss, "delayq-sqlite single", i,
-            measured_locally(*sqlite_queue(dir.file("single-" + n + ".db"), cfg.prefetch),
-                             {cfg.jobs, 0, 1, 0}));
+            measured_locally(*sqlite_queue(dir.file("single-" + n + ".db")), {cfg.jobs, 0, 1, 0}));
         {
             delayq::redis::delay_queue q(queue_options(cfg.port, "bench-sq-redis-100-" + n));
             add(rb, "delayq-redis batched", i, measured(cfg.port, q, {cfg.batch_jobs, 0, 100, 0}));
         }
         add(sb, "delayq-sqlite batched", i,
-            measured_locally(*sqlite_queue(dir.file("batched-" + n + ".db"), cfg.prefetch),
+            measured_locally(*sqlite_queue(dir.file("batched-" + n + ".db")),
                              {cfg.batch_jobs, 0, 100, 0}));
     }
     for (const series* s : {&rs, &ss, &rb, &sb}) s->print();
@@ -987,13 +980,11 @@ int main(int argc, char** argv) {
             cfg.port = v;
         else if (a == "--bullmq-concurrency")
             cfg.bullmq_concurrency = std::max(1, v);
-        else if (a == "--prefetch")
-            cfg.prefetch = v != 0;
         else {
             std::fprintf(stderr,
                          "usage: %s [--jobs N] [--batch-jobs N] [--paced-seconds S] "
                          "[--idle-seconds S] [--repeat R] "
-                         "[--port P] [--bullmq-concurrency C] [--prefetch 0|1] [--only "
+                         "[--port P] [--bullmq-concurrency C] [--only "
                          "put|e2e|delayq|bullmq|bullmq-batch|scripts|paced|idle|memory|sharded|"
                          "sqlite|sqlite-reopen]\n",
                          argv[0]);

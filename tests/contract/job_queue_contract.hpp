@@ -242,6 +242,25 @@ TEMPLATE_LIST_TEST_CASE("contract: cancel removes a waiting or a leased job", "[
     CHECK(q->dead_size() == 0);
 }
 
+TEMPLATE_LIST_TEST_CASE(
+    "contract: a job cancelled through another handle is not handed out by a later take",
+    "[contract]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    TestType f;
+    auto consumer = f.make({});
+    auto admin = f.make({});
+    REQUIRE(consumer->put("a", "x", past));
+    REQUIRE(consumer->put("b", "y", past + 1ms));
+    auto a = consumer->take(5s);
+    REQUIRE(a);
+    CHECK(a->id == "a");
+    CHECK(consumer->ack(*a));  // a queue may do more here; b must still be cancellable
+    CHECK(admin->cancel("b"));
+    auto after = consumer->take(0ms);  // began after the cancel returned true
+    CHECK_FALSE(after);
+    CHECK(consumer->size() == 0);
+}
+
 TEMPLATE_LIST_TEST_CASE("contract: reschedule moves a waiting job only", "[contract]",
                         delayq_contract_fixtures) {
     using namespace delayq_contract;

@@ -11,9 +11,6 @@
 //   delayq_sqlite_helper consume PATH LEASE_MS  take and ack forever: "acking ID" before each
 //                                               ack, "acked ID" once it returned true, "early ID"
 //                                               for a job handed out before its deadline
-//   delayq_sqlite_helper take-ack-die PATH      take a job and ack it (which keeps the next due
-//                                               job for a take() that never comes), print "acked
-//                                               ID", and exit at once, without the destructors
 // produce and consume are the processes that the crash test kills with SIGKILL mid-flow.
 #include <sys/resource.h>
 #include <unistd.h>
@@ -59,13 +56,6 @@ int main(int argc, char** argv) {
                                             std::chrono::milliseconds(std::atoll(argv[4])));
             std::printf("%s\n", queued ? "queued" : "refused");
             return 0;
-        }
-        if (mode == "take-ack-die" && argc == 3) {
-            auto* q = new delayq::sqlite::delay_queue(opts(argv[2]));  // never destroyed
-            auto j = q->take(std::chrono::seconds(5));
-            if (j && q->ack(*j)) std::printf("acked %s\n", j->id.c_str());
-            std::fflush(stdout);
-            std::_Exit(0);
         }
         if (mode == "produce" && argc == 5) {
             delayq::sqlite::delay_queue q(opts(argv[2]));

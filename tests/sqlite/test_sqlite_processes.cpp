@@ -371,3 +371,78 @@ TEST_CASE("processes: opening waits out another connection's lock within busy_ti
     }
     sqlite3_close(other);
 }
+
+TEST_CASE("processes: a job cancelled by another process is not handed out by a later take") {
+    temp_dir dir;
+    const std::string path = dir.file();
+    channel up, down;
+    const pid_t admin = child([&] {  // started before this process opens the file
+        up.close_read();
+        down.close_write();
+        delay_queue q(opts(path));
+        for (std::string line; !(line = down.hear()).empty();)
+            up.say(q.cancel(line) ? "cancelled" : "not queued");
+        return 0;
+    });
+    up.close_write();
+    down.close_read();
+    {
+        delay_queue consumer(opts(path));
+        for (int round = 0; round < 3; ++round) {
+            const std::string a = "a" + std::to_string(round), b = "b" + std::to_string(round);
+            REQUIRE(consumer.put(a, "x", past));
+            REQUIRE(consumer.put(b, "y", past + 1ms));
+            auto j = consumer.take(5s);
+            REQUIRE(j);
+            CHECK(j->id == a);
+            CHECK(consumer.ack(*j));  // where an ack also leased the next due job, b
+            down.say(b);
+            CHECK(up.hear() == "cancelled");
+            auto after = consumer.take(0ms);  // starts after the cancel returned true
+            CHECK_FALSE(after);
+            if (after) consumer.ack(*after);
+            CHECK(consumer.size() == 0);
+        }
+    }
+    down.close_write();
+    wait_for(admin);
+}
+
+TEST_CASE(
+    "processes: a job that kills its consumer at once is dead after max_attempts deliveries") {
+    temp_dir dir;
+    const std::string path = dir.file();
+    auto o = opts(path);
+    o.lease = 1s;
+    o.max_attempts = 1;
+    {
+        delay_queue q(o);
+        REQUIRE(q.put("a", "fine", past));
+        REQUIRE(q.put("poison", "kills its consumer", past + 1ms));
+        REQUIRE(q.put("c", "fine", past + 2ms));
+    }
+    channel up;
+    const pid_t consumer = child([&] {
+        up.close_read();
+        delay_queue q(o);
+        while (auto j = q.take(5s)) {
+            up.say("took " + j->id + " " + std::to_string(j->attempts));
+            if (j->payload != "fine") ::raise(SIGKILL);  // the job crashes its process
+            q.ack(*j);
+        }
+        return 0;
+    });
+    up.close_write();
+    std::vector<std::string> took = up.hear_all();
+    wait_for(consumer);
+    CHECK(took == std::vector<std::string>{"took a 1", "took poison 1"});
+    delay_queue q(o);
+    std::vector<std::string> later;
+    while (auto j = q.take(3s)) {  // the poison job's lease ends within a second
+        later.push_back(j->id + " " + std::to_string(j->attempts));
+        q.ack(*j);
+    }
+    CHECK(later == std::vector<std::string>{"c 1"});
+    CHECK(q.dead_size() == 1);
+    CHECK(q.size() == 0);
+}

@@ -167,10 +167,9 @@ TEST_CASE("a reopened file holds every pending job, and leases and tokens carry 
     CHECK(q.size() == 1);  // "later"
 }
 
-TEST_CASE("prefetch: an ack keeps the next due job for the next take, its attempt uncounted") {
+TEST_CASE("an ack leases nothing: another handle takes the next due job at once") {
     temp_dir dir;
     auto o = opts(dir.file());
-    o.lease = 2s;  // a hold of 400 ms, a window of 100 ms
     delay_queue q(o);
     delay_queue other(o);
     REQUIRE(q.put("a", "x", past));
@@ -178,99 +177,53 @@ TEST_CASE("prefetch: an ack keeps the next due job for the next take, its attemp
     auto a = q.take(5s);
     REQUIRE(a);
     CHECK(a->id == "a");
-    CHECK(q.ack(*a));  // keeps "b" for q's next take
-    CHECK(q.size() == 1);
-    CHECK_FALSE(other.take(0ms));  // held in the file for q
-    auto b = q.take(0ms);          // no transaction needed: q kept it
-    REQUIRE(b);
-    CHECK(b->id == "b");
-    CHECK(b->payload == "y");
-    CHECK(b->attempts == 1);
-    CHECK(b->token > a->token);
-    // Worked for longer than the hold: the keeper made its lease whole, so the ack still holds.
-    std::this_thread::sleep_for(700ms);
-    CHECK_FALSE(other.take(0ms));
-    CHECK(q.ack(*b));
-    CHECK(q.size() == 0);
-}
-
-TEST_CASE("prefetch: a kept job that no take comes for goes back, its attempt uncounted") {
-    temp_dir dir;
-    auto o = opts(dir.file());
-    o.lease = 2s;
-    o.max_attempts = 1;  // a counted delivery of "b" would dead-letter it at its hold's end
-    delay_queue q(o);
-    delay_queue other(o);
-    REQUIRE(q.put("a", "x", past));
-    REQUIRE(q.put("b", "y", past + 1ms));
-    auto a = q.take(5s);
-    REQUIRE(a);
-    CHECK(q.ack(*a));         // keeps "b"; q never takes it
-    auto b = other.take(5s);  // q's keeper gives it back after the window
+    CHECK(q.ack(*a));
+    auto b = other.take(0ms);
     REQUIRE(b);
     CHECK(b->id == "b");
     CHECK(b->attempts == 1);
     CHECK(other.ack(*b));
-    CHECK(other.dead_size() == 0);
 }
 
-TEST_CASE("prefetch: a kept job comes back by itself when its object dies with it") {
+TEST_CASE("a file of an earlier version: a job an ack kept comes back when its hold ends") {
+    // Earlier versions had a prefetch: an ack could lease the next due job for its object's next
+    // take, for a short hold, its attempt not counted and its token stored negated.
     temp_dir dir;
     auto o = opts(dir.file());
-    o.max_attempts = 1;
+    o.max_attempts = 1;  // an uncounted delivery must not dead-letter it
+    {
+        delay_queue q(o);
+        REQUIRE(q.put("ended", "x", past));
+        REQUIRE(q.put("holding", "y", past + 1ms));
+    }
+    using namespace std::chrono;
+    const long long now =
+        duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
+    const std::string sql = "UPDATE jobs SET lease_end = " + std::to_string(now - 1000) +
+                            ", token = -7 WHERE id = CAST('ended' AS BLOB);"
+                            "UPDATE jobs SET lease_end = " +
+                            std::to_string(now + 2000) +
+                            ", token = -8 WHERE id = CAST('holding' AS BLOB);"
+                            "UPDATE meta SET value = 8 WHERE name = 'token'";
+    raw_exec(dir.file(), sql.c_str());
     delay_queue q(o);
-    REQUIRE(q.put("a", "x", past));
-    REQUIRE(q.put("b", "y", past + 1ms));
-    CHECK(helper("take-ack-die " + dir.file()) == "acked a");
-    CHECK(q.size() == 1);
-    CHECK_FALSE(q.take(0ms));  // held for the dead process, for 400 ms at most
-    const auto start = std::chrono::steady_clock::now();
-    auto b = q.take(5s);
-    REQUIRE(b);
-    CHECK(std::chrono::steady_clock::now() - start < 3s);  // the short hold, not the 30 s lease
-    CHECK(b->id == "b");
-    CHECK(b->attempts == 1);  // no user code saw the kept delivery
-    CHECK(q.ack(*b));
-    CHECK(q.dead_size() == 0);
-}
-
-TEST_CASE("prefetch: a nack of a kept job counts its delivery, and cancel drops a kept job") {
-    temp_dir dir;
-    auto o = opts(dir.file());
-    o.lease = 2s;
-    o.max_attempts = 1;
-    delay_queue q(o);
-    REQUIRE(q.put("a", "x", past));
-    REQUIRE(q.put("b", "y", past + 1ms));
-    REQUIRE(q.put("c", "z", past + 2ms));
-    auto a = q.take(5s);
-    REQUIRE(a);
-    CHECK(q.ack(*a));  // keeps "b"
-    auto b = q.take(0ms);
-    REQUIRE(b);
-    CHECK(b->id == "b");
-    CHECK(q.nack(*b, 0ms));  // its first delivery, counted: max_attempts reached
-    CHECK(q.dead_size() == 1);
-    auto c = q.take(5s);
-    REQUIRE(c);
-    CHECK(c->id == "c");
-    REQUIRE(q.put("d", "w", past + 3ms));
-    CHECK(q.ack(*c));  // keeps "d"
-    CHECK(q.cancel("d"));
-    CHECK_FALSE(q.take(0ms));
+    auto first = q.take(0ms);  // its hold ended: reclaimed and leased again
+    REQUIRE(first);
+    CHECK(first->id == "ended");
+    CHECK(first->attempts == 1);
+    CHECK(first->token > 8);
+    CHECK_FALSE(q.take(0ms));  // still held for the earlier version's object
+    auto second = q.take(30s);
+    REQUIRE(second);
+    CHECK(second->id == "holding");
+    CHECK(second->attempts == 1);
+    CHECK(second->token > first->token);
+    CHECK(std::chrono::system_clock::now() >=
+          std::chrono::system_clock::time_point(std::chrono::milliseconds(now + 2000)));
+    CHECK(q.ack(*first));
+    CHECK(q.ack(*second));
     CHECK(q.size() == 0);
-
-    o.prefetch = false;
-    delay_queue plain(o);
-    REQUIRE(plain.put("e", "x", past));
-    REQUIRE(plain.put("f", "y", past + 1ms));
-    auto e = plain.take(5s);
-    REQUIRE(e);
-    CHECK(plain.ack(*e));  // keeps nothing: another handle takes "f" at once
-    auto f = q.take(0ms);
-    REQUIRE(f);
-    CHECK(f->id == "f");
-    CHECK(q.ack(*f));
+    CHECK(q.dead_size() == 0);
 }
 
 TEST_CASE("a put by another process wakes a waiting take") {

@@ -16,18 +16,11 @@
 // mode) and never waits for an fsync: they survive a crash of the process, and a power cut may
 // undo the last of them, which only means a redelivery (at-least-once).
 //
-// Prefetch. In the loop `while (auto j = q.take(t)) { work(*j); q.ack(*j); }` an ack (not a nack)
-// also leases the next due job in its own transaction and keeps it for the object's next take(),
-// which then needs none: one transaction per job instead of two, as the Redis backend's prefetch
-// (redis/detail/stash.hpp), whose rules this follows. A kept job is handed to no user code yet, so
-// the file holds it for a short hold only, min(400 ms, lease / 4), its attempt not counted (a
-// negative token marks that state in the file): if the object dies, it comes back by itself, and
-// it is never dead-lettered for a delivery nobody saw. take() hands it out only within a quarter
-// of the hold after the ack; its ack or nack then proves the hand-over, and if none came within
-// half that window a keeper thread makes the lease whole (the attempt counted), long before the
-// hold ends. The keeper also gives back the kept jobs that no take() came for within the window,
-// and the destructor the rest. At most one kept job per job take() handed out and not yet settled.
-// The bookkeeping and the keeper are delayq::detail::prefetch_keeper, shared with the Redis queue.
+// Delivery. take() leases its jobs in the file, their attempt counted and a fencing token given,
+// in the transaction that hands them out: no job waits in the object's memory for a later take.
+// So a cancel that returned true, through any object or process, is seen by every take that
+// starts after it, and a job that kills its consumer has had its delivery counted (max_attempts
+// bounds a crash loop). docs/sqlite.md, "Why no prefetch", has what keeping one would buy.
 //
 // Waiting without polling. take() follows delay_queue's leader-follower pattern: one waiting
 // thread, the leader, sleeps until the next event it knows of; the others sleep on a condition
@@ -65,7 +58,6 @@
 #include <vector>
 
 #include "../detail/epoch_ms.hpp"
-#include "../detail/prefetch_keeper.hpp"
 #include "../detail/time.hpp"
 #include "../job.hpp"
 #include "detail/group_commit.hpp"
@@ -94,10 +86,6 @@ struct options {
     /// The file may grow to about this many bytes (0: as far as the disk allows); beyond it,
     /// puts throw disk_full_error. In whole pages of the file (4 KiB by default).
     std::uint64_t max_size = 0;
-    /// ack() also leases the next due job, in its own transaction, and keeps it for this object's
-    /// next take(): one transaction per job instead of two in the loop `while (auto j =
-    /// q.take(t)) { work(*j); q.ack(*j); }`. See "Prefetch" in docs/sqlite.md.
-    bool prefetch = true;
 };
 
 /// What went wrong with the queue's file; the subclasses name the problems a caller can act on.
@@ -161,10 +149,6 @@ class delay_queue {
         if (u->step()) data_version_ = u->integer(0);
     }
 
-    /// Gives back the jobs that acks kept for a take() that never came (see "Prefetch" above);
-    /// if that fails, their short hold ends by itself.
-    ~delay_queue() { keeper_.stop(); }
-
     delay_queue(const delay_queue&) = delete;
     delay_queue& operator=(const delay_queue&) = delete;
 
@@ -209,11 +193,6 @@ class delay_queue {
     /// `id` is not queued. Durable when it returns (durable_puts).
     bool cancel(std::string_view id) {
         check_id(id);
-        {
-            // A job an ack kept must not be handed out, nor extended, once cancelled.
-            std::lock_guard lk(m_);
-            keeper_.forget(id);
-        }
         op o{op::cancel, id};
         return run_one(o);
     }
@@ -246,24 +225,7 @@ class delay_queue {
         check_id(j.id);
         op o{op::ack, j.id};
         o.token = token_of(j);
-        std::vector<job> next;
-        {
-            std::lock_guard lk(m_);
-            // At most one kept job per job in user code: one per consumer thread in the loop.
-            if (keeper_.settling(true)) {
-                o.want = 1;
-                o.jobs = &next;
-            }
-        }
-        const auto sent = steady::now();  // the hold begins after this
-        run_one(o);
-        std::lock_guard lk(m_);
-        keeper_.settled(j);  // settled (or lost): nothing to extend
-        if (!next.empty()) {
-            keeper_.keep(std::move(next.front()), {}, sent);
-            leader_cv_.notify_one();  // a take() waiting for the file may have it
-        }
-        return o.ok;
+        return run_one(o);
     }
 
     /// ack for many jobs, in one transaction; element i is what ack(jobs[i]) would have returned.
@@ -275,9 +237,7 @@ class delay_queue {
             ops.push_back(op{op::ack, j.id});
             ops.back().token = token_of(j);
         }
-        auto out = run_all(ops);
-        settled(jobs);
-        return out;
+        return run_all(ops);
     }
 
     /// Back to the queue, due `retry_after` from now, or to the dead letters if this was its
@@ -287,9 +247,7 @@ class delay_queue {
         op o{op::nack, j.id};
         o.token = token_of(j);
         o.due = due_after(retry_after);
-        run_one(o);
-        settled(std::span<const job>(&j, 1));
-        return o.ok;
+        return run_one(o);
     }
 
     /// Jobs queued: waiting plus leased. Counts the file's rows: O(n).
@@ -312,21 +270,18 @@ class delay_queue {
     // One change to the file, as the group commit runs it (see "Durability" above): every
     // write of the queue goes through it, so that concurrent calls share transactions.
     struct op {
-        enum kind_t : unsigned char { put, cancel, reschedule, ack, nack, lease, extend, release };
+        enum kind_t : unsigned char { put, cancel, reschedule, ack, nack, lease };
         kind_t kind;
         std::string_view id;
         std::string_view payload{};        // put
         long long due = 0;                 // put, reschedule, nack: the new due time
-        long long token = 0;               // ack, nack, extend, release: the lease's
-        std::size_t want = 0;              // lease, ack: at most this many jobs
-        std::vector<job>* jobs = nullptr;  // lease: the jobs leased; ack: the job kept, if any
+        long long token = 0;               // ack, nack: the lease's
+        std::size_t want = 0;              // lease: at most this many jobs
+        std::vector<job>* jobs = nullptr;  // lease: the jobs leased
         bool ok = false;                   // the result: queued, removed, moved, settled
     };
 
     using group_type = detail::group_commit<op>;
-
-    // Prefetch's bookkeeping and thread (see "Prefetch" above), shared with the Redis queue.
-    using keeper = delayq::detail::prefetch_keeper<job>;
 
     // Every statement the queue runs, prepared once (SQLITE_PREPARE_PERSISTENT).
     struct statements {
@@ -353,31 +308,21 @@ class delay_queue {
               lease(db,
                     "UPDATE jobs SET lease_end = ?1, token = ?2, attempts = attempts + 1 WHERE "
                     "id = ?3"),
-              keep(db, "UPDATE jobs SET lease_end = ?1, token = -?2 WHERE id = ?3"),
-              extend(db,
-                     "UPDATE jobs SET lease_end = ?1, token = ?2, attempts = attempts + 1 WHERE "
-                     "id = ?3 AND token = -?2 AND lease_end > ?4"),
-              release(db,
-                      "UPDATE jobs SET lease_end = NULL, token = 0 WHERE id = ?1 AND token = -?2"),
-              count_kept(db,
-                         "UPDATE jobs SET attempts = attempts + 1, token = -token WHERE id = ?1"),
               get_token(db, "SELECT value FROM meta WHERE name = 'token'"),
               set_token(db, "UPDATE meta SET value = ?1 WHERE name = 'token'"),
               next(db,
                    "SELECT (SELECT min(due) FROM jobs WHERE lease_end IS NULL), (SELECT "
                    "min(lease_end) FROM jobs WHERE lease_end IS NOT NULL)"),
-              ack(db, "DELETE FROM jobs WHERE id = ?1 AND token IN (?2, -?2) AND lease_end > ?3"),
-              held(db,
-                   "SELECT attempts, token < 0 FROM jobs WHERE id = ?1 AND token IN (?2, -?2) AND "
-                   "lease_end > ?3"),
+              ack(db, "DELETE FROM jobs WHERE id = ?1 AND token = ?2 AND lease_end > ?3"),
+              held(db, "SELECT attempts FROM jobs WHERE id = ?1 AND token = ?2 AND lease_end > ?3"),
               requeue_at(db, "UPDATE jobs SET due = ?1, lease_end = NULL, token = 0 WHERE id = ?2"),
               count_jobs(db, "SELECT count(*) FROM jobs"),
               count_dead(db, "SELECT count(*) FROM dead"),
               data_version(db, "PRAGMA data_version") {}
 
         detail::statement begin, commit, rollback, insert, cancel, reschedule, ended, requeue_ended,
-            bury_copy, bury_delete, due, lease, keep, extend, release, count_kept, get_token,
-            set_token, next, ack, held, requeue_at, count_jobs, count_dead, data_version;
+            bury_copy, bury_delete, due, lease, get_token, set_token, next, ack, held, requeue_at,
+            count_jobs, count_dead, data_version;
     };
 
     [[noreturn]] static void raise(detail::problem p, const std::string& what, int code) {
@@ -513,7 +458,7 @@ class delay_queue {
         bool reclaimed = false;
         for (auto* b : group)
             for (op& o : b->items) {
-                if ((o.kind == op::lease || o.jobs != nullptr) && !reclaimed) {
+                if (o.kind == op::lease && !reclaimed) {
                     reclaim(now);
                     reclaimed = true;
                 }
@@ -570,22 +515,14 @@ class delay_queue {
                     detail::statement::use u(st_.ack);
                     o.ok = u->bind(o.id, o.token, now).run() == 1;
                 }
-                if (o.jobs != nullptr) lease_due(o, now, true);
                 break;
             }
             case op::nack: {
                 long long attempts = 0;
-                bool uncounted = false;
                 {
                     detail::statement::use u(st_.held);
                     if (!u->bind(o.id, o.token, now).step()) break;
                     attempts = u->integer(0);
-                    uncounted = u->integer(1) != 0;
-                }
-                if (uncounted) {  // a kept job that user code had: this delivery counts
-                    detail::statement::use u(st_.count_kept);
-                    u->bind(o.id).run();
-                    ++attempts;
                 }
                 o.ok = true;
                 if (opt_.max_attempts > 0 && attempts >= opt_.max_attempts) {
@@ -597,19 +534,8 @@ class delay_queue {
                 break;
             }
             case op::lease:
-                lease_due(o, now, false);
+                lease_due(o, now);
                 break;
-            case op::extend: {
-                const long long lease_end = std::min(now + opt_.lease.count(), max_ms);
-                detail::statement::use u(st_.extend);
-                o.ok = u->bind(lease_end, o.token, o.id, now).run() == 1;
-                break;
-            }
-            case op::release: {
-                detail::statement::use u(st_.release);
-                o.ok = u->bind(o.id, o.token).run() == 1;
-                break;
-            }
         }
     }
 
@@ -624,10 +550,9 @@ class delay_queue {
     }
 
     // Under db_m_, in a write transaction: leases up to o.want due jobs, earliest first, each
-    // with a new token, into *o.jobs. `keep`: for this object's next take() (an ack's), held for
-    // the keeper's hold() only, its attempt not counted, which the negative token marks in the
-    // file.
-    void lease_due(op& o, long long now, bool keep) {
+    // with a new token, into *o.jobs; the attempt is counted in the same transaction, before any
+    // user code sees the job.
+    void lease_due(op& o, long long now) {
         std::vector<job>& out = *o.jobs;
         std::vector<long long> dues;
         {
@@ -642,7 +567,7 @@ class delay_queue {
                 out.push_back(std::move(j));
             }
         }
-        if (!keep) o.ok = !out.empty();
+        o.ok = !out.empty();
         if (out.empty()) return;
         long long token = 0;
         {
@@ -650,15 +575,13 @@ class delay_queue {
             if (u->step()) token = u->integer(0);
         }
         const long long lease_end = std::min(now + opt_.lease.count(), max_ms);
-        const long long hold_end = std::min(now + keeper_.hold().count(), max_ms);
         for (std::size_t i = 0; i < out.size(); ++i) {
             job& j = out[i];
             j.token = static_cast<std::uint64_t>(++token);
             j.deadline = delayq::detail::from_ms(dues[i]);
-            // A kept job's lease is made whole once take() hands it out (prefetch_keeper).
             j.lease_deadline = delayq::detail::from_ms(lease_end);
-            detail::statement::use u(keep ? st_.keep : st_.lease);
-            u->bind(keep ? hold_end : lease_end, token, std::string_view(j.id)).run();
+            detail::statement::use u(st_.lease);
+            u->bind(lease_end, token, std::string_view(j.id)).run();
         }
         detail::statement::use u(st_.set_token);
         u->bind(token).run();
@@ -726,10 +649,6 @@ class delay_queue {
         } guard{*this, &self};
 
         for (;;) {
-            if (auto got = keeper_.take(want); !got.empty()) {
-                keeper_.hand_out(got.size());
-                return got;
-            }
             if (look || next_ms_ <= now_ms()) {
                 look = false;
                 std::vector<job> got;
@@ -742,7 +661,6 @@ class delay_queue {
                 }
                 if (!got.empty()) {
                     if (next_ms_ <= now_ms()) cv_.notify_one();  // more is due: a follower
-                    keeper_.hand_out(got.size());
                     return got;
                 }
                 continue;
@@ -770,35 +688,6 @@ class delay_queue {
         }
     }
 
-    // The jobs in `js` were acked or nacked: out of user code, nothing to extend.
-    void settled(std::span<const job> js) {
-        std::lock_guard lk(m_);
-        keeper_.settled(js);
-    }
-
-    // Gives kept jobs back to the queue, due as before an ack kept them, in one transaction.
-    void give_back(const std::vector<keeper::held>& ks) {
-        if (ks.empty()) return;
-        std::vector<op> ops;
-        ops.reserve(ks.size());
-        for (const auto& k : ks) {
-            ops.push_back(op{op::release, k.j.id});
-            ops.back().token = token_of(k.j);
-        }
-        run(ops);
-    }
-
-    // Makes the leases of kept jobs that take() handed out whole, in one transaction.
-    void extend(const std::vector<keeper::handed>& hs) {
-        std::vector<op> ops;
-        ops.reserve(hs.size());
-        for (const auto& h : hs) {
-            ops.push_back(op{op::extend, h.id});
-            ops.back().token = static_cast<long long>(h.token);
-        }
-        run(ops);
-    }
-
     options opt_;
     std::mutex db_m_;  // guards db_, st_ and data_version_; taken before m_, never after
     detail::database db_;
@@ -814,12 +703,6 @@ class delay_queue {
     std::condition_variable cv_;         // the followers sleep here
     long long next_ms_ = 0;              // nothing in the file is due or ends before (ms)
     const void* leader_ = nullptr;       // the waiting take that sleeps with a timer
-
-    // Prefetch, under m_ (see "Prefetch" above). Last: its thread uses the members above, and
-    // the destructor stops it first.
-    keeper keeper_{m_, opt_.lease, opt_.prefetch,
-                   [this](const std::vector<keeper::handed>& hs) { extend(hs); },
-                   [this](const std::vector<keeper::held>& ks) { give_back(ks); }};
 };
 
 }  // namespace delayq::sqlite

@@ -13,14 +13,8 @@
 // takes, acks and nacks, which need no fsync: every transaction costs a few system calls (locks,
 // two writes per page changed), which a shared one pays once.
 //
-// History (4 producers, 4 consumers, 50 000 jobs; the figures move by ±30 % from run to run on
-// this machine). The fsync was first inside the commit, write lock held (synchronous=FULL), in one
-// group commit for every write: the takes and acks of a group, and of the next, waited for the
-// disk too, and consumers fell behind (lateness p50 ~1.3 s). Two variants were measured then and
-// were no better: an fdatasync outside the lock by whichever group had committed (each producer
-// started an fsync of its own, so fewer puts shared each), and the present split while a consumer
-// still ran two transactions per job. With prefetch (one transaction per job) the split is what
-// lets consumers keep up: docs/sqlite.md has the A/B figures.
+// Why two: with one, the takes and acks of a group, and of the next, waited for the puts' disk
+// too, and consumers fell behind the producers. docs/sqlite.md has the measurements.
 #pragma once
 
 #include <condition_variable>

@@ -11,8 +11,10 @@
 //         lease_end INTEGER (NULL while waiting)                           -- WITHOUT ROWID
 //         waiting: lease_end IS NULL; `due` is when it is due
 //         leased:  lease_end is when the lease ends; `due` is when this delivery was due;
-//                  `token` the lease's fencing token; negated while an ack keeps the job for
-//                  its object's next take() (prefetch: a short hold, the attempt not counted)
+//                  `token` the lease's fencing token, `attempts` counts this delivery
+//         (A file written by an earlier version may hold a negative token: a job an ack leased
+//         ahead for its object's next take, for a short hold, its attempt not counted. Its lease
+//         ends and is reclaimed like any other; no ack matches it.)
 //   jobs_due    ON jobs(due)       WHERE lease_end IS NULL      -- the next due job: one seek
 //   jobs_leases ON jobs(lease_end) WHERE lease_end IS NOT NULL  -- the next ended lease: one seek
 //   dead  id BLOB PRIMARY KEY, payload BLOB, attempts INTEGER, died INTEGER  -- past max_attempts
