@@ -7,10 +7,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <delayq/detail/due_batch.hpp>
+#include <delayq/detail/hashed_wheel_ring.hpp>
+#include <delayq/detail/node_pool.hpp>
+#include <delayq/detail/timing_wheel.hpp>
 #include <delayq/manual_clock.hpp>
 #include <limits>
 #include <memory>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 #include "catch.hpp"
@@ -33,7 +37,8 @@ struct nodes {
 // Adds the nodes of `runs` (indices into ns) run by run, finishes, and returns the seq order.
 std::vector<std::uint32_t> batch_of(nodes& ns, const std::vector<std::vector<std::size_t>>& runs) {
     delayq::detail::due_batch<mc> b;
-    b.reserve(ns.v.size());  // as a wheel does when it schedules
+    const delayq::detail::construction_room room;
+    b.reserve(ns.v.size(), room.key());  // as a wheel does when it schedules
     b.begin();
     for (const auto& run : runs) {
         b.next_run();
@@ -184,3 +189,34 @@ TEST_CASE("reserved_allocator: room mapped from 16 KiB on, its pages handed back
         a.deallocate(p, n);
     }
 }
+
+// A pass cannot make room (detail/room.hpp): every member that may allocate takes a room_key,
+// which only a room_lock (a schedule's) or a constructor's construction_room makes. What a pass
+// holds, a plain lock, gives it none, so such a call does not compile.
+namespace {
+template <class R>
+constexpr bool ring_room_without_key = requires(R& r, typename R::place p) {
+    r.prepare(p);
+}
+|| requires(R& r, typename R::duration d) {
+    r.prepare_repeat(d);
+}
+|| requires(R& r) {
+    r.reserve(std::size_t{1});
+};
+template <class T>
+constexpr bool reserves_without_key = requires(T& t) {
+    t.reserve(std::size_t{1});
+};
+template <class Pool>
+constexpr bool allocates_without_key = requires(Pool& p) {
+    p.allocate(48, 8);
+};
+}  // namespace
+static_assert(!std::is_default_constructible_v<delayq::detail::room_key>);
+static_assert(!ring_room_without_key<delayq::detail::hashed_wheel_ring<mc>>);
+static_assert(!ring_room_without_key<delayq::detail::timing_wheel<mc>>);
+static_assert(!reserves_without_key<delayq::detail::due_batch<mc>>);
+static_assert(!reserves_without_key<delayq::detail::near_window<mc>>);
+static_assert(!reserves_without_key<delayq::detail::room_array<int>>);
+static_assert(!allocates_without_key<delayq::detail::node_pool>);

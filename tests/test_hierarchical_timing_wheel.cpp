@@ -68,9 +68,15 @@ struct placement {
     std::size_t levels;
     int level;
 };
+// Leave to make room, as the core's schedule has it (detail/room.hpp).
+const delayq::detail::room_key& room() {
+    static const delayq::detail::construction_room r;
+    return r.key();
+}
+
 placement placed(manual_clock::duration tick, std::size_t size, mtp deadline) {
     ring r(tick, size, manual_clock::now());
-    r.prepare(r.position(deadline));
+    r.prepare(r.position(deadline), room());
     return {r.level_count(), r.level_of(deadline)};
 }
 
@@ -83,8 +89,8 @@ struct ring_nodes {
         node& n = v.emplace_back();
         n.init(nullptr, deadline, static_cast<std::uint32_t>(v.size() - 1), 1);
         const ring::place u = r.position(deadline);
-        r.prepare(u);
-        r.reserve(r.size() + 1);  // as the core makes room for its passes
+        r.prepare(u, room());
+        r.reserve(r.size() + 1, room());  // as the core makes room for its passes
         r.link(&n, u, mtp::min());
         return n;
     }

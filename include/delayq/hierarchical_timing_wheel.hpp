@@ -24,8 +24,9 @@
 //   early and loses nothing;
 // - cancel() unlinks the task and destroys it before returning; pending() is exact at once;
 // - an idle wheel (nothing pending) has no bucket in the queue and its worker sleeps without a
-//   deadline; out of memory is an exception from schedule(), never a failure inside a pass (the
-//   levels and the queue's room are made when a task first needs them);
+//   deadline; out of memory is an exception from schedule() or reschedule(), never a failure
+//   inside a pass (the levels and the queue's room are made when a task first needs them, and a
+//   periodic task's for all its later runs when it is scheduled);
 // - no malloc per schedule for a callable up to 216 bytes: 48 B per timer with an 8-byte capture.
 #pragma once
 

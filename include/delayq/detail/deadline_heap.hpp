@@ -1,16 +1,16 @@
 // deadline_heap<T>: a min-heap of elements by deadline(), first in, first out among equal ones,
 // with no lock and no clock: the timing wheel's queue of buckets (timing_wheel.hpp). Room is made
-// by reserve(), so that put() within it never allocates and a pass that re-queues buckets cannot
-// fail.
+// by reserve() (with a room_key: room.hpp), so that put() within it never allocates and a pass
+// that re-queues buckets cannot fail.
 #pragma once
 
 #include <algorithm>
-#include <cassert>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <utility>
-#include <vector>
+
+#include "room.hpp"
 
 namespace delayq::detail {
 
@@ -20,18 +20,17 @@ class deadline_heap {
     using time_point = decltype(std::declval<const T&>().deadline());
 
     /// Makes room for `n` elements in all. Throws std::bad_alloc (then nothing changed).
-    void reserve(std::size_t n) { heap_.reserve(n); }
+    void reserve(std::size_t n, const room_key& key) { heap_.reserve(n, key); }
 
-    /// Adds x. Precondition: size() < the room reserve() made, so that nothing is allocated.
+    /// Adds x. Pre: size() < the room reserve() made.
     void put(const T& x) noexcept {
-        assert(heap_.size() < heap_.capacity());
         heap_.push_back(entry{x, seq_++});
         std::push_heap(heap_.begin(), heap_.end(), later);
     }
 
     /// Takes out the earliest element if its deadline is <= now.
     std::optional<T> poll(time_point now) noexcept {
-        if (heap_.empty() || heap_.front().x.deadline() > now) return std::nullopt;
+        if (heap_.empty() || heap_[0].x.deadline() > now) return std::nullopt;
         std::pop_heap(heap_.begin(), heap_.end(), later);
         const T x = heap_.back().x;
         heap_.pop_back();
@@ -41,7 +40,7 @@ class deadline_heap {
     /// The earliest deadline; nullopt when empty.
     std::optional<time_point> next_deadline() const noexcept {
         if (heap_.empty()) return std::nullopt;
-        return heap_.front().x.deadline();
+        return heap_[0].x.deadline();
     }
 
     /// Drops every element, keeping the room.
@@ -61,7 +60,7 @@ class deadline_heap {
         return da != db ? db < da : b.seq < a.seq;
     }
 
-    std::vector<entry> heap_;
+    room_array<entry> heap_;
     std::uint64_t seq_ = 0;
 };
 

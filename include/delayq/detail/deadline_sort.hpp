@@ -17,13 +17,11 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
-#include <iterator>
 #include <limits>
-#include <memory>
 #include <type_traits>
-#include <vector>
+#include <utility>
 
-#include "huge_pages.hpp"
+#include "room.hpp"
 #include "timer_node.hpp"
 
 namespace delayq::detail {
@@ -38,59 +36,53 @@ struct deadline_rec {
     }
 };
 
+/// A sort's records in room reserved ahead (room.hpp): a pass's, and stop()'s.
 template <class Clock>
-using deadline_recs = std::vector<deadline_rec<Clock>, huge_page_allocator<deadline_rec<Clock>>>;
-
-/// Records in room reserved ahead (huge_pages.hpp, "Reserved, not resident"): a pass's.
-template <class Clock>
-using reserved_recs = std::vector<deadline_rec<Clock>, reserved_allocator<deadline_rec<Clock>>>;
+using deadline_recs = room_array<deadline_rec<Clock>>;
 
 inline constexpr unsigned deadline_top_digit = 11;
 inline constexpr std::size_t deadline_top_radix = std::size_t{1} << deadline_top_digit;
 
 /// What a sort needs beside its input: room for a copy of the records, and the bins of a large
 /// sort. Kept by its owner from one sort to the next; one whose room was reserved for n records
-/// sorts up to n without allocating.
-template <class Clock, class Alloc = huge_page_allocator<deadline_rec<Clock>>>
+/// sorts up to n.
+template <class Clock>
 struct sort_scratch {
-    std::vector<deadline_rec<Clock>, Alloc> recs;
-    // on the heap, not 32 KiB of the caller's stack: a pass may run on a coroutine's or a fiber's
+    deadline_recs<Clock> recs;
+    // in room, not 32 KiB of the caller's stack: a pass may run on a coroutine's or a fiber's
     // small stack
-    std::vector<std::size_t,
-                typename std::allocator_traits<Alloc>::template rebind_alloc<std::size_t>>
-        bins;
+    room_array<std::size_t> bins;
 
     /// Room to sort n records. Throws std::bad_alloc.
-    void reserve(std::size_t n) {
-        if (n >= 4096 && bins.empty()) bins.resize(2 * deadline_top_radix + 1);
-        recs.reserve(n);
+    void reserve(std::size_t n, const room_key& key) {
+        if (n >= 4096 && bins.capacity() == 0) {
+            bins.reserve(2 * deadline_top_radix + 1, key);
+            bins.set_size(2 * deadline_top_radix + 1);
+        }
+        recs.reserve(n, key);
     }
 };
 
-/// A sort's scratch in room reserved ahead, for reserved_recs.
-template <class Clock>
-using reserved_scratch = sort_scratch<Clock, reserved_allocator<deadline_rec<Clock>>>;
-
 /// Room for v to hold n records, and for s to sort them. Throws std::bad_alloc; then the room
 /// holds what it held before.
-template <class Clock, class Alloc>
-void reserve_sort_room(std::vector<deadline_rec<Clock>, Alloc>& v, sort_scratch<Clock, Alloc>& s,
-                       std::size_t n) {
-    s.reserve(n);  // a sort of the whole swaps v and s.recs: both get the same room
-    v.reserve(n);
+template <class Clock>
+void reserve_sort_room(deadline_recs<Clock>& v, sort_scratch<Clock>& s, std::size_t n,
+                       const room_key& key) {
+    s.reserve(n, key);  // a sort of the whole swaps v and s.recs: both get the same room
+    v.reserve(n, key);
 }
 
 /// Empties v and its scratch s (what a sort left there is of no use); after more than 16 Ki
-/// records, the pages of their room past those go back (reserved_allocator::release_unused).
+/// records, the pages of their room past those go back (room_array::release_unused).
 template <class Clock>
-void empty_sort_room(reserved_recs<Clock>& v, reserved_scratch<Clock>& s) noexcept {
+void empty_sort_room(deadline_recs<Clock>& v, sort_scratch<Clock>& s) noexcept {
     constexpr std::size_t keep = std::size_t{1} << 14;
     const bool large = v.size() > keep;
     v.clear();
     s.recs.clear();
     if (large) {
-        release_unused(v, keep);
-        release_unused(s.recs, keep);
+        v.release_unused(keep);
+        s.recs.release_unused(keep);
     }
 }
 
@@ -196,21 +188,17 @@ void key_offsets_undo(Rec* v, std::size_t n, std::uint64_t lo) noexcept {
 /// The most records sort_run_by_deadline() sorts: a larger run is left to sort_by_deadline().
 inline constexpr std::size_t deadline_run_max = std::size_t{1} << 18;
 
-/// Sorts v[0..n) (n <= deadline_run_max) by (deadline, seq), keys unchanged, using `scratch`
-/// (its records grown to n). False, with v unchanged, if the scratch cannot be had.
-template <class Clock, class Alloc>
-bool sort_run_by_deadline(deadline_rec<Clock>* v, std::size_t n,
-                          sort_scratch<Clock, Alloc>& scratch_) noexcept {
+/// Sorts v[0..n) (n <= deadline_run_max) by (deadline, seq), keys unchanged, using `scratch`.
+/// Pre: scratch's room holds n records.
+template <class Clock>
+void sort_run_by_deadline(deadline_rec<Clock>* v, std::size_t n,
+                          sort_scratch<Clock>& scratch_) noexcept {
     auto& scratch = scratch_.recs;
     if (n <= 32) {
         insertion_sort_by_deadline(v, n);
-        return true;
+        return;
     }
-    try {
-        if (scratch.size() < n) scratch.resize(n);
-    } catch (...) {
-        return false;
-    }
+    if (scratch.size() < n) scratch.set_size(n);
     const auto [lo, bits] = key_offsets(v, n);
     static_assert(deadline_run_max <= std::numeric_limits<std::uint32_t>::max());
     deadline_rec<Clock>* sorted = n < 4096 ? lsd_sort<8>(v, scratch.data(), n, bits)
@@ -218,30 +206,22 @@ bool sort_run_by_deadline(deadline_rec<Clock>* v, std::size_t n,
     if (sorted != v) std::copy(scratch.data(), scratch.data() + n, v);
     order_equal_deadlines(v, n);
     key_offsets_undo(v, n, lo);
-    return true;
 }
 
-/// Sorts v by (deadline, seq), using `scratch` (its records resized to v's size). False, with v
-/// unchanged in content, if the scratch cannot be had.
-template <class Clock, class Alloc>
-bool sort_by_deadline(std::vector<deadline_rec<Clock>, Alloc>& v,
-                      sort_scratch<Clock, Alloc>& scratch_) noexcept {
+/// Sorts v by (deadline, seq), using `scratch`. Pre: scratch's room holds v.size() records.
+template <class Clock>
+void sort_by_deadline(deadline_recs<Clock>& v, sort_scratch<Clock>& scratch_) noexcept {
     const std::size_t n = v.size();
     if (n <= 32) {
         insertion_sort_by_deadline(v.data(), n);
-        return true;
+        return;
     }
     auto& scratch = scratch_.recs;
-    try {
-        scratch.resize(n);
-        if (n >= 4096) scratch_.bins.resize(2 * deadline_top_radix + 1);
-    } catch (...) {
-        return false;
-    }
+    scratch.set_size(n);
     const unsigned bits = key_offsets(v.data(), n).bits;  // the keys stay scrambled
     if (n < 4096 || bits <= 16) {
         if (lsd_sort(v.data(), scratch.data(), n, bits) != v.data())
-            std::copy(scratch.begin(), scratch.begin() + static_cast<std::ptrdiff_t>(n), v.begin());
+            std::copy(scratch.begin(), scratch.begin() + n, v.begin());
     } else {
         // Most significant digit first, into scratch: 2048 bins whose ranges are sorted apart;
         // then each bin, small enough to stay in cache, by its remaining digits.
@@ -257,25 +237,11 @@ bool sort_by_deadline(std::vector<deadline_rec<Clock>, Alloc>& v,
             const std::size_t b = bounds[d], e = bounds[d + 1];
             if (e - b > 1 &&
                 lsd_sort(scratch.data() + b, v.data() + b, e - b, shift) != scratch.data() + b)
-                std::copy(v.begin() + static_cast<std::ptrdiff_t>(b),
-                          v.begin() + static_cast<std::ptrdiff_t>(e),
-                          scratch.begin() + static_cast<std::ptrdiff_t>(b));
+                std::copy(v.begin() + b, v.begin() + e, scratch.begin() + b);
         }
         v.swap(scratch);
     }
     order_equal_deadlines(v.data(), n);
-    return true;
-}
-
-/// Sorts v by (deadline, seq): as sort_by_deadline(), or, when its scratch cannot be had, in
-/// place by comparing the nodes (O(n log n) still, no allocation).
-template <class Clock, class Alloc>
-void sort_by_deadline_or_in_place(std::vector<deadline_rec<Clock>, Alloc>& v,
-                                  sort_scratch<Clock, Alloc>& scratch) noexcept {
-    if (sort_by_deadline(v, scratch)) return;
-    std::sort(v.begin(), v.end(), [](const deadline_rec<Clock>& a, const deadline_rec<Clock>& b) {
-        return timer_node<Clock>::before(*a.n, *b.n);
-    });
 }
 
 }  // namespace delayq::detail

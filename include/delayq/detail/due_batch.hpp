@@ -18,55 +18,16 @@
 // pending node, and the wheel reserves room for that many when it schedules (reserve(), where an
 // exception is harmless): so a pass never allocates and cannot fail for memory, and there is no
 // second way to sort. The room is address space more than memory: a late pass touches it, and
-// clear() hands the pages past the first 16 Ki records back (huge_pages.hpp, "Reserved, not
-// resident").
+// clear() hands the pages past the first 16 Ki records back (room.hpp). stop() sorts what it takes
+// in the same room (give_up()).
 #pragma once
 
-#include <algorithm>
-#include <bit>
-#include <cassert>
 #include <cstddef>
-#include <cstdint>
-#include <new>
-#include <vector>
 
 #include "deadline_sort.hpp"
-#include "huge_pages.hpp"
 #include "timer_node.hpp"
 
 namespace delayq::detail {
-
-/// Sorts a chain of n nodes by (deadline, seq), through `next`; returns its new head. A merge
-/// sort: no allocation, recursion log2(n) deep. For stop() in a destructor that finds no room for
-/// its records.
-template <class Clock>
-node_links* sort_chain(node_links* h, std::size_t n) noexcept {
-    using node = timer_node<Clock>;
-    if (n < 2) {
-        if (h) h->next = nullptr;
-        return h;
-    }
-    node_links* mid = h;
-    for (std::size_t i = 1; i < n / 2; ++i) mid = mid->next;
-    node_links* second = mid->next;
-    mid->next = nullptr;
-    node_links* a = sort_chain<Clock>(h, n / 2);
-    node_links* b = sort_chain<Clock>(second, n - n / 2);
-    node_links* out = nullptr;
-    node_links** t = &out;
-    while (a && b) {
-        if (node::before(*node::of(b), *node::of(a))) {
-            *t = b;
-            b = b->next;
-        } else {
-            *t = a;
-            a = a->next;
-        }
-        t = &(*t)->next;
-    }
-    *t = a ? a : b;
-    return out;
-}
 
 template <class Clock>
 class due_batch {
@@ -75,7 +36,7 @@ class due_batch {
 
     /// Room for a batch of n nodes (as many as the wheel holds). Throws std::bad_alloc; then the
     /// room still holds every batch it held before.
-    void reserve(std::size_t n) { reserve_sort_room(recs_, tmp_, n); }
+    void reserve(std::size_t n, const room_key& key) { reserve_sort_room(recs_, tmp_, n, key); }
 
     /// Starts a new batch (the last one cleared).
     void begin() noexcept {
@@ -93,9 +54,7 @@ class due_batch {
     }
 
     /// Adds a due node. Pre: the room reserved holds it (a batch holds pending nodes only).
-    // NOLINTNEXTLINE(bugprone-exception-escape): push_back into room reserved
     void add(node* n) noexcept {
-        assert(recs_.size() < recs_.capacity() && "reserve() made room for every pending node");
         if (recs_.size() > run_start_ && node::before(*n, *recs_.back().n)) run_sorted_ = false;
         recs_.push_back(rec::of(n));
     }
@@ -103,7 +62,7 @@ class due_batch {
     /// Puts the batch in running order.
     void finish() noexcept {
         end_run();
-        if (!runs_ordered_) sort(sort_by_deadline(recs_, tmp_));
+        if (!runs_ordered_) sort_by_deadline(recs_, tmp_);
     }
 
     std::size_t size() const noexcept { return recs_.size(); }
@@ -115,13 +74,26 @@ class due_batch {
         return recs_[i].n;
     }
 
-    /// Hands every node from position `from` (the first that at() has not returned) on to
-    /// f(node), which may reuse its links, and ends the batch there (for stop(), which takes what
-    /// has not run yet).
-    template <class F>
-    void take_from(std::size_t from, F&& f) {
-        for (std::size_t i = from; i < recs_.size(); ++i) f(recs_[i].n);
-        while (recs_.size() > from) recs_.pop_back();
+    /// What give_up() hands over: the batch's room.
+    struct room {
+        deadline_recs<Clock> recs;
+        sort_scratch<Clock> scratch;
+    };
+
+    /// For stop(), which ends the batch and sorts what it takes in the batch's room (a stopped
+    /// wheel runs no more passes): hands over the records, holding the nodes from position `from`
+    /// on (the first that at() has not returned; size() when no pass is under way) at their front,
+    /// and the sort's scratch. The batch is left empty and without room: a pass under way finds
+    /// nothing more to run.
+    room give_up(std::size_t from) noexcept {
+        room r;
+        r.recs.swap(recs_);
+        r.scratch.recs.swap(tmp_.recs);
+        r.scratch.bins.swap(tmp_.bins);
+        const std::size_t n = r.recs.size() - from;
+        for (std::size_t i = 0; i < n; ++i) r.recs[i] = r.recs[from + i];
+        r.recs.set_size(n);
+        return r;
     }
 
     /// Done with the batch: the room stays, its pages past the first 16 Ki records go back.
@@ -129,11 +101,6 @@ class due_batch {
 
   private:
     using rec = deadline_rec<Clock>;
-
-    // The sorts cannot fail here: reserve() gave them their room.
-    static void sort([[maybe_unused]] bool sorted) noexcept {
-        assert(sorted && "reserve() made the sort's room");
-    }
 
     // Sorts the run under way, and notes whether it follows the one before in order.
     void end_run() noexcept {
@@ -146,13 +113,13 @@ class due_batch {
                 runs_ordered_ = false;
                 return;
             }
-            sort(sort_run_by_deadline(run, n, tmp_));
+            sort_run_by_deadline(run, n, tmp_);
         }
         if (run_start_ != 0 && node::before(*run[0].n, *run[-1].n)) runs_ordered_ = false;
     }
 
-    reserved_recs<Clock> recs_;
-    reserved_scratch<Clock> tmp_;
+    deadline_recs<Clock> recs_;
+    sort_scratch<Clock> tmp_;
     std::size_t run_start_ = 0;  // where the run under way starts in recs_
     bool run_sorted_ = true;     // the run under way came in running order
     bool runs_ordered_ = true;   // the runs so far, each sorted, are in running order

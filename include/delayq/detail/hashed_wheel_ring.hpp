@@ -110,16 +110,18 @@ class hashed_wheel_ring {
     }
 
     /// Makes the room a link at `p` may need: none beyond what reserve() made.
-    void prepare(place) noexcept {}
+    void prepare(place, const room_key&) noexcept {}
+
+    /// Makes the room a pass's move of a node up to `period` ahead needs: none here.
+    void prepare_repeat(duration, const room_key&) noexcept {}
 
     /// Room for k nodes: the window's, which links behind the cursor and passes may put them all
     /// into. Throws std::bad_alloc; then the room is as it was.
-    void reserve(std::size_t k) { window_.reserve(k); }
+    void reserve(std::size_t k, const room_key& key) { window_.reserve(k, key); }
 
     /// Links a new node n (not in the ring, n->deadline at `p`, prepare(p) done since the last
     /// pass) through the calling thread's staging lane (see "Staging" above). Returns whether it
     /// comes out before `wake_by` (time_point::min(): nobody waits; then false).
-    // NOLINTNEXTLINE(bugprone-exception-escape): the window has room (reserve())
     bool link(node* n, place p, time_point wake_by) noexcept {
         if (in_window(p.d, p.s)) return to_window(n, wake_by);
         ++size_;
@@ -129,7 +131,6 @@ class hashed_wheel_ring {
 
     /// As link(), for a node moved (reschedule, a periodic task's next run): into its bucket at
     /// once.
-    // NOLINTNEXTLINE(bugprone-exception-escape): the window has room (reserve())
     bool relink(node* n, place p, time_point wake_by) noexcept {
         if (in_window(p.d, p.s)) return to_window(n, wake_by);
         ++size_;
@@ -373,7 +374,6 @@ class hashed_wheel_ring {
 
     // link() and relink() of a node whose tick is opened or passed: into the window, in deadline
     // order.
-    // NOLINTNEXTLINE(bugprone-exception-escape): the window has room (reserve())
     bool to_window(node* n, time_point wake_by) noexcept {
         ++size_;
         window_.insert(n);

@@ -15,12 +15,11 @@
 // O(1) for the array (the slot becomes a hole that the front skips) and O(log h) for the heap.
 //
 // Memory. Room is made at schedule time, where an exception is harmless: the array's and the
-// heap's for as many nodes as the wheel holds (reserve()), the most a link or a pass can put here.
-// So neither insert() nor a pass allocates, and stage() cannot fail.
+// heap's for as many nodes as the wheel holds (reserve(), with a room_key: room.hpp), the most a
+// link or a pass can put here. So neither insert() nor a pass allocates, and stage() cannot fail.
 #pragma once
 
 #include <algorithm>
-#include <cassert>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -48,13 +47,12 @@ class near_window {
     /// Room for n nodes (as many as the wheel holds), linked here by insert() or staged by passes
     /// into the array or, while it holds nodes from before, the heap. Throws std::bad_alloc; then
     /// the room is as it was.
-    void reserve(std::size_t n) {
-        reserve_sort_room(sorted_, scratch_, n);
-        heap_.reserve(n);
+    void reserve(std::size_t n, const room_key& key) {
+        reserve_sort_room(sorted_, scratch_, n, key);
+        heap_.reserve(n, key);
     }
 
     /// Adds n (room reserved). O(log h).
-    // NOLINTNEXTLINE(bugprone-exception-escape): push_back into room reserved
     void insert(node* n) noexcept {
         heap_.push_back(rec::of(n));
         sift_up(heap_.size() - 1);
@@ -62,11 +60,9 @@ class near_window {
 
     /// During a pass: adds n, to be sorted by end_stage(). Pre: reserve() was called with a count
     /// that n and every other node this window holds are part of.
-    // NOLINTNEXTLINE(bugprone-exception-escape): push_back into room reserved
     void stage(node* n) noexcept {
         if (live_ != 0 && !staging_) {
             // the array still holds nodes from before this pass: merge by the heap instead
-            assert(heap_.size() < heap_.capacity() && "reserve() made room for every node held");
             insert(n);
             return;
         }
@@ -75,7 +71,6 @@ class near_window {
             pos_ = 0;
             staging_ = true;
         }
-        assert(sorted_.size() < sorted_.capacity() && "reserve() made room for every node held");
         sorted_.push_back(rec::of(n));
         n->prev = sorted_marker();  // the index is set by end_stage()
         ++live_;
@@ -85,8 +80,7 @@ class near_window {
     void end_stage() noexcept {
         if (!staging_) return;
         staging_ = false;
-        [[maybe_unused]] const bool sorted = sort_by_deadline(sorted_, scratch_);
-        assert(sorted && "reserve() made the sort's room");
+        sort_by_deadline(sorted_, scratch_);
         for (std::size_t i = 0; i < sorted_.size(); ++i) set_index(sorted_[i].n, i);
     }
 
@@ -220,9 +214,9 @@ class near_window {
         sift_up(index_of(last.n));
     }
 
-    reserved_recs<Clock> sorted_;      // a tick's nodes, sorted; holes where unlinked
-    reserved_scratch<Clock> scratch_;  // for the sort
-    reserved_recs<Clock> heap_;
+    deadline_recs<Clock> sorted_;  // a tick's nodes, sorted; holes where unlinked
+    sort_scratch<Clock> scratch_;  // for the sort
+    deadline_recs<Clock> heap_;
     std::size_t pos_ = 0;   // the first entry of sorted_ not taken
     std::size_t live_ = 0;  // entries of sorted_ that are not holes
     bool staging_ = false;

@@ -29,6 +29,7 @@
 #include <new>
 
 #include "huge_pages.hpp"
+#include "room.hpp"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define DELAYQ_POOL_ASAN 1
@@ -72,8 +73,9 @@ class node_pool {
         }
     }
 
-    /// A block of `size` bytes aligned to `align`. Owner only. Throws std::bad_alloc.
-    void* allocate(std::size_t size, std::size_t align) {
+    /// A block of `size` bytes aligned to `align`. Owner only, making room (room.hpp: a pass
+    /// cannot call it). Throws std::bad_alloc.
+    void* allocate(std::size_t size, std::size_t align, const room_key&) {
         if (!fits(size, align)) return allocate_large(size, align);
         const std::size_t c = class_of(size);
         cls& k = classes_[c];

@@ -38,12 +38,14 @@
 // - A bucket whose nodes were all unlinked stays in the queue until due (as in Kafka) and is then
 //   emptied for nothing; when the wheel holds nothing at all the queue is emptied (an epoch marks
 //   every bucket unqueued), so an idle wheel has no next expiry. The queue keeps its room.
-// - Nothing here allocates after prepare(): prepare() (called before link, at schedule time, where
-//   an exception is harmless) creates the levels a deadline needs and makes room in the queue for
-//   two references per bucket; reserve() makes room in the window for every node a pass may stage
-//   (near_window.hpp, "Memory"). A bucket has at most one live reference (a node is placed only at
-//   or after its level's current time, so a queued bucket is never needed for an earlier span),
-//   plus stale ones that forget_buckets() removes; so expire() never allocates and cannot fail.
+// - Nothing here allocates but the members that take a room_key (room.hpp), called at schedule
+//   time, where an exception is harmless: prepare() creates the levels a deadline needs and makes
+//   room in the queue for two references per bucket; prepare_repeat() creates the levels that a
+//   periodic task's next run needs, whichever pass moves it there; reserve() makes room in the
+//   window for every node a pass may stage (near_window.hpp, "Memory"). A bucket has at most one
+//   live reference (a node is placed only at or after its level's current time, so a queued bucket
+//   is never needed for an earlier span), plus stale ones that forget_buckets() removes; so
+//   expire() never allocates and cannot fail.
 // - Divisions by the ticks are multiplications by precomputed reciprocals.
 #pragma once
 
@@ -130,7 +132,8 @@ class timing_wheel {
         if (t % k != 0 && t < 0) --q;
         origin_ = clamp_count<rep>(static_cast<wide_rep>(q) * k);
         levels_.reserve(max_levels);
-        add_level();
+        const construction_room room;
+        add_level(room.key());
     }
 
     timing_wheel(const timing_wheel&) = delete;
@@ -146,18 +149,31 @@ class timing_wheel {
     place position(time_point deadline) const noexcept { return to_ticks(deadline); }
 
     /// Creates the levels tick `u` needs. Throws std::bad_alloc; then nothing visible has changed.
-    void prepare(place u) {
-        while (u >= levels_.back().end) add_level();
+    void prepare(place u, const room_key& key) {
+        while (u >= levels_.back().end) add_level(key);
+    }
+
+    /// Creates the levels that a node moved by a pass up to `period` after the pass's time needs,
+    /// whenever the pass comes (a periodic task's next run): the top level spans that much past
+    /// any time its current one can have. Throws std::bad_alloc; then nothing visible has changed.
+    void prepare_repeat(duration period, const room_key& key) {
+        // A pass at `now` has moved every level's current time to its tick at or before now; the
+        // node, due at most `period` later, belongs to a tick at most ceil(period / tick) + 1
+        // after now's; level k covers at least (wheel_size - 1) * its tick past now's.
+        const auto ticks = static_cast<std::uint64_t>(
+            std::max<wide_rep>(0, ceil_count<duration>(period) / tick_.count() + 2));
+        while (levels_.size() < max_levels &&
+               sat_mul_u64(wheel_size_ - 1, levels_.back().tick) < ticks)
+            add_level(key);
     }
 
     /// Room for k nodes: the window's, which links to passed ticks and passes may put them all
     /// into. Throws std::bad_alloc; then the room is as it was.
-    void reserve(std::size_t k) { window_.reserve(k); }
+    void reserve(std::size_t k, const room_key& key) { window_.reserve(k, key); }
 
     /// Links n (not in the wheel, n->deadline at tick `u`, prepare(u) done since the last pass).
     /// Returns whether it comes out before `wake_by` (time_point::min(): nobody waits; then
     /// false).
-    // NOLINTNEXTLINE(bugprone-exception-escape): the window has room (reserve())
     bool link(node* n, place u, time_point wake_by) noexcept {
         ++size_;
         place_node(n, u);
@@ -165,7 +181,6 @@ class timing_wheel {
     }
 
     /// As link(), for a node moved (reschedule, a periodic task's next run): the same here.
-    // NOLINTNEXTLINE(bugprone-exception-escape): the window has room (reserve())
     bool relink(node* n, place u, time_point wake_by) noexcept { return link(n, u, wake_by); }
 
     /// Whether n, which this wheel holds, may stay where it is when its deadline moves later (the
@@ -236,7 +251,7 @@ class timing_wheel {
 
     /// When expire() will next have work: nullopt when the wheel is empty. It may be early (a
     /// bucket whose nodes were all unlinked), never late.
-    std::optional<time_point> next_expiry() const {
+    std::optional<time_point> next_expiry() const noexcept {
         if (size_ == 0) return std::nullopt;
         const std::optional<time_point> q = queue_.next_deadline();
         const std::optional<time_point> w = window_.next();
@@ -246,7 +261,7 @@ class timing_wheel {
 
     /// Whether next_expiry() is when a task is due (the window's first), not when a bucket opens
     /// (the earliest its span could hold one): a driver spins only before the former.
-    bool next_expiry_runs_a_task() const {
+    bool next_expiry_runs_a_task() const noexcept {
         const std::optional<time_point> q = queue_.next_deadline();
         const std::optional<time_point> w = window_.next();
         return w && (!q || *w <= *q);
@@ -335,21 +350,20 @@ class timing_wheel {
         return w;
     }
 
-    void add_level() {
+    void add_level(const room_key& key) {
         if (levels_.size() == max_levels) return;  // the last level spans the whole time line
         const std::uint64_t tick = levels_.empty() ? 1 : levels_.back().interval;
         level lv{tick, sat_mul_u64(tick, wheel_size_), 0, divider(tick),
                  std::make_unique<bucket[]>(wheel_size_)};
         const std::uint64_t c = levels_.empty() ? 0 : levels_[0].current;
         lv.set_current(c - c % tick);
-        queue_.reserve(2 * wheel_size_ * (levels_.size() + 1) + 2);
+        queue_.reserve(2 * wheel_size_ * (levels_.size() + 1) + 2, key);
         levels_.push_back(std::move(lv));  // room reserved: no throw
     }
 
     // Puts n where tick u belongs: the window when the wheel has passed that tick, else the
     // finest level whose span covers it. A bucket is queued to come out when the earliest
     // deadline it may hold can have come (the start of its span).
-    // NOLINTNEXTLINE(bugprone-exception-escape): the window has room (reserve())
     void place_node(node* n, std::uint64_t u) noexcept {
         if (u <= levels_[0].current) {
             window_.insert(n);  // room: prepare() for a schedule; a pass stages instead

@@ -32,11 +32,17 @@
 // whatever cancelled nodes it still holds. A cancelled node still linked is what doomed() tells
 // from a pending one, for a second cancel or a reschedule through another copy of the handle.
 //
-// Memory. A schedule makes all the room a pass will need, where an exception is harmless (nothing
-// is scheduled then): the ring's for the node (prepare()), and the ring's and the batch's for a
-// pass over every pending node (make_room(), as the count passes what they hold). So a pass
-// allocates nothing and cannot fail for memory; the room is address space until a late pass
-// touches it (detail/huge_pages.hpp, "Reserved, not resident").
+// Memory. A pass allocates nothing: room.hpp states the rule and how the types keep it (members
+// that may allocate take a room_key; only the room_lock of a schedule or a reschedule makes one).
+// This core says how much room, and when, where an exception is harmless (nothing is scheduled or
+// moved then): a schedule makes the ring's room for its node (prepare()), and, as the pending
+// count passes what the room holds, the ring's and the batch's for a pass over every node held
+// (make_room()); a periodic task's schedule makes the ring's room for every move a pass gives it
+// to its next run, at most one period after the pass (prepare_repeat()), and a reschedule of a
+// running periodic task the room for the run it moves (prepare()). So a pass cannot fail for
+// memory; the room is address space until a late pass touches it (room.hpp). stop() and the
+// destructor sort what they take in the batch's room, and allocate nothing but the handles
+// stop() returns.
 //
 // Lifecycle (as Netty's states, checked the same way by every operation, under the lock):
 // running -> stopped. schedule() after stop() throws rejected_error before it touches the task;
@@ -70,6 +76,7 @@
 
 #include "deadline_sort.hpp"
 #include "due_batch.hpp"
+#include "room.hpp"
 #include "spin_lock.hpp"
 #include "time.hpp"
 #include "timer_node.hpp"
@@ -117,7 +124,8 @@ class wheel_core final : public timer_core<Clock> {
     /// full; std::bad_alloc, or what moving the task throws, and then nothing is scheduled.
     template <class F>
     handle schedule_at(F&& task, time_point deadline) {
-        return insert<node_with<Clock, std::decay_t<F>>>(deadline, std::forward<F>(task));
+        return insert<node_with<Clock, std::decay_t<F>>>(deadline, duration::zero(),
+                                                         std::forward<F>(task));
     }
 
     /// Schedules `task` to run at `first`, then every `period` after it, `policy` saying what a
@@ -127,7 +135,7 @@ class wheel_core final : public timer_core<Clock> {
     handle schedule_every(F&& task, time_point first, duration period, repeat_policy policy) {
         if (period <= duration::zero()) throw std::invalid_argument("delayq: period must be > 0");
         return insert<node_with<Clock, periodic_task<Clock, std::decay_t<F>>>>(
-            first, periodic_part<Clock>{first, period, 0, policy}, std::forward<F>(task));
+            first, period, periodic_part<Clock>{first, period, 0, policy}, std::forward<F>(task));
     }
 
     // Called only through a handle (timeout::cancel), whose reference outlives the call. A node in
@@ -164,18 +172,20 @@ class wheel_core final : public timer_core<Clock> {
         const place at = ring_.position(deadline);  // before the lock: see insert()
         std::shared_ptr<wheel_waker> to_wake;
         {
-            std::lock_guard lk(lock_);
+            const room_lock lk(lock_);
             if (!n.linked()) {
-                // a periodic task now running: its next run moves (the runner re-links it)
+                // a periodic task now running: its next run moves (the runner re-links it, in a
+                // pass: the room for that link is made here)
                 periodic_part<Clock>* running = running_periodic(n);
                 if (!running) return false;
+                ring_.prepare(at, lk.key());  // may throw: nothing changed yet
                 restart(n, *running, deadline);
                 running->moved = true;
                 return true;
             }
             // cancelled, and still linked (the count first: no second look at the node's line)
             if (doomed_count_ != 0 && doomed(n)) return false;
-            ring_.prepare(at);  // may throw: nothing changed yet
+            ring_.prepare(at, lk.key());  // may throw: nothing changed yet
             const bool in_batch = n.prev == run_marker();
             if (!in_batch && deadline >= n.deadline && ring_.may_postpone(&n)) {
                 // Later: only the deadline changes, and the pass that meets the node files it
@@ -301,17 +311,15 @@ class wheel_core final : public timer_core<Clock> {
             ++ran;
             if (every) {
                 std::shared_ptr<wheel_waker> to_wake;
-                std::exception_ptr error;
                 after_run next;
                 // A burst's missed runs are due at `now` too: they run here, back to back. Each
                 // one moves the task one period on, and the run whose successor would lie past
                 // time_point::max() is its last, so this ends even at the end of time.
-                while ((next = repeat(*n, *every, now, to_wake, error)) == after_run::again) {
+                while ((next = repeat(*n, *every, now, to_wake)) == after_run::again) {
                     run_reporting(*n, on_error_);
                     ++ran;
                 }
                 if (to_wake) to_wake->wake();
-                if (error) report_error(std::move(error));
                 if (next == after_run::relinked) continue;  // the batch's reference is the ring's
             }
             n->destroy_task();
@@ -322,70 +330,42 @@ class wheel_core final : public timer_core<Clock> {
 
     /// Refuses further schedules and cancels every pending task (the current batch's too). With
     /// `Collect`, returns their handles, earliest deadline first (may throw std::bad_alloc, then
-    /// nothing has changed); else (the destructors) releases them and does not throw. Idempotent.
+    /// nothing has changed); else (the destructors) releases them, allocating nothing. Idempotent.
     ///
-    /// Cost: one walk over the ring's nodes under the lock (to unlink them, a bucket's lanes in
-    /// turn so that their cache misses overlap), a radix sort of (deadline, node) records, and one
-    /// pass over the sorted records outside the lock (to end each task): the nodes are each
-    /// touched twice, and the sort never reaches through a pointer (docs/performance.md, "stop").
+    /// One way for every case: the nodes taken go, as records (deadline, node), into the room the
+    /// passes had (due_batch::give_up(): a stopped wheel runs no more passes), are sorted there,
+    /// and each task ends outside the lock, in that order. Cost: one walk over the ring's nodes
+    /// under the lock (to unlink them, a bucket's lists in turn so that their cache misses
+    /// overlap), a radix sort of the records that never reaches through a pointer, and one walk
+    /// over the sorted records outside the lock (docs/performance.md, "stop").
     template <bool Collect>
     std::vector<handle> shut() noexcept(!Collect) {
         std::vector<handle> out;
         std::shared_ptr<wheel_waker> driver;  // told to look again, and so to see the stop
-        deadline_recs<Clock> held;            // every node taken, with its deadline
-        bool no_room = false;                 // the destructor, out of memory: no room for `held`
-        node_links* chain = nullptr;          // then every node taken, through its own links
-        std::size_t chained = 0;
+        typename due_batch<Clock>::room held;
         {
             std::lock_guard lk(lock_);
             if (stopped_) return out;
-            try {
-                held.resize(pending_);  // filled below; no push_back can fail under the lock
-                if constexpr (Collect) out.reserve(pending_);
-            } catch (...) {
-                if constexpr (Collect) throw;
-                no_room = true;
-            }
+            if constexpr (Collect) out.reserve(pending_);  // may throw: nothing changed yet
             stopped_ = true;
             driver = std::move(waker_);
-            if (no_room) {
-                take_everything([&](node* n) {
-                    n->next = chain;
-                    chain = n;
-                    ++chained;
-                });
-            } else {
-                std::size_t taken = 0;  // pending_ counted each node taken (and a running periodic)
-                take_everything([&](node* n) { held[taken++] = deadline_rec<Clock>::of(n); });
-                while (held.size() > taken) held.pop_back();
-            }
+            held = take_everything();
         }
         if (driver) driver->wake();
         // Outside the lock, as a task's destructor may call back into the timer: the tasks end in
         // the order the handles come back, earliest deadline first (a coroutine resumed by the
         // end of its sleep may end others: coro.hpp). No one else writes the state of a node
         // stop() has taken: cancel() and the runner find it unlinked.
-        if (no_room) {  // the same order, sorted in place through the links: nothing to allocate
-            for (node_links* l = sort_chain<Clock>(chain, chained); l;) {
-                node* n = node::of(l);
-                l = l->next;
-                n->next = nullptr;
-                n->set_state(timer_state::cancelled);
-                n->destroy_task();
-                timer_core<Clock>::release(*n);
-            }
-            return out;
+        sort_by_deadline(held.recs, held.scratch);
+        const std::size_t n = held.recs.size();
+        for (std::size_t i = 0; i < n; ++i) {
+            if (i + 8 < n) __builtin_prefetch(held.recs[i + 8].n, 1);
+            node* t = held.recs[i].n;
+            t->next = nullptr;
+            t->set_state(timer_state::cancelled);
+            t->destroy_task();
         }
-        sort_scratch<Clock> scratch;
-        sort_by_deadline_or_in_place(held, scratch);
-        for (std::size_t i = 0; i < held.size(); ++i) {
-            if (i + 8 < held.size()) __builtin_prefetch(held[i + 8].n, 1);
-            node* n = held[i].n;
-            n->next = nullptr;
-            n->set_state(timer_state::cancelled);
-            n->destroy_task();
-        }
-        for (const auto& r : held) {
+        for (const auto& r : held.recs) {
             if constexpr (Collect) {
                 out.emplace_back(r.n, this);  // adopts its reference
             } else {
@@ -431,9 +411,10 @@ class wheel_core final : public timer_core<Clock> {
 
     ~wheel_core() override = default;  // by drop_owner() only
 
-    // Schedules a Block (a node and its callable) built from args, due at `deadline`.
+    // Schedules a Block (a node and its callable) built from args, due at `deadline`; a periodic
+    // task's `period` (zero: runs once) says how far its later runs move it in a pass.
     template <class Block, class... A>
-    handle insert(time_point deadline, A&&... args) {
+    handle insert(time_point deadline, duration period, A&&... args) {
         using fn = decltype(std::declval<Block&>().fn);
         static_assert(std::is_invocable_v<fn&>, "a task is a callable taking no arguments");
         static_assert(std::is_nothrow_destructible_v<fn>, "a task's destructor must not throw");
@@ -443,14 +424,15 @@ class wheel_core final : public timer_core<Clock> {
         node* n;
         std::shared_ptr<wheel_waker> to_wake;
         {
-            std::lock_guard lk(lock_);
+            const room_lock lk(lock_);
             if (stopped_) Face::refuse("delayq: timer is stopped");
             if (max_pending_ != 0 && pending_ >= max_pending_)
                 Face::refuse("delayq: max_pending reached");
-            ring_.prepare(at);
-            // A pass never allocates: its room is made here, for every node held.
-            if (pending_ + doomed_count_ >= room_) make_room();
-            void* mem = this->pool_.allocate(sizeof(Block), alignof(Block));
+            // A pass never allocates: its room is made here (see "Memory" above).
+            ring_.prepare(at, lk.key());
+            if (period > duration::zero()) ring_.prepare_repeat(period, lk.key());
+            if (pending_ + doomed_count_ >= room_) make_room(lk.key());
+            void* mem = this->pool_.allocate(sizeof(Block), alignof(Block), lk.key());
             Block* b;
             try {
                 b = ::new (mem) Block(std::forward<A>(args)...);
@@ -470,10 +452,10 @@ class wheel_core final : public timer_core<Clock> {
     // Under the lock: room for passes over twice the nodes pending (see "Memory" above). Throws
     // std::bad_alloc; then room_ stays what it was, and so does the room it counts. Cold: called
     // log2(N) times in a wheel's life, and kept out of the schedule's code.
-    [[gnu::cold, gnu::noinline]] void make_room() {
+    [[gnu::cold, gnu::noinline]] void make_room(const room_key& key) {
         const std::size_t to = std::max<std::size_t>(64, 2 * room_);
-        ring_.reserve(to);
-        batch_.reserve(to);
+        ring_.reserve(to, key);
+        batch_.reserve(to, key);
         room_ = to;
     }
 
@@ -560,11 +542,11 @@ class wheel_core final : public timer_core<Clock> {
 
     // After a periodic task's run: keeps it running when its next run is due at `now` already
     // (repeat_policy::burst; not one that reschedule() moved there, which waits for the next pass
-    // as any rescheduled task), else re-links it at its next run, or ends it: cancelled during the
-    // run, the timer stopped, its last run (the next would lie past time_point::max()), or no
-    // room to re-link it.
+    // as any rescheduled task), else re-links it at its next run (in room made when it was
+    // scheduled or rescheduled: no allocation), or ends it: cancelled during the run, the timer
+    // stopped, or its last run (the next would lie past time_point::max()).
     after_run repeat(node& n, periodic_part<Clock>& every, time_point now,
-                     std::shared_ptr<wheel_waker>& to_wake, std::exception_ptr& error) noexcept {
+                     std::shared_ptr<wheel_waker>& to_wake) noexcept {
         std::lock_guard lk(lock_);
         if (every.stopping || stopped_) {
             every.running = false;
@@ -584,19 +566,11 @@ class wheel_core final : public timer_core<Clock> {
             return after_run::again;  // still running: cancel() and stop() act as during a run
         }
         every.running = false;
-        try {
-            const place at = ring_.position(*next);
-            ring_.prepare(at);
-            n.store_deadline(*next);
-            n.seq = seq_++;
-            if (earlier_than_armed(ring_.relink(&n, at, armed_), n)) to_wake = waker_;
-            return after_run::relinked;
-        } catch (...) {
-            error = std::current_exception();  // out of memory: the task ends, on_error hears why
-            --pending_;
-            n.set_state(timer_state::cancelled);
-            return after_run::ended;
-        }
+        n.store_deadline(*next);
+        n.seq = seq_++;
+        if (earlier_than_armed(ring_.relink(&n, ring_.position(*next), armed_), n))
+            to_wake = waker_;
+        return after_run::relinked;
     }
 
     // Under the lock, after n was linked (the ring's answer: whether n comes out before armed_):
@@ -670,27 +644,31 @@ class wheel_core final : public timer_core<Clock> {
         n.acquire();
     }
 
-    // Under the lock: unlinks every pending node and hands each to take(node*), which owns one
-    // reference to it (the ring's, or the batch's) and may reuse its links. States are still
-    // pending: take sets them.
-    template <class Take>
-    void take_everything(Take&& take) noexcept {
+    // Under the lock, for shut(): takes every pending node out of the ring and the batch, into
+    // the batch's room, which it returns: records of nodes out of every list, each with one
+    // reference (the ring's, or the batch's), states still pending (the caller sets them). The
+    // room holds them all: it was made for every pending node.
+    typename due_batch<Clock>::room take_everything() noexcept {
         bury_all();
-        if (advancing_) {
-            // Nodes before next_in_batch_ are claimed or skipped (and may be freed already). The
-            // rest leave the batch, its reference with them: the runner never looks at them again,
-            // so their links are the taker's.
-            batch_.take_from(next_in_batch_, [&](node* n) {
-                if (n->prev != run_marker()) {  // cancelled, or moved to the ring meanwhile
-                    timer_core<Clock>::release(*n);
-                    return;
-                }
-                n->prev = nullptr;
-                take(n);
-            });
+        // A pass under way has claimed or skipped the nodes before next_in_batch_ (they may be
+        // freed already); the rest leave the batch with its reference: the runner finds nothing
+        // more to run. Of those, a node cancelled or moved to the ring meanwhile is not ours.
+        typename due_batch<Clock>::room r =
+            batch_.give_up(advancing_ ? next_in_batch_ : batch_.size());
+        std::size_t kept = 0;
+        for (std::size_t i = 0; i < r.recs.size(); ++i) {
+            node* n = r.recs[i].n;
+            if (n->prev != run_marker()) {
+                timer_core<Clock>::release(*n);
+                continue;
+            }
+            n->prev = nullptr;
+            r.recs[kept++] = deadline_rec<Clock>::of(n);
         }
+        r.recs.set_size(kept);
         pending_ = 0;
-        ring_.take_all(take);
+        ring_.take_all([&r](node* n) { r.recs.push_back(deadline_rec<Clock>::of(n)); });
+        return r;
     }
 
     mutable spin_lock lock_;  // the ring, the pool, the batch marks, the counts and the states
