@@ -325,6 +325,25 @@ TEMPLATE_LIST_TEST_CASE("contract: put_many, take_many and ack_many", "[contract
     CHECK(q->size() == 0);
 }
 
+TEMPLATE_LIST_TEST_CASE("contract: take_many(0, ...) returns nothing at once and leases nothing",
+                        "[contract]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    using steady = std::chrono::steady_clock;
+    TestType f;
+    auto q = f.make({});
+    REQUIRE(q->put("a", "x", past));
+    auto start = steady::now();
+    CHECK(q->take_many(0, 20s).empty());
+    CHECK(steady::now() - start < 10s);  // did not wait for its max_wait
+    auto j = q->take(0ms);               // still waiting, its attempts uncounted
+    REQUIRE(j);
+    CHECK(j->attempts == 1);
+    CHECK(q->ack(*j));
+    start = steady::now();
+    CHECK(q->take_many(0, 20s).empty());  // nothing due: no wait either
+    CHECK(steady::now() - start < 10s);
+}
+
 TEMPLATE_LIST_TEST_CASE("contract: a take waiting for a later job wakes for an earlier put",
                         "[contract]", delayq_contract_fixtures) {
     using namespace delayq_contract;

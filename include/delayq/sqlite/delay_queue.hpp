@@ -214,9 +214,11 @@ class delay_queue {
     }
 
     /// Leases up to `max_jobs` (at most 500) due jobs, earliest first, in one transaction,
-    /// waiting up to `max_wait` for the first. Every job has its own token.
+    /// waiting up to `max_wait` for the first. Every job has its own token. `max_jobs` 0 returns
+    /// an empty vector at once: it leases nothing and does not wait.
     std::vector<job> take_many(std::size_t max_jobs, std::chrono::milliseconds max_wait) {
-        return take_jobs(std::clamp<std::size_t>(max_jobs, 1, max_take), max_wait);
+        if (max_jobs == 0) return {};
+        return take_jobs(std::min(max_jobs, max_take), max_wait);
     }
 
     /// Done with the job: it is gone for good. False if the lease was lost (ended, or cancelled,
