@@ -72,6 +72,12 @@ struct options {
     /// Connections the object's calls share at most (> 0); a call waits for a free one. A take
     /// that waits holds one more, which only listens.
     std::size_t connections = 4;
+    /// A take's lease, an ack and a nack wait for the server's disk before they return. False
+    /// (the default): they commit with synchronous_commit off, on disk within the server's
+    /// wal_writer_delay (200 ms by default); a crash of the server (not of a consumer) may undo
+    /// the last of them, which only means a redelivery, its attempt not counted. Puts, cancels
+    /// and reschedules always wait. See "Durability" in docs/postgres.md.
+    bool durable_leases = false;
 };
 
 /// A server or connection problem. `what()` names what the call was doing and carries the
@@ -123,11 +129,16 @@ class delay_queue {
     explicit delay_queue(options o)
         : opt_(checked(std::move(o))),
           channel_(channel_of(opt_.schema, opt_.name)),
-          sql_{detail::put_sql(opt_.schema),      detail::put_many_sql(opt_.schema),
-               detail::cancel_sql(opt_.schema),   detail::reschedule_sql(opt_.schema),
-               detail::claim_sql(opt_.schema),    detail::ack_sql(opt_.schema),
-               detail::ack_many_sql(opt_.schema), detail::nack_sql(opt_.schema),
-               detail::size_sql(opt_.schema),     detail::dead_size_sql(opt_.schema)} {
+          sql_{detail::put_sql(opt_.schema),
+               detail::put_many_sql(opt_.schema),
+               detail::cancel_sql(opt_.schema),
+               detail::reschedule_sql(opt_.schema),
+               detail::claim_sql(opt_.schema, opt_.durable_leases),
+               detail::ack_sql(opt_.schema, opt_.durable_leases),
+               detail::ack_many_sql(opt_.schema, opt_.durable_leases),
+               detail::nack_sql(opt_.schema, opt_.durable_leases),
+               detail::size_sql(opt_.schema),
+               detail::dead_size_sql(opt_.schema)} {
         // One connection now: the server is there, new enough, and holds the tables.
         auto c = acquire();
         release(std::move(c));

@@ -118,6 +118,17 @@ inline void ensure_schema(connection& c, const std::string& s, raise_fn raise) {
 inline constexpr const char* now_cte =
     "t AS (SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now)";
 
+// The same, for a statement whose commit need not wait for the disk (a lease, an ack, a nack
+// when options::durable_leases is false): synchronous_commit is off for its transaction only, so
+// it is visible at once and on disk within the server's wal_writer_delay. A crash of the server
+// may undo the last of them, which means a redelivery; it never undoes a put or a cancel, whose
+// commits wait, and whose flush carries every earlier commit with it.
+inline std::string lease_now_cte(bool durable) {
+    if (durable) return now_cte;
+    return "t AS (SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now, "
+           "set_config('synchronous_commit', 'off', true) AS async)";
+}
+
 // Whether a job due at `at` (an SQL expression) must wake the consumers: nothing else is due
 // between the slack and it (see notify_slack_ms). $1 is the queue.
 inline std::string wakes(const std::string& s, const std::string& at) {
@@ -191,8 +202,8 @@ inline std::string token_sql(const std::string& s) {
 // delivery). Returns one row per job leased (id, payload, due, attempts, token, lease end), then
 // one row with a NULL id: the next `at` among the rows not claimed (NULL: none), the number of
 // jobs buried, and the server's now.
-inline std::string claim_sql(const std::string& s) {
-    return "WITH " + std::string(now_cte) +
+inline std::string claim_sql(const std::string& s, bool durable) {
+    return "WITH " + lease_now_cte(durable) +
            ", p AS (SELECT j.id, j.at, j.token <> 0 AND $4 > 0 AND j.attempts >= $4 AS dead FROM " +
            s +
            ".jobs j WHERE j.queue = $1 AND j.at <= (SELECT now FROM t) ORDER BY j.at LIMIT $2 "
@@ -212,15 +223,15 @@ inline std::string claim_sql(const std::string& s) {
 }
 
 // ack: $1 queue, $2 id, $3 token.
-inline std::string ack_sql(const std::string& s) {
-    return "WITH " + std::string(now_cte) + " DELETE FROM " + s +
+inline std::string ack_sql(const std::string& s, bool durable) {
+    return "WITH " + lease_now_cte(durable) + " DELETE FROM " + s +
            ".jobs j USING t WHERE j.queue = $1 AND j.id = $2 AND j.token = $3 AND j.token <> 0 "
            "AND j.at > t.now";
 }
 
 // ack_many: $1 queue, $2 ids, $3 tokens. Returns the 1-based positions of the jobs acked.
-inline std::string ack_many_sql(const std::string& s) {
-    return "WITH " + std::string(now_cte) + " DELETE FROM " + s +
+inline std::string ack_many_sql(const std::string& s, bool durable) {
+    return "WITH " + lease_now_cte(durable) + " DELETE FROM " + s +
            ".jobs j USING t, unnest($2::bytea[], $3::bigint[]) WITH ORDINALITY AS u(id, token, "
            "ord) WHERE j.queue = $1 AND j.id = u.id AND j.token = u.token AND j.token <> 0 AND "
            "j.at > t.now RETURNING u.ord";
@@ -228,10 +239,10 @@ inline std::string ack_many_sql(const std::string& s) {
 
 // nack: $1 queue, $2 id, $3 token, $4 retry after (ms), $5 max_attempts, $6 channel. Back to
 // waiting, or to the dead letters after the max_attempts-th delivery. Returns (settled, notified).
-inline std::string nack_sql(const std::string& s) {
+inline std::string nack_sql(const std::string& s, bool durable) {
     const std::string held =
         "j.queue = $1 AND j.id = $2 AND j.token = $3 AND j.token <> 0 AND j.at > t.now";
-    return "WITH " + std::string(now_cte) + ", r AS (UPDATE " + s +
+    return "WITH " + lease_now_cte(durable) + ", r AS (UPDATE " + s +
            ".jobs j SET at = least(t.now + $4, " + max_ms_sql() + "), token = 0 FROM t WHERE " +
            held + " AND ($5 = 0 OR j.attempts < $5) RETURNING j.at), b AS (DELETE FROM " + s +
            ".jobs j USING t WHERE " + held +
