@@ -233,8 +233,9 @@ class delay_queue {
     }
 
     /// Leases up to `max_jobs` (at most 1000) due jobs, earliest first, in one statement, waiting
-    /// up to `max_wait` for the first. Every job has its own token.
+    /// up to `max_wait` for the first. Every job has its own token. `max_jobs` 0: none, at once.
     std::vector<job> take_many(std::size_t max_jobs, std::chrono::milliseconds max_wait) {
+        if (max_jobs == 0) return {};  // asks for nothing: leases nothing, waits for nothing
         return take_jobs(std::clamp<std::size_t>(max_jobs, 1, max_take), max_wait);
     }
 
