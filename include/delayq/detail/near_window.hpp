@@ -11,8 +11,9 @@
 // array; a pass merges the two fronts. So a node costs one sort (or one heap push and pop) more
 // than with tick-rounded firing, and nothing when its whole tick is late anyway.
 //
-// A node here has prev == sorted_marker() or heap_marker() and its index in `next`: unlink() is
-// O(1) for the array (the slot becomes a hole that the front skips) and O(log h) for the heap.
+// A node here has prev == node_links::window_mark() or heap_mark() and its index in `next`:
+// unlink() is O(1) for the array (the slot becomes a hole that the front skips) and O(log h) for
+// the heap.
 //
 // Memory. Room is made at schedule time, where an exception is harmless: the array's and the
 // heap's for as many nodes as the wheel holds (reserve(), with a room_key: room.hpp), the most a
@@ -142,14 +143,8 @@ class near_window {
   private:
     using rec = deadline_rec<Clock>;
 
-    static node_links* sorted_marker() noexcept {
-        static node_links m{nullptr, nullptr};
-        return &m;
-    }
-    static node_links* heap_marker() noexcept {
-        static node_links m{nullptr, nullptr};
-        return &m;
-    }
+    static node_links* sorted_marker() noexcept { return node_links::window_mark(); }
+    static node_links* heap_marker() noexcept { return node_links::heap_mark(); }
 
     static void set_index(node* n, std::size_t i) noexcept {
         // NOLINTNEXTLINE(performance-no-int-to-ptr): an index, never dereferenced

@@ -2,22 +2,55 @@
 // cancel it.
 //
 // The idea. A task lives in one block: a 40-byte header (the list links, the deadline, a pointer to
-// the callable's operations with the state in its low bits, a reference count and a sequence
-// number) followed by the callable. With an 8-byte capture a node is 48 bytes. Blocks come from the
-// core's node_pool (detail/node_pool.hpp), so scheduling never calls malloc for a small callable.
+// the callable's operations with the state and a periodic task's flags in its low bits, a reference
+// count and a sequence number) followed by the callable. With an 8-byte capture a node is 48 bytes.
+// Blocks come from the core's node_pool (detail/node_pool.hpp), so scheduling never calls malloc
+// for a small callable.
 //
 // Who holds a node: the timer, from schedule until it is done with the task (ran, cancelled or
 // handed back by stop()), and every `timeout` handle. The last one to let go frees the block. The
 // task itself (the callable) is destroyed by whoever ends it: the runner after running it, the
 // canceller, or stop(). So freeing a block never runs user code.
 //
-// Who decides what: a node is in the timer (pending) exactly while it is linked — in a bucket, or
-// in the batch an advance is about to run (`prev` is then `run_marker()`) — and not cancelled: a
-// cancel() marks it cancelled and leaves the unlinking of a bucket's node for later
-// (wheel_core.hpp, "Cancel"). Links and states change only under the core's lock, so cancel(), the
-// runner and stop() decide who ends a task under that lock. The state is what handles read from
-// any thread without the lock; the one who won the node sets it, under the lock. A state change is
-// thus a plain store, and the only read-modify-write on a node is its reference count.
+// Where a node is, and its state (status(), under the core's lock: the one question cancel(),
+// reschedule(), the runner and stop() each ask first). Its place is read from `prev`: null, out of
+// the timer; batch_mark(), in the batch a pass is about to run; window_mark() or heap_mark(), in a
+// ring's near window (near_window.hpp); anything else, a list: a bucket or a staging lane. Its
+// state is pending, expired or cancelled. The pairs that occur:
+//
+//   list or window, pending     waiting in the ring
+//   list or window, cancelled   cancel() left it linked; the core's next bury() unlinks it
+//   batch, pending              due, in a pass's batch, not yet claimed by the runner
+//   out, pending                a periodic task running (its flag `running`), or a node stop() is
+//                               taking (under the lock, for a moment)
+//   out, expired or cancelled   done: ran, or cancelled (also while a batch's array still names
+//                               it: the runner skips a node no longer marked)
+//
+// So a linked node is not always pending: a cancelled one may be linked, its task already
+// destroyed.
+//
+// Who writes which field. Every write is under the core's lock, except where said.
+//   prev, next   the ring (link, unlink, a pass's moves) and the core (the batch mark; cancel()
+//                and the runner unmark a batch node); while a node is in a window, `next` holds
+//                its index there; nobody reads `next` of a node out of the timer.
+//   deadline     the core: init() before the node is published, store_deadline() (reschedule, a
+//                periodic task's next run); handles read it without the lock (load_deadline()).
+//   ops_state    the callable's operations: init() only. The state: whoever ends the task, once
+//                (cancel(), the runner, stop(); stop() after it took the node, outside the lock:
+//                nobody else writes a node stop() took), published with release for handles,
+//                which read it without the lock. The periodic flags: the core (the runner,
+//                cancel(), reschedule()), read under the lock only.
+//   refs         atomic, by anyone who holds a reference (a handle, on any thread).
+//   seq          the core: schedule, reschedule, a periodic task's next run.
+// The callable, and the periodic repeat (periodic_part) that sits in front of a periodic task's
+// callable, are read only while the task lives: by the runner while it runs or is claimed, by
+// reschedule() and the runner's repeat while the task is pending. A cancelled or ended task's
+// block is never read past its header: the flags that cancel() and reschedule() read are in the
+// header (ops_state), not in the callable.
+//
+// Changing a node's place or state is a plain store under the lock, so cancel(), the runner and
+// stop() decide who ends a task under that lock; the only read-modify-write on a node is its
+// reference count.
 //
 // The core (timer_core) owns the node pool and is the part of a timer that outlives it for the
 // handles' sake. Its owners (the timer object and its worker thread) hold it by `owners_`; when the
@@ -53,10 +86,33 @@ enum class timer_state : std::uint8_t {
 
 // The intrusive links of a node, and of a list's sentinel.
 struct node_links {
-    node_links* prev;  // null once out of the timer
+    node_links* prev;  // where the node is: see status() above
     node_links* next;
 
     bool linked() const noexcept { return prev != nullptr; }
+
+    /// The `prev` of a node in a pass's batch (wheel_core.hpp).
+    static node_links* batch_mark() noexcept { return mark<0>(); }
+    /// The `prev` of a node in a near window's sorted array, or its heap (near_window.hpp).
+    static node_links* window_mark() noexcept { return mark<1>(); }
+    static node_links* heap_mark() noexcept { return mark<2>(); }
+
+  private:
+    template <int I>
+    static node_links* mark() noexcept {
+        static node_links m{nullptr, nullptr};
+        return &m;
+    }
+};
+
+/// Where a node is (status(), above).
+enum class node_place : std::uint8_t { out, list, batch, window };
+
+/// The flags of a periodic task, in its node's header (who writes them: above).
+enum class periodic_flag : std::uintptr_t {
+    running = 4,   // handed to run: from the claim to the re-link (a burst's runs too)
+    stopping = 8,  // cancelled while running: no re-link, the runner ends it
+    moved = 16,    // rescheduled while running: the next run is at the repeat's `start`
 };
 
 template <class Clock>
@@ -78,7 +134,10 @@ template <class Clock>
 struct timer_node : node_links {
     using time_point = typename Clock::time_point;
 
+    // ops_state: the operations' address (aligned to 32) | the periodic flags (bits 2-4) | the
+    // state (bits 0-1).
     static constexpr std::uintptr_t state_mask = 3;
+    static constexpr std::uintptr_t bits_mask = 31;
 
     // node_links: touched only under the core's lock
     time_point deadline;
@@ -95,7 +154,7 @@ struct timer_node : node_links {
     }
 
     const task_ops<Clock>* ops() const noexcept {
-        const std::uintptr_t bits = ops_state.load(std::memory_order_relaxed) & ~state_mask;
+        const std::uintptr_t bits = ops_state.load(std::memory_order_relaxed) & ~bits_mask;
         // NOLINTNEXTLINE(performance-no-int-to-ptr): the pointer stored by init(), state bits off
         return reinterpret_cast<const task_ops<Clock>*>(bits);
     }
@@ -109,6 +168,37 @@ struct timer_node : node_links {
         const std::uintptr_t v = ops_state.load(std::memory_order_relaxed) & ~state_mask;
         ops_state.store(v | static_cast<std::uintptr_t>(s), std::memory_order_release);
     }
+
+    /// Under the core's lock: where the node is.
+    node_place place() const noexcept {
+        if (prev == nullptr) return node_place::out;
+        if (prev == batch_mark()) return node_place::batch;
+        if (prev == window_mark() || prev == heap_mark()) return node_place::window;
+        return node_place::list;
+    }
+
+    /// Under the core's lock: where the node is, and its state (see the top of this header).
+    struct status_t {
+        node_place place;
+        timer_state state;
+    };
+    status_t status() const noexcept {
+        return {place(),
+                static_cast<timer_state>(ops_state.load(std::memory_order_relaxed) & state_mask)};
+    }
+
+    /// Under the core's lock: a periodic task's flag.
+    bool has(periodic_flag f) const noexcept {
+        return (ops_state.load(std::memory_order_relaxed) & static_cast<std::uintptr_t>(f)) != 0;
+    }
+    void set(periodic_flag f, bool on) noexcept {
+        const std::uintptr_t v = ops_state.load(std::memory_order_relaxed);
+        const auto b = static_cast<std::uintptr_t>(f);
+        ops_state.store(on ? v | b : v & ~b, std::memory_order_release);
+    }
+
+    /// Whether the task repeats (a property of its type: readable whether or not it lives).
+    bool is_periodic() const noexcept { return ops()->periodic != nullptr; }
 
     void acquire() noexcept { refs.fetch_add(1, std::memory_order_relaxed); }
 
@@ -130,7 +220,8 @@ struct timer_node : node_links {
     void run() { ops()->run(*this); }
     void destroy_task() noexcept { ops()->destroy(*this); }
 
-    /// The repeat of a periodic task; null for one that runs once.
+    /// The repeat of a periodic task; null for one that runs once. In the callable's block: only
+    /// while the task lives.
     periodic_part<Clock>* periodic() noexcept {
         const auto* o = ops();
         return o->periodic ? o->periodic(*this) : nullptr;
@@ -147,18 +238,16 @@ struct timer_node : node_links {
     }
 };
 
-/// What a periodic task keeps besides its callable. The k-th run is due at start + k * period
-/// (computed, not summed: no drift); a run whose successor would lie past time_point::max() is the
-/// last. `policy` says what a late run does to the next. Touched only under the core's lock.
+/// What a periodic task keeps besides its callable (its flags are in the node's header). The k-th
+/// run is due at start + k * period (computed, not summed: no drift); a run whose successor would
+/// lie past time_point::max() is the last. `policy` says what a late run does to the next. Touched
+/// only under the core's lock, while the task lives.
 template <class Clock>
 struct periodic_part {
     typename Clock::time_point start;
     typename Clock::duration period;
     std::uint64_t k = 0;  // the run now scheduled is the k-th
     repeat_policy policy;
-    bool running = false;   // handed to run: from the claim to the re-link (a burst's runs too)
-    bool stopping = false;  // cancelled while running: no re-link, the runner ends it
-    bool moved = false;     // rescheduled while running: the next run is at `start`
 };
 
 static_assert(sizeof(timer_node<std::chrono::steady_clock>) == 40, "a node header is 40 bytes");
@@ -201,10 +290,10 @@ struct node_with final : timer_node<Clock> {
         }
     }
 
-    // aligned so that the state fits in the low bits of a pointer to it
-    alignas(8) static constexpr task_ops<Clock> table{&run, &destroy, sizeof(node_with),
-                                                      alignof(node_with),
-                                                      is_periodic_task<F> ? &repeat : nullptr};
+    // aligned so that the state and the periodic flags fit in the low bits of a pointer to it
+    alignas(32) static constexpr task_ops<Clock> table{&run, &destroy, sizeof(node_with),
+                                                       alignof(node_with),
+                                                       is_periodic_task<F> ? &repeat : nullptr};
 };
 
 // A periodic task's callable: its repeat in front of the user's callable.

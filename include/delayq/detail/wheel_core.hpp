@@ -5,13 +5,13 @@
 //
 // The idea, in one pass. advance(now) takes the lock, asks the ring for every node due at `now`,
 // puts them in the heap's order (due_batch.hpp) and marks each as "in the batch" (prev ==
-// run_marker()); then, without the lock, runs them one by one. Before each run it takes the lock
-// to claim the node: a node cancelled meanwhile is no longer marked and is skipped. So a task stays
-// cancellable until the moment it starts, in both wheels, and cancel() returning true always means
-// the task never runs. Tasks scheduled by a task run in a later pass, so a pass does a bounded
-// amount of work. A pass holds the core as an owner (timer_node.hpp): a task that destroys the
-// timer ends the rest of the batch with the other tasks (stop()), and the pass frees the core as
-// it ends, with nothing freed under it.
+// node_links::batch_mark()); then, without the lock, runs them one by one. Before each run it takes
+// the lock to claim the node: a node cancelled meanwhile is no longer marked and is skipped. So a
+// task stays cancellable until the moment it starts, in both wheels, and cancel() returning true
+// always means the task never runs. Tasks scheduled by a task run in a later pass, so a pass does a
+// bounded amount of work. A pass holds the core as an owner (timer_node.hpp): a task that destroys
+// the timer ends the rest of the batch with the other tasks (stop()), and the pass frees the core
+// as it ends, with nothing freed under it.
 //
 // Locking. One lock (a spin_lock: detail/spin_lock.hpp says why) guards the ring, the pool's
 // allocation, the batch marks and the counts. Tasks run, and are destroyed, without it: a task may
@@ -93,12 +93,6 @@ struct wheel_waker {
     ~wheel_waker() = default;
 };
 
-/// The address that marks a node as in the current batch (its prev).
-inline node_links* run_marker() noexcept {
-    static node_links marker{nullptr, nullptr};
-    return &marker;
-}
-
 // Face: what the public class gives the core, so that detail/ names no public header:
 // Face::handle, the handle made of a node and its core (timeout<Clock>), and Face::refuse(what),
 // which throws the public rejected_error.
@@ -146,13 +140,18 @@ class wheel_core final : public timer_core<Clock> {
         __builtin_prefetch(&n, 1);
         {
             std::lock_guard lk(lock_);
-            if (!n.linked()) return stop_running_periodic(n);
-            if (n.prev == run_marker()) {
-                n.prev = nullptr;  // the runner skips it and drops the batch's reference
-            } else {
-                if (doomed_count_ != 0 && doomed(n)) return false;  // cancelled already
-                assert(doomed_count_ < max_doomed);
-                doomed_[doomed_count_++] = &n;
+            switch (n.place()) {
+                case node_place::out:
+                    return stop_running_periodic(n);
+                case node_place::batch:
+                    n.prev = nullptr;  // the runner skips it and drops the batch's reference
+                    break;
+                case node_place::list:
+                case node_place::window:
+                    if (doomed_count_ != 0 && doomed(n)) return false;  // cancelled already
+                    assert(doomed_count_ < max_doomed);
+                    doomed_[doomed_count_++] = &n;
+                    break;
             }
             --pending_;
             n.set_state(timer_state::cancelled);
@@ -173,20 +172,21 @@ class wheel_core final : public timer_core<Clock> {
         std::shared_ptr<wheel_waker> to_wake;
         {
             const room_lock lk(lock_);
-            if (!n.linked()) {
+            const node_place place = n.place();
+            if (place == node_place::out) {
                 // a periodic task now running: its next run moves (the runner re-links it, in a
                 // pass: the room for that link is made here)
                 periodic_part<Clock>* running = running_periodic(n);
                 if (!running) return false;
                 ring_.prepare(at, lk.key());  // may throw: nothing changed yet
                 restart(n, *running, deadline);
-                running->moved = true;
+                n.set(periodic_flag::moved, true);
                 return true;
             }
             // cancelled, and still linked (the count first: no second look at the node's line)
             if (doomed_count_ != 0 && doomed(n)) return false;
             ring_.prepare(at, lk.key());  // may throw: nothing changed yet
-            const bool in_batch = n.prev == run_marker();
+            const bool in_batch = place == node_place::batch;
             if (!in_batch && deadline >= n.deadline && ring_.may_postpone(&n)) {
                 // Later: only the deadline changes, and the pass that meets the node files it
                 // again. No neighbour is touched, and no driver needs to wake earlier.
@@ -232,7 +232,7 @@ class wheel_core final : public timer_core<Clock> {
                     struct to_batch {
                         due_batch<Clock>& b;
                         void operator()(node* n) {
-                            n->prev = run_marker();
+                            n->prev = node_links::batch_mark();
                             b.add(n);
                         }
                         void next_run() { b.next_run(); }
@@ -292,11 +292,11 @@ class wheel_core final : public timer_core<Clock> {
                 if (i >= batch_.size()) break;  // under the lock: stop() ends the batch early
                 n = batch_.at(i);
                 next_in_batch_ = i + 1;
-                claimed = n->prev == run_marker();
-                every = claimed ? n->periodic() : nullptr;
+                claimed = n->place() == node_place::batch;
+                every = claimed && n->is_periodic() ? n->periodic() : nullptr;
                 if (every) {
                     n->prev = nullptr;
-                    every->running = true;  // still pending: it runs again
+                    n->set(periodic_flag::running, true);  // still pending: it runs again
                 } else if (claimed) {
                     n->prev = nullptr;
                     --pending_;
@@ -461,18 +461,20 @@ class wheel_core final : public timer_core<Clock> {
 
     // Under the lock: the repeat of n if n is a periodic task that is running and will run again
     // (not cancelled during this run, nor counted out by a stop()); else null.
+    // The flags are read first, from the node's header: a task that is not running may be
+    // cancelled, its callable (where the repeat is) destroyed.
     periodic_part<Clock>* running_periodic(node& n) noexcept {
-        periodic_part<Clock>* every = n.periodic();
-        if (!every || !every->running || every->stopping || stopped_) return nullptr;
-        return every;
+        if (!n.is_periodic() || !n.has(periodic_flag::running) || n.has(periodic_flag::stopping) ||
+            stopped_)
+            return nullptr;
+        return n.periodic();
     }
 
     // Under the lock, for cancel() of a node out of the timer: a periodic task that is running
     // stops repeating (the runner ends it after this run). False for anything else.
     bool stop_running_periodic(node& n) noexcept {
-        periodic_part<Clock>* every = running_periodic(n);
-        if (!every) return false;
-        every->stopping = true;
+        if (!running_periodic(n)) return false;
+        n.set(periodic_flag::stopping, true);
         --pending_;
         n.set_state(timer_state::cancelled);
         return true;
@@ -501,12 +503,9 @@ class wheel_core final : public timer_core<Clock> {
     // when it would lie past time_point::max() (that run was the last). Moves the task's grid (k,
     // or start for repeat_policy::delay). Only a burst, or a reschedule during the run, gives a
     // time <= now: skip and delay always land after `now`.
-    static std::optional<time_point> next_run(periodic_part<Clock>& every,
-                                              time_point now) noexcept {
-        if (every.moved) {  // rescheduled during the run
-            every.moved = false;
-            return every.start;
-        }
+    static std::optional<time_point> next_run(periodic_part<Clock>& every, time_point now,
+                                              bool moved) noexcept {
+        if (moved) return every.start;  // rescheduled during the run
         constexpr wide_rep end = time_point::max().time_since_epoch().count();
         const wide_rep p = every.period.count();
         const wide_rep s = every.start.time_since_epoch().count();
@@ -548,15 +547,16 @@ class wheel_core final : public timer_core<Clock> {
     after_run repeat(node& n, periodic_part<Clock>& every, time_point now,
                      std::shared_ptr<wheel_waker>& to_wake) noexcept {
         std::lock_guard lk(lock_);
-        if (every.stopping || stopped_) {
-            every.running = false;
+        if (n.has(periodic_flag::stopping) || stopped_) {
+            n.set(periodic_flag::running, false);
             n.set_state(timer_state::cancelled);  // stop() counted it out already; cancel() too
             return after_run::ended;
         }
-        const bool moved = every.moved;
-        const std::optional<time_point> next = next_run(every, now);
+        const bool moved = n.has(periodic_flag::moved);
+        n.set(periodic_flag::moved, false);
+        const std::optional<time_point> next = next_run(every, now, moved);
         if (!next) {
-            every.running = false;
+            n.set(periodic_flag::running, false);
             --pending_;
             n.set_state(timer_state::expired);  // ran its last run
             return after_run::ended;
@@ -565,7 +565,7 @@ class wheel_core final : public timer_core<Clock> {
             n.store_deadline(*next);
             return after_run::again;  // still running: cancel() and stop() act as during a run
         }
-        every.running = false;
+        n.set(periodic_flag::running, false);
         n.store_deadline(*next);
         n.seq = seq_++;
         if (earlier_than_armed(ring_.relink(&n, ring_.position(*next), armed_), n))
@@ -585,10 +585,12 @@ class wheel_core final : public timer_core<Clock> {
         return wake;
     }
 
-    // Under the lock: whether n is a node cancel() left in the ring (linked, yet cancelled: a node
-    // cancelled in the batch is unlinked at once).
+    // Under the lock: whether n is a node cancel() left in the ring (in a list or a window, yet
+    // cancelled: a node cancelled in the batch leaves it at once).
     static bool doomed(const node& n) noexcept {
-        return n.linked() && n.load_state() == timer_state::cancelled;
+        const auto s = n.status();
+        return (s.place == node_place::list || s.place == node_place::window) &&
+               s.state == timer_state::cancelled;
     }
 
     // Under the lock: unlinks the nodes cancel() left in the ring, each one's neighbours fetched
@@ -658,7 +660,7 @@ class wheel_core final : public timer_core<Clock> {
         std::size_t kept = 0;
         for (std::size_t i = 0; i < r.recs.size(); ++i) {
             node* n = r.recs[i].n;
-            if (n->prev != run_marker()) {
+            if (n->place() != node_place::batch) {
                 timer_core<Clock>::release(*n);
                 continue;
             }
