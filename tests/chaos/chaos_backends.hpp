@@ -31,6 +31,13 @@
 
 #include "redis_server.hpp"
 #endif
+#ifdef DELAYQ_CHAOS_POSTGRES
+#include <libpq-fe.h>
+
+#include <delayq/postgres/delay_queue.hpp>
+
+#include "pg_server.hpp"
+#endif
 
 namespace delayq_chaos {
 
@@ -163,6 +170,65 @@ struct redis_backend {
 };
 #endif
 
+#ifdef DELAYQ_CHAOS_POSTGRES
+struct postgres_backend {
+    using queue = delayq::postgres::delay_queue;
+    static constexpr const char* name = "postgres";
+
+    // A new PostgreSQL server for each round (tests/postgres/pg_server.hpp: initdb in a temporary
+    // directory, Debian's default settings, killed with the orchestrator); the queue is "chaos",
+    // its tables created by whichever worker comes first. The locator is the port.
+    class store {
+      public:
+        explicit store(const std::string&) {}
+        std::string locator() const { return std::to_string(server_.port()); }
+
+        // The rows left in the queue's tables, read through libpq.
+        final_state inspect() const {
+            final_state s;
+            PGconn* c = PQconnectdb(server_.conninfo().c_str());
+            const auto rows = [&](const char* sql, auto&& row) {
+                PGresult* r = PQexec(c, sql);
+                const bool ok = PQresultStatus(r) == PGRES_TUPLES_OK;
+                if (!ok) s.notes.push_back(std::string(sql) + ": " + PQresultErrorMessage(r));
+                for (int i = 0; ok && i < PQntuples(r); ++i) row(r, i);
+                PQclear(r);
+                return ok;
+            };
+            if (PQstatus(c) != CONNECTION_OK) {
+                s.notes.push_back(std::string("cannot connect: ") + PQerrorMessage(c));
+            } else {
+                const bool a =
+                    rows("SELECT convert_from(id, 'UTF8') FROM delayq.jobs WHERE queue = 'chaos'",
+                         [&](PGresult* r, int i) { s.queued.insert(PQgetvalue(r, i, 0)); });
+                const bool b = rows(
+                    "SELECT convert_from(id, 'UTF8'), attempts FROM delayq.dead WHERE queue = "
+                    "'chaos'",
+                    [&](PGresult* r, int i) {
+                        s.dead[PQgetvalue(r, i, 0)] = std::atoll(PQgetvalue(r, i, 1));
+                    });
+                s.read = a && b;
+            }
+            PQfinish(c);
+            return s;
+        }
+
+      private:
+        delayq_pg_test::pg_server server_;
+    };
+
+    static std::unique_ptr<queue> open(const std::string& locator, const queue_settings& qs) {
+        delayq::postgres::options o;
+        o.conninfo = "host=127.0.0.1 port=" + locator + " user=postgres dbname=postgres";
+        o.name = "chaos";
+        o.lease = qs.lease;
+        o.max_attempts = qs.max_attempts;
+        o.io_timeout = qs.call_timeout;
+        return std::make_unique<queue>(o);
+    }
+};
+#endif
+
 /// Every backend this build can check, in the order `--backend all` runs them (a new backend
 /// adds its line).
 using backends = decltype(std::tuple_cat(
@@ -171,6 +237,9 @@ using backends = decltype(std::tuple_cat(
 #endif
 #ifdef DELAYQ_CHAOS_REDIS
     std::tuple<redis_backend>{},
+#endif
+#ifdef DELAYQ_CHAOS_POSTGRES
+    std::tuple<postgres_backend>{},
 #endif
     std::tuple<>{}));
 
