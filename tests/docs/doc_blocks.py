@@ -3,8 +3,9 @@
 program among them run.
 
 What a block is, a reader sees on the rendered page:
-  a whole program   a ```cpp block with a main(): compiled and linked with each compiler, then run
-                    (the g++ build) with a time limit: it must exit by itself, with status 0.
+  a whole program   a ```cpp block with a main(): built with the first compiler (g++) and run with
+                    a time limit: it must exit by itself, with status 0; compiled (for its
+                    warnings) with the others.
                     When a ```text block follows it, with nothing in between but at most one
                     paragraph that ends in ':' ("It prints:"), that block is what it must print
                     on stdout, line for line (trailing blanks ignored; a line `...` stands for
@@ -358,7 +359,7 @@ def cmd_check(args):
             cmd = [cxx, "-std=c++20", "-Wall", "-Wextra", "-Wpedantic", "-Werror",
                    "-fdiagnostics-color=never"]
             cmd += [f"-I{os.path.abspath(d)}" for d in (args.include or [])]
-            if kind == "fragment":
+            if kind == "fragment" or k > 0:  # the first compiler's build is the one that runs
                 cmd += ["-fsyntax-only", "-x", "c++", rel]
             else:
                 exe = os.path.join(tmp, f"program{k}")
@@ -368,7 +369,8 @@ def cmd_check(args):
                 binaries.append(exe)
             r = subprocess.run(cmd, text=True, capture_output=True, cwd=tmp)
             status = "ok" if r.returncode == 0 else f"FAILED (exit {r.returncode})"
-            print(f"{os.path.basename(cxx)}: {rel}:{line}: {'compiled' if kind == 'fragment' else 'built'}: {status}")
+            what = "built" if kind == "program" and k == 0 else "compiled"
+            print(f"{os.path.basename(cxx)}: {rel}:{line}: {what}: {status}")
             if r.returncode != 0:
                 failed.append(cxx)
                 print(r.stdout + r.stderr)
