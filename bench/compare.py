@@ -533,22 +533,23 @@ def table_hierarchical(res):
 
 
 def table_side_by_side(res):
-    """docs/guide.md: the five structures side by side."""
+    """docs/guide.md: the structures side by side."""
     M = "1000000"
     f = lambda w, s: fmt(res.ns(f"{w}/{s}/{M}")) + " ns"
     lat = lambda s, field: res.lateness_figure(f"dense|{s}|{field}")
     b = res.backend_figure
     rows = [
         ("holds", "values (`Delayed`)", "callbacks", "callbacks", "jobs (id + bytes), in one file",
-         "jobs (id + bytes)"),
+         "jobs (id + bytes), in a table", "jobs (id + bytes)"),
         ("who runs what is due", "your threads (`take`)", "its worker, or your loop",
          "its worker, or your loop", "any thread of any process on the machine",
-         "any consumer, anywhere"),
+         "any consumer, anywhere", "any consumer, anywhere"),
         ("insert, 1M pending", f"{f('insert_random', 'delay_queue')} (locked `std::priority_queue`: "
          f"{f('insert_random', 'locked_priority_queue')})",
          f("insert_random", "hashed_wheel_timer"), f("insert_random", "hierarchical_timing_wheel"),
          f"one fsynced commit, shared by concurrent puts; {b('sqlite-reopen fill_puts_per_s')} "
          "filling 1M with `put_many` of 500",
+         "one round trip, its commit on the server's disk; or one statement in your own transaction",
          f"one round trip: {b('redis-memory-put single_puts_per_s')} single, "
          f"{b('redis-memory-put batched_puts_per_s')} in batches of 100"),
         ("cancel", f"`remove_if`, O(N): {f('cancel', 'delay_queue')} per element at 1M",
@@ -556,18 +557,22 @@ def table_side_by_side(res):
          f"{f('cancel', 'hashed_wheel_timer')} at 1M",
          f"O(1): {fmt(res.ns('cancel/hierarchical_timing_wheel/1000'))} ns in cache, "
          f"{f('cancel', 'hierarchical_timing_wheel')} at 1M",
-         "one fsynced commit, by id", "one round trip, by id"),
+         "one fsynced commit, by id", "one round trip, by id", "one round trip, by id"),
         ("push a deadline back", "remove + put",
          f"`reschedule`: {f('reschedule', 'hashed_wheel_timer')} "
          f"({res.compare_figure('reschedule/hashed_wheel_timer/1000000 ratio cancel_schedule/hashed_wheel_timer/1000000')} cancel + schedule)",
          f"`reschedule`: {f('reschedule', 'hierarchical_timing_wheel')} "
          f"({res.compare_figure('reschedule/hierarchical_timing_wheel/1000000 ratio cancel_schedule/hierarchical_timing_wheel/1000000')})",
-         "`reschedule(id, delay)`, one fsynced commit", "`reschedule(id, delay)`, one round trip"),
-        ("expire, per fired timer, 1M backlog", f("expire", "delay_queue"),
+         "`reschedule(id, delay)`, one fsynced commit", "`reschedule(id, delay)`, one round trip",
+         "`reschedule(id, delay)`, one round trip"),
+        ("expire, per fired timer, 1M backlog; jobs: end to end", f("expire", "delay_queue"),
          f("expire", "hashed_wheel_timer"), f("expire", "hierarchical_timing_wheel"),
-         f"end to end {b('sqlite-e2e sqlite_single_jobs_per_s')} with single calls, "
+         f"{b('sqlite-e2e sqlite_single_jobs_per_s')} with single calls, "
          f"{b('sqlite-e2e sqlite_batched_jobs_per_s')} batched",
-         f"end to end {b('redis-e2e delayq_single_jobs_per_s')} with single calls (BullMQ "
+         f"{b('postgres-e2e delayq_single_jobs_per_s')} with single calls (pg-boss "
+         f"{b('postgres-e2e pgboss_single_jobs_per_s')} in the same run), "
+         f"{b('postgres-e2e delayq_batched_jobs_per_s')} batched",
+         f"{b('redis-e2e delayq_single_jobs_per_s')} with single calls (BullMQ "
          f"{b('redis-e2e bullmq_single_jobs_per_s')} in the same run), "
          f"{b('redis-e2e delayq_batched_jobs_per_s')} batched"),
         ("bytes per pending item", f"{res.compare_figure('insert_random/delay_queue/1000000 bytes')} "
@@ -575,6 +580,7 @@ def table_side_by_side(res):
          res.compare_figure("insert_random/hierarchical_timing_wheel/1000000 bytes"),
          f"{b('sqlite-reopen file_per_job_bytes')} of file; "
          f"{b('sqlite-reopen memory_per_pending_job_bytes')} of memory (the jobs stay in the file)",
+         "a row of the server's table", 
          f"{b('redis-memory-put memory_per_waiting_job_bytes')} of Redis memory per waiting job"),
         ("lateness p50 / p99", f"{lat('delay_queue (taker thread)', 'p50')} / "
          f"{lat('delay_queue (taker thread)', 'p99')} (100 000 timers over 1 s)",
@@ -582,25 +588,30 @@ def table_side_by_side(res):
          f"{lat('hierarchical_timing_wheel 1ms precise', 'p50')} / "
          f"{lat('hierarchical_timing_wheel 1ms precise', 'p99')}",
          "a job put by another process: up to `foreign_changes` (200 ms) late",
+         f"a waiting take woken {b('postgres-e2e wake_p50_ms')} / {b('postgres-e2e wake_p99_ms')} "
+         "after another object's put returned",
          f"{b('redis-paced lateness_p50_ms')} / {b('redis-paced lateness_p99_ms')} (paced, 2 of 4 "
          "consumers busy)"),
         ("periodic tasks", "–", f"`schedule_every`, {f('periodic', 'hashed_wheel_timer')} per run",
-         f"`schedule_every`, {f('periodic', 'hierarchical_timing_wheel')} per run", "–", "–"),
+         f"`schedule_every`, {f('periodic', 'hierarchical_timing_wheel')} per run", "–", "–", "–"),
         ("idle wake-ups", "0",
          f"{res.lateness_figure('idle|hashed_wheel_timer 1ms|wakeups')} in 5 s",
          f"{res.lateness_figure('idle|hierarchical_timing_wheel 1ms|wakeups')} in 5 s",
          "5 `PRAGMA data_version` reads a second while a `take` waits (no I/O)",
+         f"{b('postgres-e2e idle_consumer_statements')} statements in 20 s (`LISTEN`/`NOTIFY`)",
          f"{b('redis-idle idle_consumer_commands_per_s')} per idle consumer"),
-        ("order", "deadline, FIFO among equals", "the same", "the same", "deadline",
+        ("order", "deadline, FIFO among equals", "the same", "the same", "deadline", "deadline",
          "deadline within a shard"),
     ]
     out = ["| | `delay_queue` | `hashed_wheel_timer` | `hierarchical_timing_wheel` | "
-           "`sqlite::delay_queue` | `redis::delay_queue` |", "|---|---|---|---|---|---|"]
+           "`sqlite::delay_queue` | `postgres::delay_queue` | `redis::delay_queue` |",
+           "|---|---|---|---|---|---|---|"]
     out += ["| " + " | ".join(r) + " |" for r in rows]
     out += ["", "The runs (bench/results/):", "",
             "- in-process: " + res.compare_source(),
             "- lateness: " + res.lateness_source(),
             "- SQLite: " + res.backend_source("sqlite-e2e") + "; and " + res.backend_source("sqlite-reopen"),
+            "- PostgreSQL: " + res.backend_source("postgres-e2e"),
             "- Redis: " + res.backend_source("redis-e2e") + "; " + res.backend_source("redis-paced")
             + "; " + res.backend_source("redis-idle") + "; and, for the inserts and the memory, "
             + res.backend_source("redis-memory-put")]
