@@ -409,9 +409,10 @@ class Results:
             raise Missing(f"backends {run}: no such run in bench/results/backends.json")
         return r
 
-    def backend_source(self, run):
+    def backend_source(self, run, notes=False):
         r = self.backend_run(run)
-        return f"`{r['command']}`, commit {r['commit']}, {r['date']}, {r['machine']}"
+        return (f"`{r['command']}`, commit {r['commit']}, {r['date']}, {r['machine']}"
+                + (f" ({r['notes']})" if notes and r.get("notes") else ""))
 
     def backend_figure(self, args):
         run, name = args.split()
@@ -614,7 +615,7 @@ def table_side_by_side(res):
             "- PostgreSQL: " + res.backend_source("postgres-e2e"),
             "- Redis: " + res.backend_source("redis-e2e") + "; " + res.backend_source("redis-paced")
             + "; " + res.backend_source("redis-idle") + "; and, for the inserts and the memory, "
-            + res.backend_source("redis-memory-put")]
+            + res.backend_source("redis-memory-put", notes=True)]
     return "\n".join(out)
 
 
