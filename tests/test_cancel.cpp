@@ -206,3 +206,48 @@ TEMPLATE_TEST_CASE(
     CHECK(w.advance(mc::now()) == 0);
     CHECK(runs == 2);
 }
+
+// When a cancelled node's block goes back to the pool (wheel_core's arrays say it): by the next
+// advance() (the end of the pass, or at once when nothing was due), and at once when the cancel
+// leaves nothing pending. Seen through the pool, which hands a freed block out again first: the
+// next schedule's node is the cancelled one's. Before, the block waited for the second bury()
+// after its cancel (the 128th cancel, or the pass after next), whatever the time.
+TEMPLATE_TEST_CASE("cancel: a cancelled node's block goes back by the next advance()", "", hashed,
+                   hierarchical) {
+    mc::reset();
+    typename TestType::wheel w(TestType::options());
+    const handle keep = w.schedule_at([] {}, mc::now() + 1h);  // pending throughout
+    SECTION("a pass with nothing due") {
+        handle h = w.schedule_at([] {}, mc::now() + 30min);
+        const auto* const freed = h.node_for_timer();
+        CHECK(h.cancel());
+        h = handle{};  // the timer's reference is the last
+        w.advance(mc::now());
+        const handle next = w.schedule_at([] {}, mc::now() + 2h);
+        CHECK(next.node_for_timer() == freed);
+    }
+    SECTION("a pass that runs a task") {
+        handle h = w.schedule_at([] {}, mc::now() + 30min);
+        const auto* const freed = h.node_for_timer();
+        CHECK(h.cancel());
+        h = handle{};
+        w.schedule_at([] {}, mc::now() + 1ms);  // its handle dropped: its block goes back too
+        mc::advance(1ms);
+        CHECK(w.advance(mc::now()) == 1);
+        std::vector<const void*> next;
+        for (int i = 0; i < 2; ++i)
+            next.push_back(w.schedule_at([] {}, mc::now() + 2h).node_for_timer());
+        CHECK((next[0] == freed || next[1] == freed));
+    }
+    SECTION("the last pending task cancelled") {
+        handle h = w.schedule_at([] {}, mc::now() + 30min);
+        const auto* const freed = h.node_for_timer();
+        CHECK(handle(keep).cancel());
+        CHECK(h.cancel());  // nothing pending now
+        CHECK(w.pending() == 0);
+        h = handle{};
+        const handle next = w.schedule_at([] {}, mc::now() + 2h);
+        CHECK(next.node_for_timer() == freed);
+    }
+    w.stop();
+}

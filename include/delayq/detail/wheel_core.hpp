@@ -20,17 +20,17 @@
 // under way waits for it with turn_m_, which is never taken inside the lock.
 //
 // Cancel. A cancel counts the task out, marks its node cancelled and destroys the task at once, but
-// leaves a node that sits in a bucket linked, with the timer's reference, in a small array
-// (doomed_). When the array is full, when a pass begins, or at stop(), bury() unlinks them all,
-// each node's neighbours fetched a few nodes ahead; the references go at the next bury(). So a
-// cancel writes only its node, and the neighbours' misses, which the next locked instruction (the
-// next schedule's lock) waited for, overlap by the dozen: a cancel followed by a schedule costs
-// about three quarters of what it did (docs/performance.md, "Cancel + schedule"). At most 64
-// cancelled nodes wait to be unlinked and 64 more to be let go. No pass and no stop() meets one,
-// as each buries first; a staging lane that settles may move one into a bucket, where it stays
-// linked until bury() unlinks it. A wheel with nothing pending says nothing is due (next_due()),
-// whatever cancelled nodes it still holds. A cancelled node still linked is what doomed() tells
-// from a pending one, for a second cancel or a reschedule through another copy of the handle.
+// leaves a node that sits in the ring linked, with the timer's reference, in a small array
+// (doomed_). bury() unlinks them all, each node's neighbours fetched a few nodes ahead, and keeps
+// their references (unlinked_) until let_go() drops them. So a cancel writes only its node, and the
+// neighbours' misses, which the next locked instruction (the next schedule's lock) waited for,
+// overlap by the dozen: a cancel followed by a schedule costs about three quarters of what it did
+// (docs/performance.md, "Cancel + schedule"). No pass and no stop() meets a cancelled node, as each
+// buries first; a staging lane that settles may move one into a bucket, where it stays linked until
+// bury() unlinks it. A wheel with nothing pending says nothing is due (next_due()). A cancelled
+// node still linked is what doomed() tells from a pending one, for a second cancel or a reschedule
+// through another copy of the handle. When a cancelled node's block goes back to the pool, bounded
+// in count and in time, is said where the arrays are declared (at the end of this class).
 //
 // Memory. A pass allocates nothing: room.hpp states the rule and how the types keep it (members
 // that may allocate take a room_key; only the room_lock of a schedule or a reschedule makes one).
@@ -155,7 +155,11 @@ class wheel_core final : public timer_core<Clock> {
             }
             --pending_;
             n.set_state(timer_state::cancelled);
-            if (doomed_count_ == max_doomed) bury();
+            if (pending_ == 0) {
+                bury_all();  // nothing pending: nothing held (see the arrays)
+            } else if (doomed_count_ == max_doomed) {
+                bury();
+            }
         }
         n.destroy_task();  // outside the lock: a task's destructor may call back into the timer
         return true;
@@ -218,112 +222,23 @@ class wheel_core final : public timer_core<Clock> {
     /// Runs, on the calling thread, every task due at `now`, in the heap's order; returns how many
     /// ran. One thread advances at a time (another waits its turn); from inside a task, or after
     /// stop(), it does nothing.
+    ///
+    /// A pass, in four steps: take the turn and gather what is due into the batch (take_turn());
+    /// for each node of the batch, claim it under the lock (claim()), then run it outside the lock
+    /// (run()); and, however the pass ends, give the turn back (pass_end).
     std::size_t advance(time_point now) {
+        if (!take_turn(now)) return 0;
+        const pass_end end(*this);
         std::size_t ran = 0;
-        std::unique_lock turn(turn_m_, std::defer_lock);  // taken only to wait for another pass
-        for (;;) {
-            bool wait_turn = false;
-            {
-                std::lock_guard lk(lock_);
-                if (stopped_) return ran;
-                if (!advancing_) {
-                    bury();  // the ring's walks meet pending nodes only
-                    batch_.begin();
-                    struct to_batch {
-                        due_batch<Clock>& b;
-                        void operator()(node* n) {
-                            n->prev = node_links::batch_mark();
-                            b.add(n);
-                        }
-                        void next_run() { b.next_run(); }
-                    };
-                    const std::size_t count =
-                        ring_.expire(precise_ ? now : ring_.floor_to_grid(now), to_batch{batch_});
-                    if (count == 0) return ran;
-                    batch_.finish();
-                    next_in_batch_ = 0;
-                    advancing_ = true;
-                    advancer_ = std::this_thread::get_id();
-                    this->add_owner();  // a task may destroy the timer: the pass keeps the core
-                    break;
-                }
-                if (advancer_ == std::this_thread::get_id()) return ran;  // from inside a task
-                if (turn.owns_lock()) {
-                    ++turn_waiters_;
-                    wait_turn = true;
-                }
-            }
-            if (!wait_turn) {
-                turn.lock();  // then look again: the end of that pass cannot be missed
-                continue;
-            }
-            turn_cv_.wait(turn);
-            std::lock_guard lk(lock_);
-            --turn_waiters_;
-        }
-        if (turn.owns_lock()) turn.unlock();
-        struct end_of_pass {
-            wheel_core& c;
-            ~end_of_pass() {
-                bool waiters;
-                {
-                    std::lock_guard lk(c.lock_);
-                    c.batch_.clear();
-                    c.advancing_ = false;
-                    c.advancer_ = std::thread::id{};
-                    waiters = c.turn_waiters_ != 0;
-                }
-                if (waiters) {
-                    std::lock_guard tl(c.turn_m_);
-                    c.turn_cv_.notify_all();
-                }
-                c.drop_owner();  // last: it deletes the core if the timer is gone
-            }
-        } guard{*this};
-        node* done = nullptr;  // the last node run, if its block is ours to free (at the next look)
+        node* to_free = nullptr;  // the last node ended, if its block is ours: see claim()
         for (std::size_t i = 0;; ++i) {
-            node* n;
-            bool claimed;
-            periodic_part<Clock>* every;
-            {
-                std::lock_guard lk(lock_);
-                if (done) this->pool_.free_local(done, done->ops()->size, done->ops()->align);
-                done = nullptr;
-                if (i >= batch_.size()) break;  // under the lock: stop() ends the batch early
-                n = batch_.at(i);
-                next_in_batch_ = i + 1;
-                claimed = n->place() == node_place::batch;
-                every = claimed && n->is_periodic() ? n->periodic() : nullptr;
-                if (every) {
-                    n->prev = nullptr;
-                    n->set(periodic_flag::running, true);  // still pending: it runs again
-                } else if (claimed) {
-                    n->prev = nullptr;
-                    --pending_;
-                    n->set_state(timer_state::expired);
-                }
-            }
-            if (!claimed) {  // cancelled, by a handle or by stop(): the batch's reference goes
-                if (n->drop()) done = n;
+            const claimed c = claim(i, to_free);
+            if (!c.n) break;
+            if (c.skipped) {  // cancelled, by a handle or by stop(): the batch's reference goes
+                if (c.n->drop()) to_free = c.n;
                 continue;
             }
-            run_reporting(*n, on_error_);
-            ++ran;
-            if (every) {
-                std::shared_ptr<wheel_waker> to_wake;
-                after_run next;
-                // A burst's missed runs are due at `now` too: they run here, back to back. Each
-                // one moves the task one period on, and the run whose successor would lie past
-                // time_point::max() is its last, so this ends even at the end of time.
-                while ((next = repeat(*n, *every, now, to_wake)) == after_run::again) {
-                    run_reporting(*n, on_error_);
-                    ++ran;
-                }
-                if (to_wake) to_wake->wake();
-                if (next == after_run::relinked) continue;  // the batch's reference is the ring's
-            }
-            n->destroy_task();
-            if (n->drop()) done = n;
+            ran += run(*c.n, c.every, now, to_free);
         }
         return ran;
     }
@@ -448,6 +363,147 @@ class wheel_core final : public timer_core<Clock> {
         if (to_wake) to_wake->wake();
         return handle(n, this);
     }
+
+    // ---- a pass, step by step (advance()) ----
+
+    // Step 1. Takes this thread's turn and gathers the batch (gather()); false, with no pass, when
+    // stopped, when nothing is due, or from inside a task of the pass under way. Another thread's
+    // pass under way is waited for on turn_m_, which is never taken inside the lock: the first
+    // look takes it, the second counts this thread as a waiter and sleeps, and the end of that
+    // pass (pass_end) wakes it under turn_m_, so that the wake-up cannot be missed.
+    bool take_turn(time_point now) {
+        std::unique_lock turn(turn_m_, std::defer_lock);
+        for (;;) {
+            {
+                std::lock_guard lk(lock_);
+                if (stopped_) return false;
+                if (!advancing_) return gather(now);
+                if (advancer_ == std::this_thread::get_id()) return false;  // from inside a task
+                if (turn.owns_lock()) ++turn_waiters_;
+            }
+            if (!turn.owns_lock()) {
+                turn.lock();  // then look again
+                continue;
+            }
+            turn_cv_.wait(turn);
+            std::lock_guard lk(lock_);
+            --turn_waiters_;
+        }
+    }
+
+    // What expire() hands a pass's due nodes to: marked as in the batch, added in running order.
+    struct to_batch {
+        due_batch<Clock>& b;
+        void operator()(node* n) noexcept {
+            n->prev = node_links::batch_mark();
+            b.add(n);
+        }
+        void next_run() noexcept { b.next_run(); }
+    };
+
+    // Step 1, under the lock: buries the cancelled nodes (the ring's walks then meet pending ones
+    // only), moves every node due at `now` into the batch, in running order, and opens the pass:
+    // this thread advances, and the pass holds the core as an owner (a task may destroy the
+    // timer). False if nothing is due: then no pass opens, and the blocks of the nodes just
+    // buried go back at once, as a pass's end would give them.
+    bool gather(time_point now) noexcept {
+        bury();
+        batch_.begin();
+        if (ring_.expire(precise_ ? now : ring_.floor_to_grid(now), to_batch{batch_}) == 0) {
+            let_go();
+            return false;
+        }
+        batch_.finish();
+        next_in_batch_ = 0;
+        advancing_ = true;
+        advancer_ = std::this_thread::get_id();
+        this->add_owner();
+        return true;
+    }
+
+    // What claim() found at a position of the batch: nothing (n null: the batch is done, or stop()
+    // ended it), a node no longer marked as in the batch (skipped: cancelled or moved meanwhile),
+    // or a task to run, `every` its repeat if it is periodic.
+    struct claimed {
+        node* n;
+        bool skipped;
+        periodic_part<Clock>* every;
+    };
+
+    // Step 2, under the lock, for the i-th node of the batch. First frees the block of the node
+    // ended before it (`to_free`, set by the step before, outside the lock: its free waits for
+    // this lock rather than taking one of its own). A node still marked is claimed: a one-shot
+    // task is counted out and expired from now on (cancel() returns false), a periodic one is
+    // running and still pending.
+    claimed claim(std::size_t i, node*& to_free) noexcept {
+        std::lock_guard lk(lock_);
+        if (to_free) this->pool_.free_local(to_free, to_free->ops()->size, to_free->ops()->align);
+        to_free = nullptr;
+        if (i >= batch_.size()) return {nullptr, false, nullptr};  // stop() may end it early
+        node* n = batch_.at(i);
+        next_in_batch_ = i + 1;
+        if (n->place() != node_place::batch) return {n, true, nullptr};
+        n->prev = nullptr;
+        if (n->is_periodic()) {
+            n->set(periodic_flag::running, true);
+            return {n, false, n->periodic()};
+        }
+        --pending_;
+        n->set_state(timer_state::expired);
+        return {n, false, nullptr};
+    }
+
+    // Step 3, outside the lock: runs a claimed task (what it throws goes to on_error); a periodic
+    // one then runs its missed runs due at `now` too (a burst: back to back; each moves the task
+    // one period on, and the run whose successor would lie past time_point::max() is its last, so
+    // this ends even at the end of time) and moves to its next run (repeat()). A task that does
+    // not run again is ended: destroyed, and the batch's reference dropped (the block, if that was
+    // the last, is freed by the next claim()). Returns how many runs ran.
+    std::size_t run(node& n, periodic_part<Clock>* every, time_point now, node*& to_free) noexcept {
+        run_reporting(n, on_error_);
+        std::size_t ran = 1;
+        if (every) {
+            std::shared_ptr<wheel_waker> to_wake;
+            after_run next;
+            while ((next = repeat(n, *every, now, to_wake)) == after_run::again) {
+                run_reporting(n, on_error_);
+                ++ran;
+            }
+            if (to_wake) to_wake->wake();
+            if (next == after_run::relinked) return ran;  // the batch's reference is the ring's
+        }
+        n.destroy_task();
+        if (n.drop()) to_free = &n;
+        return ran;
+    }
+
+    // Step 4, however the pass ends (a task may even destroy the timer): under the lock, the batch
+    // is done with and the turn given back, and the references to the nodes the pass's bury()
+    // unlinked are dropped (so a cancelled node's block goes back by the end of the next pass:
+    // "Cancel" above); then a thread waiting for its turn is woken, and the core is let go, last,
+    // as that deletes it if the timer is gone.
+    struct pass_end {
+        wheel_core& c;
+        explicit pass_end(wheel_core& core) noexcept : c(core) {}
+        pass_end(const pass_end&) = delete;
+        pass_end& operator=(const pass_end&) = delete;
+        ~pass_end() {
+            bool waiters;
+            {
+                std::lock_guard lk(c.lock_);
+                c.batch_.clear();
+                c.advancing_ = false;
+                c.advancer_ = std::thread::id{};
+                c.let_go();
+                waiters = c.turn_waiters_ != 0;
+            }
+            if (waiters) {
+                std::lock_guard tl(c.turn_m_);
+                c.turn_cv_.notify_all();
+            }
+            c.drop_owner();
+        }
+    };
 
     // Under the lock: room for passes over twice the nodes pending (see "Memory" above). Throws
     // std::bad_alloc; then room_ stays what it was, and so does the room it counts. Cold: called
@@ -694,6 +750,20 @@ class wheel_core final : public timer_core<Clock> {
     const on_error_fn on_error_;
     const bool precise_;
     // Last, so that the members every schedule touches share their cache lines.
+    //
+    // When a cancelled node's block goes back to the pool (if no handle holds it too). cancel()
+    // puts a node of the ring in doomed_; bury() unlinks it into unlinked_; let_go() drops the
+    // timer's reference. bury() runs when doomed_ is full (the 64th cancel), when a pass begins,
+    // when a cancel leaves nothing pending, and at stop(); let_go() at the next bury(), at the
+    // end of a pass (or at its beginning when nothing is due), and, with bury(), when a cancel
+    // leaves nothing pending or stop() comes. So the block of a node cancelled in the ring goes
+    // back:
+    //   in count: within 128 later cancels (two fillings of doomed_);
+    //   in time: by the end of the next pass, which a threaded wheel's worker makes no later than
+    //     the earliest deadline still pending (a thread-free wheel: the next advance() that finds
+    //     anything due, or none), and at once when nothing is pending any more; at stop().
+    // A wheel thus keeps at most 128 cancelled nodes, and none while nothing is pending. A node
+    // cancelled in the batch is the runner's: it drops the batch's reference when it meets it.
     static constexpr std::size_t max_doomed = 64;
     node* doomed_[max_doomed];    // cancelled, still in the ring: bury() unlinks them
     node* unlinked_[max_doomed];  // unlinked by the last bury(), the timer's references kept
