@@ -1,8 +1,9 @@
 // The lists both wheels keep their nodes in: circular, intrusive, doubly linked lists with a
 // sentinel, so that unlinking a node needs only the node (O(1), whatever list holds it).
 //
-// A bucket spreads its nodes round-robin over a few lists ("lanes"). Walking a long list waits for
-// one cache miss after another; walking the lanes in turn, with each lane's next node prefetched
+// A bucket spreads its nodes round-robin over a few lists (its "stripes": a striped_list). Walking
+// a long list waits for one cache miss after another; walking the stripes in turn, with each
+// stripe's next node prefetched
 // while the others are handled, waits for several at once. That is what expiring a large bucket
 // costs, so it is worth the bucket's few extra bytes.
 #pragma once
@@ -52,38 +53,40 @@ struct node_list {
     }
 };
 
-template <std::size_t Lanes>
-struct laned_list {
-    static_assert(Lanes > 0 && (Lanes & (Lanes - 1)) == 0, "a power of two");
+template <std::size_t Stripes>
+struct striped_list {
+    static_assert(Stripes > 0 && (Stripes & (Stripes - 1)) == 0, "a power of two");
 
-    node_list lane[Lanes];
-    unsigned next_lane = 0;
+    node_list stripe[Stripes];
+    unsigned next_stripe = 0;
 
     bool empty() const noexcept {
-        for (const auto& l : lane)
+        for (const auto& l : stripe)
             if (!l.empty()) return false;
         return true;
     }
 
     void push_back(node_links* n) noexcept {
-        lane[next_lane].push_back(n);
-        next_lane = (next_lane + 1) & (Lanes - 1);
+        stripe[next_stripe].push_back(n);
+        next_stripe = (next_stripe + 1) & (Stripes - 1);
     }
 
-    /// Links n at the end of lane i (mod Lanes) rather than the next lane in turn.
-    void push_back_to(std::size_t i, node_links* n) noexcept { lane[i & (Lanes - 1)].push_back(n); }
+    /// Links n at the end of stripe i (mod Stripes) rather than the next stripe in turn.
+    void push_back_to(std::size_t i, node_links* n) noexcept {
+        stripe[i & (Stripes - 1)].push_back(n);
+    }
 
-    /// Calls f(node) for every node, lanes in turn, each lane's next node prefetched. f may unlink
-    /// the node it is given (and nothing else of this list).
+    /// Calls f(node) for every node, stripes in turn, each stripe's next node prefetched. f may
+    /// unlink the node it is given (and nothing else of this list).
     template <class F>
     void for_each(F&& f) {
-        node_links* cur[Lanes];
-        for (std::size_t i = 0; i < Lanes; ++i) cur[i] = lane[i].head.next;
+        node_links* cur[Stripes];
+        for (std::size_t i = 0; i < Stripes; ++i) cur[i] = stripe[i].head.next;
         for (bool more = true; more;) {
             more = false;
-            for (std::size_t i = 0; i < Lanes; ++i) {
+            for (std::size_t i = 0; i < Stripes; ++i) {
                 node_links* n = cur[i];
-                if (n == &lane[i].head) continue;
+                if (n == &stripe[i].head) continue;
                 node_links* next = n->next;
                 __builtin_prefetch(next, 1);
                 cur[i] = next;
@@ -93,7 +96,7 @@ struct laned_list {
         }
     }
 
-    /// Empties the list and calls f(node) for every node it held, unlinked (prev null), lanes in
+    /// Empties the list and calls f(node) for every node it held, unlinked (prev null), stripes in
     /// turn as drain() does: a ring's take_all().
     template <class F>
     void unlink_all(F&& f) {
@@ -107,9 +110,9 @@ struct laned_list {
     /// the node anywhere, this list included.
     template <class F>
     void drain(F&& f) {
-        node_links* cur[Lanes];
-        for (std::size_t i = 0; i < Lanes; ++i) cur[i] = lane[i].detach();
-        next_lane = 0;
+        node_links* cur[Stripes];
+        for (std::size_t i = 0; i < Stripes; ++i) cur[i] = stripe[i].detach();
+        next_stripe = 0;
         for (bool more = true; more;) {
             more = false;
             for (node_links*& n : cur) {

@@ -116,7 +116,7 @@ Rec* lsd_sort(Rec* a, Rec* scratch, std::size_t n, unsigned bits) noexcept {
 }
 
 // Equal deadlines (equal keys) of v[0..n), sorted by key: sequence order. The radix passes kept
-// the input order, which a bucket's lanes and a hierarchical wheel's levels do not make the
+// the input order, which a bucket's stripes and a hierarchical wheel's levels do not make the
 // schedule order. A few equal deadlines are insertion-sorted; many (timers all set for one
 // instant) are sorted by their seqs in O(k log k): insertion-sorted, 300 000 of them in reverse
 // took n^2 / 4 moves, hours (test_due_batch).

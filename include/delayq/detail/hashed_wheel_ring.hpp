@@ -270,7 +270,7 @@ class hashed_wheel_ring {
     }
 
     /// Unlinks every node and hands each to f(node*) (prev null; f may reuse next), in no order:
-    /// a bucket's lanes in turn, so that several nodes' cache misses overlap.
+    /// a bucket's stripes in turn, so that several nodes' cache misses overlap.
     template <class F>
     void take_all(F&& f) noexcept {
         auto out = [&](node_links* l) { f(node::of(l)); };
@@ -340,7 +340,7 @@ class hashed_wheel_ring {
     __extension__ typedef __int128 wide;
 
     struct bucket {
-        laned_list<8> nodes;
+        striped_list<8> nodes;
         rep min = never;  // bounds of the deadlines held (exact after a pass)
         rep max = std::numeric_limits<rep>::min();
     };

@@ -9,13 +9,13 @@
 // schedule links its node at the end of the calling thread's lane instead (the node it links after
 // is one this thread linked a few schedules before: in its cache), and a lane moves to the buckets
 // ("settles") once it holds `settle_at` nodes, in one loop whose iterations do not depend on each
-// other: the CPU overlaps their misses. A lane is itself a laned_list (bucket.hpp) whose `ways`
-// lists take its links in turn, so that settling walks `ways` chains at once, each one's next node
-// prefetched: a lane of one chain is walked one miss after another once its nodes have left the
-// cache, as they have when they are blocks freed by earlier cancels, scattered over the pool
-// (docs/performance.md, "cancel + schedule"). The wheel settles everything before a pass moves
-// its time (a staged node's place depends on it), when it has it all handed over (take_all), and
-// that is all it needs to do.
+// other: the CPU overlaps their misses. A lane is itself a striped_list (bucket.hpp) whose
+// `stripes` lists take its links in turn, so that settling walks that many chains at once, each
+// one's next node prefetched: a lane of one chain is walked one miss after another once its nodes
+// have left the cache, as they have when they are blocks freed by earlier cancels, scattered over
+// the pool (docs/performance.md, "cancel + schedule"). The wheel settles everything before a pass
+// moves its time (a staged node's place depends on it), when it has it all handed over (take_all),
+// and that is all it needs to do.
 //
 // Only the hashed wheel stages. The hierarchical one tried it and lost: with Kafka's 20 buckets a
 // level, the few bucket tails its schedules write stay in cache anyway, and settling re-reads each
@@ -55,7 +55,7 @@ class staging {
     template <class Place>
     void push(node* n, rep d, Place&& place) noexcept {
         const std::size_t l = thread_lane() & (lanes - 1);
-        lane_[l].push_back_to(count_[l], n);  // its lists in turn
+        lane_[l].push_back_to(count_[l], n);  // its stripes in turn
         any_ = true;
         if (d < min_) min_ = d;
         if (++count_[l] >= settle_at_) {
@@ -64,7 +64,7 @@ class staging {
         }
     }
 
-    /// Hands every staged node, unlinked, to place(node*): lane by lane, each lane's lists in
+    /// Hands every staged node, unlinked, to place(node*): lane by lane, each lane's stripes in
     /// turn. place may link the node anywhere.
     template <class Place>
     void settle(Place&& place) noexcept {
@@ -82,7 +82,7 @@ class staging {
 
   private:
     static constexpr std::size_t lanes = 8;
-    static constexpr std::size_t ways = 8;
+    static constexpr std::size_t stripes = 8;
 
     void reset() noexcept {
         std::fill(std::begin(count_), std::end(count_), std::size_t{0});
@@ -98,10 +98,10 @@ class staging {
         return mine;
     }
 
-    laned_list<ways> lane_[lanes];   // one lane per thread
-    std::size_t count_[lanes] = {};  // links into each lane since it settled
-    rep min_ = never;                // <= the earliest staged deadline
-    bool any_ = false;               // something was staged since the last settle
+    striped_list<stripes> lane_[lanes];  // one lane per thread
+    std::size_t count_[lanes] = {};      // links into each lane since it settled
+    rep min_ = never;                    // <= the earliest staged deadline
+    bool any_ = false;                   // something was staged since the last settle
     std::size_t settle_at_;
 };
 

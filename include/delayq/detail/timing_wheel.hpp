@@ -278,7 +278,7 @@ class timing_wheel {
     }
 
     /// Unlinks every node and hands each to f(node*) (prev null; f may reuse next), in no order:
-    /// a bucket's lanes in turn, so that several nodes' cache misses overlap.
+    /// a bucket's stripes in turn, so that several nodes' cache misses overlap.
     template <class F>
     void take_all(F&& f) noexcept {
         auto out = [&](node_links* l) { f(node::of(l)); };
@@ -319,7 +319,7 @@ class timing_wheel {
     static constexpr time_point never = time_point::max();
 
     struct bucket {
-        laned_list<16> nodes;
+        striped_list<16> nodes;
         std::uint64_t expiry = 0;  // in ticks from the origin; meaningful while queued
         std::uint64_t gen = 0;     // bumped at each put into the delay queue
         std::uint64_t epoch = 0;   // the wheel's epoch at that put
