@@ -1,155 +1,36 @@
 // delayq::sqlite::delay_queue as production runs it: several processes (fork()ed from the test,
 // not threads) on one file, created at once, opened and closed beside each other, killed with
 // SIGKILL. What every test counts: a put that returned true is in the file afterwards.
-//
-// fork() is called only while the test process runs no other thread and holds no SQLite
-// connection: a child starts from a clean slate, and ends with _exit (never returning into
-// Catch2).
-#include <fcntl.h>
-#include <poll.h>
+// The children: child_processes.hpp.
 #include <signal.h>
 #include <sqlite3.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <chrono>
-#include <cstdio>
-#include <cstdlib>
 #include <exception>
-#include <functional>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "catch.hpp"
+#include "child_processes.hpp"
 #include "expect_error.hpp"
 #include "sqlite_files.hpp"
 
 using namespace std::chrono_literals;
 using delayq::sqlite::delay_queue;
 using delayq::test::contains;
+using delayq_sqlite_test::channel;
+using delayq_sqlite_test::child;
+using delayq_sqlite_test::integrity;
+using delayq_sqlite_test::kill_9;
 using delayq_sqlite_test::opts;
 using delayq_sqlite_test::temp_dir;
+using delayq_sqlite_test::wait_for;
 
 namespace {
 
 const auto past = std::chrono::system_clock::time_point(std::chrono::hours(24));
-
-// One pipe; both ends closed on destruction.
-struct channel {
-    int fd[2] = {-1, -1};
-    channel() { REQUIRE(::pipe(fd) == 0); }
-    ~channel() {
-        close_read();
-        close_write();
-    }
-    channel(const channel&) = delete;
-    channel& operator=(const channel&) = delete;
-    void close_read() {
-        if (fd[0] >= 0) ::close(fd[0]);
-        fd[0] = -1;
-    }
-    void close_write() {
-        if (fd[1] >= 0) ::close(fd[1]);
-        fd[1] = -1;
-    }
-    // One line (with its '\n'); atomic on a pipe for lines under PIPE_BUF.
-    void say(const std::string& line) const {
-        const std::string l = line + "\n";
-        const char* p = l.data();
-        std::size_t left = l.size();
-        while (left > 0) {
-            const ssize_t n = ::write(fd[1], p, left);
-            if (n < 0 && errno == EINTR) continue;
-            if (n <= 0) return;
-            p += n;
-            left -= static_cast<std::size_t>(n);
-        }
-    }
-    // The next line, without its '\n'; "" at end of file or after `limit`.
-    std::string hear(std::chrono::milliseconds limit = 60s) {
-        std::string line;
-        const auto end = std::chrono::steady_clock::now() + limit;
-        for (;;) {
-            char c = 0;
-            pollfd p{fd[0], POLLIN, 0};
-            const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-                end - std::chrono::steady_clock::now());
-            if (left <= 0ms) return line;
-            if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
-            const ssize_t n = ::read(fd[0], &c, 1);
-            if (n < 0 && errno == EINTR) continue;
-            if (n <= 0 || c == '\n') return line;
-            line += c;
-        }
-    }
-    // Every line until every writer closed its end.
-    std::vector<std::string> hear_all() {
-        std::vector<std::string> out;
-        std::string line;
-        char buf[512];
-        for (;;) {
-            const ssize_t n = ::read(fd[0], buf, sizeof buf);
-            if (n < 0 && errno == EINTR) continue;
-            if (n <= 0) break;
-            for (ssize_t i = 0; i < n; ++i) {
-                if (buf[i] != '\n') {
-                    line += buf[i];
-                    continue;
-                }
-                out.push_back(line);
-                line.clear();
-            }
-        }
-        return out;
-    }
-};
-
-// Runs `body` in a child process, which ends with _exit(body's result); 99 if it threw.
-pid_t child(const std::function<int()>& body) {
-    const pid_t pid = ::fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-        int rc = 99;
-        try {
-            rc = body();
-        } catch (...) {
-        }
-        std::_Exit(rc);
-    }
-    return pid;
-}
-
-int wait_for(pid_t pid) {
-    int status = 0;
-    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
-    return status;
-}
-
-void kill_9(pid_t pid) {
-    ::kill(pid, SIGKILL);
-    wait_for(pid);
-}
-
-// The file after what happened to it, checked by a plain connection of its own.
-std::string integrity(const std::string& path) {
-    sqlite3* db = nullptr;
-    std::string result;
-    if (sqlite3_open(path.c_str(), &db) == SQLITE_OK) {
-        sqlite3_exec(
-            db, "PRAGMA integrity_check",
-            [](void* r, int, char** v, char**) {
-                *static_cast<std::string*>(r) += v[0] ? v[0] : "";
-                return 0;
-            },
-            &result, nullptr);
-    }
-    sqlite3_close(db);
-    return result;
-}
 
 // What a peer's creation leaves for an instant, and what `sqlite3 FILE 'PRAGMA
 // journal_mode=WAL'` leaves for good: an SQLite file in WAL mode, its header written, no tables.
@@ -166,6 +47,26 @@ std::size_t still_queued(const std::string& path, const std::vector<std::string>
     std::size_t n = 0;
     for (const auto& id : ids) n += q.cancel(id) ? 1 : 0;
     return n;
+}
+
+// The test's side beside a holder process: the ids of the puts it says returned until "ready";
+// then this process opens and closes the file; then the rest, until "done"; then kill -9.
+std::vector<std::string> beside_holder(const std::string& path, pid_t holder, channel& up,
+                                       channel& down) {
+    std::vector<std::string> returned;
+    const auto until = [&](const std::string& word) {
+        std::string line;
+        while ((line = up.hear()) != word && !line.empty())
+            if (line.rfind("put ", 0) == 0) returned.push_back(line.substr(4));
+        return line == word;
+    };
+    const bool ready = until("ready");
+    if (ready) delay_queue(opts(path)).size();  // opens and closes the file
+    down.say("go");
+    const bool done = ready && until("done");
+    kill_9(holder);
+    CHECK(done);
+    return returned;
 }
 
 }  // namespace
@@ -195,17 +96,7 @@ TEST_CASE("processes: a queue keeps its puts when another process opens and clos
     });
     up.close_write();
     down.close_read();
-    std::vector<std::string> returned;
-    std::string line;
-    while ((line = up.hear()) != "ready" && !line.empty())
-        if (line.rfind("put ", 0) == 0) returned.push_back(line.substr(4));
-    REQUIRE(line == "ready");
-    { delay_queue other(opts(path)); }  // opens and closes the file beside the holder
-    down.say("go");
-    while ((line = up.hear()) != "done" && !line.empty())
-        if (line.rfind("put ", 0) == 0) returned.push_back(line.substr(4));
-    kill_9(holder);
-    CHECK(line == "done");
+    const auto returned = beside_holder(path, holder, up, down);
     CHECK(returned.size() == 10);
     CHECK(integrity(path) == "ok");
     CHECK(still_queued(path, returned) == returned.size());
@@ -241,17 +132,7 @@ TEST_CASE("processes: a second queue object on the file in the same process chan
     });
     up.close_write();
     down.close_read();
-    std::vector<std::string> returned;
-    std::string line;
-    while ((line = up.hear()) != "ready" && !line.empty())
-        if (line.rfind("put ", 0) == 0) returned.push_back(line.substr(4));
-    REQUIRE(line == "ready");
-    { delay_queue other(opts(path)); }
-    down.say("go");
-    while ((line = up.hear()) != "done" && !line.empty())
-        if (line.rfind("put ", 0) == 0) returned.push_back(line.substr(4));
-    kill_9(holder);
-    CHECK(line == "done");
+    const auto returned = beside_holder(path, holder, up, down);
     CHECK(returned.size() == 11);
     CHECK(integrity(path) == "ok");
     CHECK(still_queued(path, returned) == returned.size());
@@ -270,9 +151,7 @@ TEST_CASE("processes: 8 processes create one new file at once, and every returne
             pids.push_back(child([&, p] {
                 start.close_write();
                 up.close_read();
-                char c = 0;
-                while (::read(start.fd[0], &c, 1) < 0 && errno == EINTR) {
-                }  // end of file: every process starts at once
+                start.wait_closed();  // every process starts at once
                 try {
                     auto q = std::make_unique<delay_queue>(opts(path));
                     for (int i = 0; i < puts; ++i) {

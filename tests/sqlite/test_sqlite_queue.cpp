@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "child_processes.hpp"
 #include "expect_error.hpp"
 #include "sqlite_files.hpp"
 
@@ -29,6 +30,7 @@ using namespace std::chrono_literals;
 using delayq::sqlite::delay_queue;
 using delayq::test::contains;
 using delayq::test::message_of;
+using delayq_sqlite_test::integrity;
 using delayq_sqlite_test::opts;
 using delayq_sqlite_test::temp_dir;
 
@@ -490,22 +492,6 @@ std::multiset<std::string> lines(const std::string& path, const std::string& wor
     while (in >> w >> id)
         if (w == word) out.insert(id);
     return out;
-}
-
-std::string integrity(const std::string& path) {
-    sqlite3* db = nullptr;
-    std::string result;
-    if (sqlite3_open(path.c_str(), &db) == SQLITE_OK) {
-        sqlite3_exec(
-            db, "PRAGMA integrity_check",
-            [](void* r, int, char** v, char**) {
-                *static_cast<std::string*>(r) += v[0] ? v[0] : "";
-                return 0;
-            },
-            &result, nullptr);
-    }
-    sqlite3_close(db);
-    return result;
 }
 
 }  // namespace

@@ -40,6 +40,8 @@
 // holds jobs until it reaches their due times again.
 #pragma once
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -86,6 +88,13 @@ struct options {
     /// The file may grow to about this many bytes (0: as far as the disk allows); beyond it,
     /// puts throw disk_full_error. In whole pages of the file (4 KiB by default).
     std::uint64_t max_size = 0;
+    /// false: the file holds the queue alone, and a file with tables of its own is refused
+    /// (not_a_queue_error). true: the queue may live in the application's own database, beside its
+    /// tables, so that put_in_transaction() can join the application's transactions; its tables
+    /// are then named delayq_jobs, delayq_dead and delayq_meta, and the file's header
+    /// (application_id, user_version) is left to the application. Either way the file is switched
+    /// to WAL mode.
+    bool allow_other_tables = false;
 };
 
 /// What went wrong with the queue's file; the subclasses name the problems a caller can act on.
@@ -144,7 +153,10 @@ class delay_queue {
     explicit delay_queue(options o)
         : opt_(checked(std::move(o))),
           db_(opt_.path, &raise, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE),
-          st_(set_up(db_, opt_)) {
+          where_(set_up(db_, opt_)),
+          st_(db_, where_),
+          insert_sql_(where_("INSERT OR IGNORE INTO {jobs}(id, payload, due) VALUES(?1, ?2, ?3)")),
+          file_name_(sqlite3_db_filename(db_.get(), "main")) {
         detail::statement::use u(st_.data_version);
         if (u->step()) data_version_ = u->integer(0);
     }
@@ -187,6 +199,28 @@ class delay_queue {
             ops.back().due = due_after(r.delay);
         }
         return run_all(ops);
+    }
+
+    /// put() inside the application's own transaction, on its own connection `conn`, which must
+    /// be open on the queue's file (see options::allow_other_tables) with a transaction begun
+    /// (`BEGIN`, or inside `SAVEPOINT`). The job exists exactly when that transaction commits:
+    /// rolled back, there is no job. False if `id` is already queued (waiting or leased, or put
+    /// earlier in the same transaction). Takers see a committed job within
+    /// options::foreign_changes, as a put by another process. It is as durable as the
+    /// application's commit (its connection's `synchronous`). Errors of the statement on `conn`
+    /// are of this family; a std::invalid_argument for a null `conn`, one without a transaction,
+    /// or one on another file. Only the thread that uses `conn` may call this with it.
+    bool put_in_transaction(sqlite3* conn, std::string_view id, std::string_view payload,
+                            std::chrono::system_clock::time_point deadline) {
+        check_id(id);
+        return insert_in(conn, id, payload, delayq::detail::to_ms(deadline));
+    }
+
+    /// put_in_transaction() of a job due `delay` from now (from this call, not from the commit).
+    bool put_after_in_transaction(sqlite3* conn, std::string_view id, std::string_view payload,
+                                  std::chrono::milliseconds delay) {
+        check_id(id);
+        return insert_in(conn, id, payload, due_after(delay));
     }
 
     /// Removes a waiting or leased job (the holder's ack or nack then returns false). False if
@@ -287,39 +321,41 @@ class delay_queue {
 
     // Every statement the queue runs, prepared once (SQLITE_PREPARE_PERSISTENT).
     struct statements {
-        explicit statements(detail::database& db)
+        statements(detail::database& db, const detail::layout& n)
             : begin(db, "BEGIN IMMEDIATE"),
               commit(db, "COMMIT"),
               rollback(db, "ROLLBACK"),
-              insert(db, "INSERT OR IGNORE INTO jobs(id, payload, due) VALUES(?1, ?2, ?3)"),
-              cancel(db, "DELETE FROM jobs WHERE id = ?1"),
-              reschedule(db, "UPDATE jobs SET due = ?1 WHERE id = ?2 AND lease_end IS NULL"),
+              insert(db, n("INSERT OR IGNORE INTO {jobs}(id, payload, due) VALUES(?1, ?2, ?3)")),
+              cancel(db, n("DELETE FROM {jobs} WHERE id = ?1")),
+              reschedule(db, n("UPDATE {jobs} SET due = ?1 WHERE id = ?2 AND lease_end IS NULL")),
               ended(db,
-                    "SELECT id, attempts FROM jobs WHERE lease_end <= ?1 ORDER BY lease_end "
-                    "LIMIT ?2"),
-              requeue_ended(db,
-                            "UPDATE jobs SET due = lease_end, lease_end = NULL, token = 0 WHERE "
-                            "id = ?1"),
+                    n("SELECT id, attempts FROM {jobs} WHERE lease_end <= ?1 ORDER BY lease_end "
+                      "LIMIT ?2")),
+              requeue_ended(
+                  db, n("UPDATE {jobs} SET due = lease_end, lease_end = NULL, token = 0 WHERE "
+                        "id = ?1")),
               bury_copy(db,
-                        "INSERT OR REPLACE INTO dead(id, payload, attempts, died) SELECT id, "
-                        "payload, attempts, ?2 FROM jobs WHERE id = ?1"),
-              bury_delete(db, "DELETE FROM jobs WHERE id = ?1"),
+                        n("INSERT OR REPLACE INTO {dead}(id, payload, attempts, died) SELECT id, "
+                          "payload, attempts, ?2 FROM {jobs} WHERE id = ?1")),
+              bury_delete(db, n("DELETE FROM {jobs} WHERE id = ?1")),
               due(db,
-                  "SELECT id, payload, due, attempts FROM jobs WHERE lease_end IS NULL AND due "
-                  "<= ?1 ORDER BY due LIMIT ?2"),
+                  n("SELECT id, payload, due, attempts FROM {jobs} WHERE lease_end IS NULL AND due "
+                    "<= ?1 ORDER BY due LIMIT ?2")),
               lease(db,
-                    "UPDATE jobs SET lease_end = ?1, token = ?2, attempts = attempts + 1 WHERE "
-                    "id = ?3"),
-              get_token(db, "SELECT value FROM meta WHERE name = 'token'"),
-              set_token(db, "UPDATE meta SET value = ?1 WHERE name = 'token'"),
-              next(db,
-                   "SELECT (SELECT min(due) FROM jobs WHERE lease_end IS NULL), (SELECT "
-                   "min(lease_end) FROM jobs WHERE lease_end IS NOT NULL)"),
-              ack(db, "DELETE FROM jobs WHERE id = ?1 AND token = ?2 AND lease_end > ?3"),
-              held(db, "SELECT attempts FROM jobs WHERE id = ?1 AND token = ?2 AND lease_end > ?3"),
-              requeue_at(db, "UPDATE jobs SET due = ?1, lease_end = NULL, token = 0 WHERE id = ?2"),
-              count_jobs(db, "SELECT count(*) FROM jobs"),
-              count_dead(db, "SELECT count(*) FROM dead"),
+                    n("UPDATE {jobs} SET lease_end = ?1, token = ?2, attempts = attempts + 1 WHERE "
+                      "id = ?3")),
+              get_token(db, n("SELECT value FROM {meta} WHERE name = 'token'")),
+              set_token(db, n("UPDATE {meta} SET value = ?1 WHERE name = 'token'")),
+              next(db, n("SELECT (SELECT min(due) FROM {jobs} WHERE lease_end IS NULL), (SELECT "
+                         "min(lease_end) FROM {jobs} WHERE lease_end IS NOT NULL)")),
+              ack(db, n("DELETE FROM {jobs} WHERE id = ?1 AND token = ?2 AND lease_end > ?3")),
+              held(
+                  db,
+                  n("SELECT attempts FROM {jobs} WHERE id = ?1 AND token = ?2 AND lease_end > ?3")),
+              requeue_at(
+                  db, n("UPDATE {jobs} SET due = ?1, lease_end = NULL, token = 0 WHERE id = ?2")),
+              count_jobs(db, n("SELECT count(*) FROM {jobs}")),
+              count_dead(db, n("SELECT count(*) FROM {dead}")),
               data_version(db, "PRAGMA data_version") {}
 
         detail::statement begin, commit, rollback, insert, cancel, reschedule, ended, requeue_ended,
@@ -364,9 +400,9 @@ class delay_queue {
     }
 
     // Makes the newly opened `db` a queue with o's settings, before any statement is prepared.
-    static detail::database& set_up(detail::database& db, const options& o) {
+    static detail::layout set_up(detail::database& db, const options& o) {
         db.set_busy_timeout(o.busy_timeout.count());
-        detail::open_queue(db);
+        detail::layout where = detail::open_queue(db, o.allow_other_tables);
         db.exec("PRAGMA synchronous=NORMAL");
         // The WAL is reused from its start after each checkpoint but keeps the size it grew to
         // (a put_many of a million jobs): cut it back to 64 MiB then.
@@ -377,7 +413,7 @@ class delay_queue {
             const std::uint64_t pages = std::max<std::uint64_t>(o.max_size / page, 1);
             db.exec(("PRAGMA max_page_count=" + std::to_string(pages)).c_str());
         }
-        return db;
+        return where;
     }
 
     static void check_id(std::string_view id) {
@@ -409,6 +445,47 @@ class delay_queue {
         std::lock_guard g(db_m_);
         detail::statement::use u(s);
         return u->step() ? static_cast<std::size_t>(u->integer(0)) : 0;
+    }
+
+    // put_in_transaction(): the insert of put(), run on the application's connection.
+    bool insert_in(sqlite3* conn, std::string_view id, std::string_view payload, long long due) {
+        const auto bad = [](const std::string& what) {
+            throw std::invalid_argument("delayq::sqlite::delay_queue::put_in_transaction: " + what);
+        };
+        if (conn == nullptr) bad("the connection is null");
+        if (sqlite3_get_autocommit(conn) != 0)
+            bad("no transaction is open on the connection (BEGIN one first)");
+        if (!same_file(conn))
+            bad("the connection's main database is not the queue's file (" + file_name_ + ")");
+        sqlite3_stmt* s = nullptr;
+        int rc = sqlite3_prepare_v3(conn, insert_sql_.c_str(), -1, 0, &s, nullptr);
+        if (rc == SQLITE_OK) rc = sqlite3_bind_blob64(s, 1, id.data(), id.size(), SQLITE_STATIC);
+        if (rc == SQLITE_OK)
+            rc = sqlite3_bind_blob64(s, 2, payload.empty() ? "" : payload.data(), payload.size(),
+                                     SQLITE_STATIC);
+        if (rc == SQLITE_OK) rc = sqlite3_bind_int64(s, 3, due);
+        if (rc == SQLITE_OK) rc = sqlite3_step(s);
+        const bool inserted = rc == SQLITE_DONE && sqlite3_changes(conn) == 1;
+        if (rc != SQLITE_DONE) {
+            const int sys = sqlite3_system_errno(conn);
+            const std::string why = sqlite3_errmsg(conn);
+            sqlite3_finalize(s);
+            db_.fail(detail::classify(rc, sys),
+                     "put_in_transaction failed on the application's connection (" + why + ")", rc);
+        }
+        sqlite3_finalize(s);
+        return inserted;
+    }
+
+    // Whether `conn`'s main database is the queue's file. stat() opens no descriptor.
+    bool same_file(sqlite3* conn) const {
+        const char* name = sqlite3_db_filename(conn, "main");
+        if (name == nullptr || *name == '\0') return false;
+        if (file_name_ == name) return true;
+        struct stat a {
+        }, b{};
+        return ::stat(name, &a) == 0 && ::stat(file_name_.c_str(), &b) == 0 &&
+               a.st_dev == b.st_dev && a.st_ino == b.st_ino;
     }
 
     bool run_one(op& o) {
@@ -693,7 +770,10 @@ class delay_queue {
     options opt_;
     std::mutex db_m_;  // guards db_, st_ and data_version_; taken before m_, never after
     detail::database db_;
+    detail::layout where_;  // the names of the queue's tables
     statements st_;
+    std::string insert_sql_;      // put_in_transaction's, prepared on the application's connection
+    std::string file_name_;       // the file's full name, as SQLite gives it
     long long data_version_ = 0;  // PRAGMA data_version when this object last read the file
     detail::wal_file wal_;        // what sync_wal() fsyncs; used by one sync_wal() at a time
 

@@ -174,10 +174,10 @@ class database {
 /// One prepared statement, reset after each use (see use()).
 class statement {
   public:
-    statement(database& db, const char* sql) : db_(&db), sql_(sql) {
+    statement(database& db, std::string sql) : db_(&db), sql_(std::move(sql)) {
         const int rc =
-            sqlite3_prepare_v3(db.get(), sql, -1, SQLITE_PREPARE_PERSISTENT, &s_, nullptr);
-        db.check(rc, sql);
+            sqlite3_prepare_v3(db.get(), sql_.c_str(), -1, SQLITE_PREPARE_PERSISTENT, &s_, nullptr);
+        db.check(rc, sql_);
     }
     ~statement() { sqlite3_finalize(s_); }
     statement(const statement&) = delete;
@@ -244,7 +244,7 @@ class statement {
     }
 
     database* db_;
-    const char* sql_;
+    std::string sql_;
     sqlite3_stmt* s_ = nullptr;
 };
 

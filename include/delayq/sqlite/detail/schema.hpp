@@ -1,10 +1,16 @@
 // The file format of delayq::sqlite (format 1) and opening a file as a queue. Part of
 // <delayq/sqlite/delay_queue.hpp>.
 //
-// The file. One SQLite database in WAL mode, marked as a delayq queue by its header:
-// `PRAGMA application_id` is 0x64517571 ("dQuq") and `PRAGMA user_version` the format number. A
-// file with another application id, or an SQLite file with tables of its own, is not a queue and is
-// left untouched; a file of a later format is refused, not guessed at.
+// Two homes. A queue in a file of its own (the default) is marked as a delayq queue by the file's
+// header: `PRAGMA application_id` is 0x64517571 ("dQuq") and `PRAGMA user_version` the format
+// number; its tables are jobs, dead and meta. A file with another application id, or an SQLite file
+// with tables of its own, is not such a queue and is left untouched; a file of a later format is
+// refused, not guessed at. A queue in the application's own database (options::allow_other_tables),
+// beside its tables, so that the application can put a job in its own transaction: there the
+// header is the application's, so the queue's tables carry the prefix `delayq_` (delayq_jobs,
+// delayq_dead, delayq_meta, and their indexes), which keeps them apart from the application's, and
+// the format number is the 'format' row of delayq_meta. A queue file of its own can be opened that
+// way too; its tables keep their names. Either way the file is in WAL mode.
 //
 // clang-format off
 //   jobs  id BLOB PRIMARY KEY, payload BLOB, due INTEGER, attempts INTEGER, token INTEGER,
@@ -18,7 +24,8 @@
 //   jobs_due    ON jobs(due)       WHERE lease_end IS NULL      -- the next due job: one seek
 //   jobs_leases ON jobs(lease_end) WHERE lease_end IS NOT NULL  -- the next ended lease: one seek
 //   dead  id BLOB PRIMARY KEY, payload BLOB, attempts INTEGER, died INTEGER  -- past max_attempts
-//   meta  name TEXT PRIMARY KEY, value INTEGER: 'token', the last fencing token handed out
+//   meta  name TEXT PRIMARY KEY, value INTEGER: 'token', the last fencing token handed out;
+//         'format', the format number (in files created since the queue could share one)
 // clang-format on
 //
 // Times are milliseconds since the system_clock epoch (1970), so that they mean the same after a
@@ -40,6 +47,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include "handle.hpp"
@@ -49,18 +57,49 @@ namespace delayq::sqlite::detail {
 inline constexpr std::int32_t application_id = 0x64517571;  // "dQuq"
 inline constexpr int format_version = 1;
 
-// Run inside open_queue()'s write transaction, on a file found empty.
-inline constexpr const char* schema_sql =
-    "CREATE TABLE IF NOT EXISTS jobs(id BLOB PRIMARY KEY NOT NULL, payload BLOB NOT NULL,"
+/// Where the queue's tables are: the prefix of their names ("" in a file of its own, "delayq_"
+/// beside an application's tables).
+struct layout {
+    std::string prefix;
+
+    /// `sql` with {jobs}, {dead} and {meta} replaced by the tables' names ({jobs}_due names an
+    /// index).
+    std::string operator()(std::string_view sql) const {
+        std::string out;
+        out.reserve(sql.size() + 32);
+        for (std::size_t i = 0; i < sql.size();) {
+            bool named = false;
+            for (const std::string_view t : {"{jobs}", "{dead}", "{meta}"})
+                if (sql.substr(i, t.size()) == t) {
+                    out += prefix;
+                    out += t.substr(1, t.size() - 2);
+                    i += t.size();
+                    named = true;
+                    break;
+                }
+            if (!named) out += sql[i++];
+        }
+        return out;
+    }
+};
+
+inline constexpr std::string_view shared_prefix = "delayq_";
+
+// Run inside open_queue()'s write transaction, on a file found without the queue's tables.
+inline constexpr std::string_view schema_sql =
+    "CREATE TABLE {jobs}(id BLOB PRIMARY KEY NOT NULL, payload BLOB NOT NULL,"
     " due INTEGER NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,"
     " token INTEGER NOT NULL DEFAULT 0, lease_end INTEGER) WITHOUT ROWID;"
-    "CREATE INDEX IF NOT EXISTS jobs_due ON jobs(due) WHERE lease_end IS NULL;"
-    "CREATE INDEX IF NOT EXISTS jobs_leases ON jobs(lease_end) WHERE lease_end IS NOT NULL;"
-    "CREATE TABLE IF NOT EXISTS dead(id BLOB PRIMARY KEY NOT NULL, payload BLOB NOT NULL,"
+    "CREATE INDEX {jobs}_due ON {jobs}(due) WHERE lease_end IS NULL;"
+    "CREATE INDEX {jobs}_leases ON {jobs}(lease_end) WHERE lease_end IS NOT NULL;"
+    "CREATE TABLE {dead}(id BLOB PRIMARY KEY NOT NULL, payload BLOB NOT NULL,"
     " attempts INTEGER NOT NULL, died INTEGER NOT NULL) WITHOUT ROWID;"
-    "CREATE TABLE IF NOT EXISTS meta(name TEXT PRIMARY KEY NOT NULL, value INTEGER NOT NULL)"
+    "CREATE TABLE {meta}(name TEXT PRIMARY KEY NOT NULL, value INTEGER NOT NULL)"
     " WITHOUT ROWID;"
-    "INSERT OR IGNORE INTO meta(name, value) VALUES('token', 0);"
+    "INSERT INTO {meta}(name, value) VALUES('token', 0), ('format', 1);";  // format_version
+
+// And in a file of its own, its header.
+inline constexpr const char* mark_sql =
     "PRAGMA application_id = 1683060081;"  // application_id, in decimal
     "PRAGMA user_version = 1;";            // format_version
 
@@ -107,7 +146,23 @@ inline std::uint64_t file_size(const std::string& path) {
 // What the file's header and schema say, read in one transaction.
 struct contents {
     long long app = 0, version = 0, objects = 0;  // application_id, user_version, schema objects
+    long long shared_tables = 0;                  // tables named delayq_*
+    long long shared_format = 0;                  // delayq_meta's 'format', if it has one
     bool empty() const noexcept { return app == 0 && version == 0 && objects == 0; }
+
+    void read(database& db) {
+        app = query_integer(db, "PRAGMA application_id");
+        version = query_integer(db, "PRAGMA user_version");
+        objects = query_integer(db, "SELECT count(*) FROM sqlite_schema");
+        shared_tables = query_integer(db,
+                                      "SELECT count(*) FROM sqlite_schema WHERE type = 'table' "
+                                      "AND name IN ('delayq_jobs', 'delayq_dead', 'delayq_meta')");
+        if (query_integer(db,
+                          "SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = "
+                          "'delayq_meta'") == 1)
+            shared_format = query_integer(
+                db, "SELECT coalesce(max(value), 0) FROM delayq_meta WHERE name = 'format'");
+    }
 };
 
 // BEGIN IMMEDIATE ... COMMIT on `db` for open_queue(): rolled back if left without commit().
@@ -172,26 +227,38 @@ inline void use_wal(database& db) {
     }
 }
 
-// Makes `db` a queue: checks what the file holds, creates the tables in an empty one, and turns on
-// WAL. Throws the typed errors (not a queue, a newer format, read-only, ...).
+// Throws unless `version` is a format this version reads.
+inline void check_format(database& db, long long version) {
+    if (version > format_version)
+        db.fail(problem::newer_version,
+                "written by a newer delayq: queue format " + std::to_string(version) +
+                    ", this version reads format " + std::to_string(format_version) +
+                    " (upgrade delayq to open it)");
+    if (version < format_version)
+        db.fail(problem::corrupt,
+                "the file is corrupt: a delayq queue of unknown format " + std::to_string(version));
+}
+
+// Makes `db` a queue: checks what the file holds, creates the tables where there are none, and
+// turns on WAL. Returns where the tables are. `beside_others`: options::allow_other_tables.
+// Throws the typed errors (not a queue, a newer format, read-only, ...).
 //
 // Several processes may create one file at the same moment: the header and the schema are read,
 // and the tables created if there are none, in one write transaction, so that a peer's creation
 // is seen whole or not at all, and only one process creates. The switch to WAL comes after it
 // (it cannot be made inside a transaction): a file that is a queue but not yet in WAL mode is
 // switched by whichever process gets there.
-inline void open_queue(database& db) {
+inline layout open_queue(database& db, bool beside_others) {
     if (sqlite3_db_readonly(db.get(), "main") == 1)
         db.fail(problem::read_only, "the file is read-only (opened without write permission)",
                 SQLITE_READONLY);
+    layout where;
     {
         std::optional<opening_transaction> t;
         contents c;
         try {
             t.emplace(db);
-            c.app = query_integer(db, "PRAGMA application_id");
-            c.version = query_integer(db, "PRAGMA user_version");
-            c.objects = query_integer(db, "SELECT count(*) FROM sqlite_schema");
+            c.read(db);
         } catch (...) {
             // The first read of a file that is not SQLite fails with SQLITE_NOTADB: say which
             // case.
@@ -211,29 +278,42 @@ inline void open_queue(database& db) {
         // over it: a short file of something else must stay as it is.
         if (c.empty() && file_size(db.path()) > 0 && !has_sqlite_header(db))
             db.fail(problem::not_a_queue, "not a delayq queue: the file is not an SQLite database");
-        if (!c.empty()) {
-            if (c.app != application_id)
+        bool create = false;
+        if (c.app == application_id) {  // a queue of its own
+            check_format(db, c.version);
+        } else if (c.empty() && !beside_others) {
+            create = true;
+        } else if (c.shared_format != 0) {  // a queue beside an application's tables
+            if (!beside_others)
                 db.fail(problem::not_a_queue,
-                        "not a delayq queue: an SQLite database of another application "
-                        "(application_id " +
-                            std::to_string(c.app) + ", " + std::to_string(c.objects) +
-                            " schema objects)");
-            if (c.version > format_version)
-                db.fail(problem::newer_version,
-                        "written by a newer delayq: queue format " + std::to_string(c.version) +
-                            ", this version reads format " + std::to_string(format_version) +
-                            " (upgrade delayq to open it)");
-            if (c.version < format_version)
-                db.fail(problem::corrupt, "the file is corrupt: a delayq queue of unknown format " +
-                                              std::to_string(c.version));
-        } else {
-            db.exec(schema_sql);
+                        "not a delayq queue of its own: the file holds a queue beside other "
+                        "tables (open it with options::allow_other_tables)");
+            check_format(db, c.shared_format);
+            where.prefix = shared_prefix;
+        } else if (!beside_others) {
+            db.fail(problem::not_a_queue,
+                    "not a delayq queue: an SQLite database of another application "
+                    "(application_id " +
+                        std::to_string(c.app) + ", " + std::to_string(c.objects) +
+                        " schema objects)");
+        } else if (c.shared_tables != 0) {
+            db.fail(problem::not_a_queue,
+                    "not a delayq queue: the file has tables named delayq_jobs, delayq_dead or "
+                    "delayq_meta that are not a delayq queue's (no format in delayq_meta)");
+        } else {  // the application's database, or an empty file: the queue moves in
+            create = true;
+            where.prefix = shared_prefix;
+        }
+        if (create) {
+            db.exec(where(schema_sql).c_str());
+            if (where.prefix.empty()) db.exec(mark_sql);
         }
         t->commit();
     }
     // WAL: readers never block the writer, and a commit appends to the log (one fsync, or none
     // with synchronous=NORMAL) instead of writing a rollback journal and the pages.
     use_wal(db);
+    return where;
 }
 
 }  // namespace delayq::sqlite::detail
