@@ -1,13 +1,15 @@
 // delayq_chaos: the job queues as production runs them, checked from the processes' own logs.
 //
 // For each backend (chaos_backends.hpp) and each round: a fresh store (a new SQLite file that no
-// one has created yet, a new redis-server), then 2 producers, 4 consumers, a canceller and an
-// opener started at the same moment (each a process of its own, released together by one pipe), so
-// that they race to create the queue. For the round's seconds a monkey kills a random process with
-// SIGKILL every 0.15-1 s and starts it again; poison jobs end their consumers, which are started
-// again too. Then every process is killed, a drainer empties the queue (poison jobs go on until
-// they are dead), the store's state is read (jobs left, dead letters, the file's integrity), and
-// chaos_check.hpp judges the logs (chaos_worker.hpp says what each process does and logs).
+// one has created yet, a new redis-server), then 2 producers, 4 consumers, a canceller and 2
+// openers started at the same moment (each a process of its own, released together by one pipe),
+// so that they race to create the queue. For the round's seconds a monkey picks a random process
+// every 0.15-1 s and kills it with SIGKILL (or, one time in three, stops it with SIGTERM: it
+// closes its queue and exits) and starts it again, at once or up to 1.5 s later; poison jobs end
+// their consumers, which are started again too. Then every process is killed, a drainer empties
+// the queue (poison jobs go on until they are dead), the store's state is read (jobs left, dead
+// letters, the file's integrity), and chaos_check.hpp judges the logs (chaos_worker.hpp says what
+// each process does and logs). The queues run with lease 500 ms and max_attempts 3.
 //
 //   delayq_chaos run [--backend NAME|all] [--seconds S] [--round R] [--seed N] [--dir D] [--keep]
 //       S seconds of chaos per backend (default 20), in rounds of R seconds (default 10), each on
@@ -374,6 +376,11 @@ std::size_t run_backend(const std::string& self, const run_options& o, const std
 
 int run(const std::string& self, const run_options& o) {
     std::string base = o.dir;
+    if (!base.empty() && fs::exists(base) && !fs::is_empty(base)) {
+        // Old logs would be judged with the new ones.
+        std::fprintf(stderr, "delayq_chaos: %s is not empty: name a new --dir\n", base.c_str());
+        return 2;
+    }
     if (base.empty()) {
         std::string pattern = (fs::temp_directory_path() / "delayq-chaos-XXXXXX").string();
         if (!::mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed");
@@ -492,7 +499,7 @@ int main(int argc, char** argv) {
             a.locator = get("--at", "");
             a.log_dir = get("--logs", ".");
             a.seed = std::stoull(get("--seed", "1"));
-            a.qs.lease = std::chrono::milliseconds(std::stoll(get("--lease", "1000")));
+            a.qs.lease = std::chrono::milliseconds(std::stoll(get("--lease", "500")));
             a.qs.max_attempts = static_cast<unsigned>(std::stoul(get("--max-attempts", "3")));
             a.qs.call_timeout = std::chrono::milliseconds(std::stoll(get("--timeout", "10000")));
             return work(get("--backend", ""), a, std::stoi(get("--go-fd", "-1")));

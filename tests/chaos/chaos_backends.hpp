@@ -43,7 +43,7 @@ namespace delayq_chaos {
 
 /// The options every worker of a round opens its queue with.
 struct queue_settings {
-    std::chrono::milliseconds lease{1000};
+    std::chrono::milliseconds lease{500};
     unsigned max_attempts = 3;
     std::chrono::milliseconds call_timeout{10'000};  ///< busy_timeout, io_timeout
 };

@@ -134,8 +134,14 @@ inline report check(const std::vector<std::vector<event>>& logs, const final_sta
     bool any = false;
     const long long budget = (cs.call_timeout_ms + 20'000) * 1'000'000LL;
 
+    // One report per kind and job (a job that never dies would otherwise fill the report), but
+    // every failed call and crash.
+    std::set<std::string> reported;
     const auto add = [&](std::string kind, std::string id, std::string what,
                          std::vector<const event*> ev) {
+        if (kind != "call-failed" && kind != "slow-call" && kind != "process-crashed" &&
+            !id.empty() && !reported.insert(kind + ' ' + id).second)
+            return;
         std::sort(ev.begin(), ev.end(),
                   [](const event* a, const event* b) { return a->mono < b->mono; });
         r.violations.push_back({std::move(kind), std::move(id), std::move(what), std::move(ev)});
@@ -146,6 +152,7 @@ inline report check(const std::vector<std::vector<event>>& logs, const final_sta
         std::map<std::string, call> puts, cancels, acks, nacks;
         std::map<std::string, const event*> takes;  // seq -> take-begin
         std::map<std::string, const event*> take_ends;
+        long long job_lines_due = 0;  // job lines the last take-end announced and not yet seen
         // The call `k` of `open` ended with `e`; an "-end" line's result is its field `at`.
         const auto finish = [&](std::map<std::string, call>& open, const std::string& k,
                                 const event& e, bool failed, std::size_t at,
@@ -165,6 +172,12 @@ inline report check(const std::vector<std::vector<event>>& logs, const final_sta
             off_min = std::min(off_min, e.real - e.mono);
             off_max = std::max(off_max, e.real - e.mono);
             const std::string& k = e.kind;
+            if (k != "job" && job_lines_due > 0) {
+                // The process died in the middle of writing a take's lines (a write cut short by
+                // SIGKILL): deliveries that no line names, as from a take it died in.
+                ++open_takes;
+                job_lines_due = 0;
+            }
             if (k == "put-begin") {
                 auto& h = jobs[e.at(0)];
                 h.known = true;
@@ -206,9 +219,11 @@ inline report check(const std::vector<std::vector<event>>& logs, const final_sta
                     } else {
                         take_ends[e.at(0)] = it->second;
                         takes.erase(it);
+                        job_lines_due = e.num(1);
                     }
                 }
             } else if (k == "job") {
+                --job_lines_due;
                 auto it = take_ends.find(e.at(0));
                 detail::delivery d;
                 d.begin = it != take_ends.end() ? it->second : nullptr;
@@ -238,7 +253,7 @@ inline report check(const std::vector<std::vector<event>>& logs, const final_sta
         for (auto& [key, c] : cancels) jobs[key].cancels.push_back(c);
         for (auto& [key, c] : acks) jobs[key.substr(0, key.find(' '))].acks.push_back(c);
         for (auto& [key, c] : nacks) jobs[key.substr(0, key.find(' '))].nacks.push_back(c);
-        open_takes += static_cast<long long>(takes.size());
+        open_takes += static_cast<long long>(takes.size()) + (job_lines_due > 0 ? 1 : 0);
     }
     r.counts["takes a process died in or that threw"] = open_takes;
 
@@ -360,6 +375,16 @@ inline report check(const std::vector<std::vector<event>>& logs, const final_sta
                         "an ack or nack with token " + std::to_string(s->token) +
                             " returned true after a newer lease (token " + std::to_string(d.token) +
                             ") had been handed out",
+                        {d.begin, d.line, s->begin, s->end});
+
+        // A settle that began after its lease ended (by the store's clock) must be refused.
+        for (const call* s : settled)
+            for (const auto& d : h.deliveries)
+                if (d.token == s->token && s->begin->real >= d.lease)
+                    add("settled-after-lease", id,
+                        "an ack or nack that began " +
+                            std::to_string((s->begin->real - d.lease) / 1000) +
+                            " us after its lease ended returned true",
                         {d.begin, d.line, s->begin, s->end});
 
         // Deliveries: one lease at a time, each an attempt, never early.

@@ -90,9 +90,11 @@ class line {
 /// A process's log: appends lines and makes them durable before returning.
 class log_writer {
   public:
+    /// Creates the log `path`, which must not exist yet: one log is one process's.
     explicit log_writer(const std::string& path)
-        : fd_(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644)) {
-        if (fd_ < 0) throw std::runtime_error("cannot open the log " + path);
+        : fd_(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644)) {
+        if (fd_ < 0)
+            throw std::runtime_error("cannot create the log " + path + ": " + std::strerror(errno));
     }
     ~log_writer() { ::close(fd_); }
     log_writer(const log_writer&) = delete;

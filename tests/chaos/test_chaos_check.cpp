@@ -185,6 +185,31 @@ TEST_CASE("chaos check: two acks that returned true") {
     CHECK(k.count("fencing") == 1);  // c1's ack, token 7, after token 9 was handed out
 }
 
+TEST_CASE("chaos check: an ack that began after its lease ended must be refused") {
+    log_builder c(1);
+    c(20, "take-begin 0 1 100")(30, "take-end 0 1")(30, job(0, "a", 1, 7, 0, 1030))(
+        1030, "ack-begin a 7")(1040, "ack-end a 7 1");
+    CHECK(kinds({producer("a"), c}, empty_end()) ==
+          std::multiset<std::string>{"settled-after-lease"});
+    log_builder in_time(1);
+    in_time(20, "take-begin 0 1 100")(30, "take-end 0 1")(30, job(0, "a", 1, 7, 0, 1030))(
+        1029, "ack-begin a 7")(1040, "ack-end a 7 1");
+    CHECK(kinds({producer("a"), in_time}, empty_end()) == none);
+}
+
+TEST_CASE("chaos check: a put of a new id refused, and dead letters the queue does not count") {
+    log_builder p(0);
+    p(0, "put-begin a 0 " + ns_at(0) + " after:0")(10, "put-end a 0");
+    CHECK(kinds({p}, empty_end()) == std::multiset<std::string>{"put-refused"});
+    log_builder d(1);
+    d(5000, "drain-end 1 2");
+    CHECK(kinds({producer("a"), d}, dead("a", 3), 0) ==
+          std::multiset<std::string>{"store-unreadable"});
+    log_builder d1(1);
+    d1(5000, "drain-end 1 1");
+    CHECK(kinds({producer("a"), d1}, dead("a", 3), 0) == none);
+}
+
 TEST_CASE("chaos check: handed out again while a lease still held") {
     log_builder c1(1), c2(2);
     c1(20, "take-begin 0 1 100")(30, "take-end 0 1")(30, job(0, "a", 1, 7, 0, 1030));
@@ -249,6 +274,11 @@ TEST_CASE("chaos check: poison jobs and max_attempts") {
         log_builder killed(5);
         killed(500, "take-begin 0 1 100");
         CHECK(kinds({producer("x", 0, true), c1, c2, killed}, dead("x", -1)) == none);
+        // A take whose lines a SIGKILL cut short: it announced two jobs, one line made it.
+        log_builder cut(5);
+        cut(500, "take-begin 0 2 100")(510, "take-end 0 2")(510, job(0, "y", 1, 5, 0, 1510));
+        CHECK(kinds({producer("x", 0, true), c1, c2, cut}, dead("x", -1)).count("dead-too-early") ==
+              0);
     }
     SECTION("still queued after a complete drain") {
         log_builder d(6);
