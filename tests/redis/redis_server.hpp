@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -23,6 +24,7 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <sstream>
@@ -88,6 +90,18 @@ inline pid_t spawn(const std::vector<std::string>& args, const std::string& log 
     }
     ::execve(argv[0], argv.data(), environ);
     ::_exit(127);
+}
+
+// Runs `args` on the connection `c`: its reply, or null when the connection failed.
+inline redisReply* command_argv(redisContext* c, const std::vector<std::string>& args) {
+    std::vector<const char*> argv;
+    std::vector<std::size_t> len;
+    for (const auto& a : args) {
+        argv.push_back(a.data());
+        len.push_back(a.size());
+    }
+    return static_cast<redisReply*>(
+        redisCommandArgv(c, static_cast<int>(args.size()), argv.data(), len.data()));
 }
 
 // Whether a loopback TCP port can be bound right now.
@@ -161,7 +175,9 @@ class silent_server {
 // A loopback server that speaks just enough RESP for a test to script a node's answers: each
 // command (an array of bulk strings) goes to `answer`, whose reply is written back raw (RESP text,
 // e.g. "+OK\r\n"); std::nullopt closes the connection. With no `answer`, each connection is
-// closed as soon as it is accepted. One thread serves one connection at a time.
+// closed as soon as it is accepted. Each connection is served by a thread of its own, so `answer`
+// may be called from several threads at once, and may block (a node that hangs) as long as it
+// returns before the server is destroyed.
 class scripted_server {
   public:
     using script = std::function<std::optional<std::string>(const std::vector<std::string>&)>;
@@ -175,6 +191,11 @@ class scripted_server {
         stop_ = true;
         ::shutdown(listener_.fd(), SHUT_RDWR);
         server_.join();
+        {
+            std::lock_guard lk(m_);
+            for (int c : open_) ::shutdown(c, SHUT_RDWR);
+        }
+        for (auto& t : conversations_) t.join();
     }
     int port() const noexcept { return listener_.port(); }
 
@@ -183,8 +204,18 @@ class scripted_server {
         while (!stop_) {
             const int c = ::accept(listener_.fd(), nullptr, nullptr);
             if (c < 0) return;
-            if (answer_) converse(c);
-            ::close(c);
+            if (!answer_) {
+                ::close(c);
+                continue;
+            }
+            std::lock_guard lk(m_);
+            open_.push_back(c);
+            conversations_.emplace_back([this, c] {
+                converse(c);
+                std::lock_guard done(m_);  // closed under the lock: the destructor shuts down open_
+                open_.erase(std::find(open_.begin(), open_.end(), c));
+                ::close(c);
+            });
         }
     }
 
@@ -234,6 +265,9 @@ class scripted_server {
     silent_server listener_;  // listens; this class answers
     script answer_;
     std::atomic<bool> stop_{false};
+    std::mutex m_;
+    std::vector<int> open_;                   // under m_: connections being served
+    std::vector<std::thread> conversations_;  // under m_
     std::thread server_;
 };
 
@@ -264,6 +298,7 @@ class redis_server {
 
     int port() const noexcept { return port_; }
     const std::string& dir() const noexcept { return dir_; }
+    pid_t pid() const noexcept { return pid_; }  // -1 while it is not running
 
     // Kills the server the hard way: no shutdown save, no goodbye to clients.
     void kill9() {
@@ -294,14 +329,7 @@ class redis_server {
             redisFree(c);
             throw std::runtime_error("cannot connect to the test redis-server: " + msg);
         }
-        std::vector<const char*> argv;
-        std::vector<std::size_t> len;
-        for (const auto& a : args) {
-            argv.push_back(a.data());
-            len.push_back(a.size());
-        }
-        auto* r = static_cast<redisReply*>(
-            redisCommandArgv(c, static_cast<int>(args.size()), argv.data(), len.data()));
+        redisReply* r = command_argv(c, args);
         const std::string err = c->errstr;
         redisFree(c);
         if (r == nullptr)

@@ -2,26 +2,39 @@
 // of <delayq/redis/delay_queue.hpp>.
 //
 // The idea. A queue's keys share one hash tag, so every command of a queue goes to one slot, and
-// the only question is which node serves that slot now. The router asks the first node it can
-// reach (`CLUSTER SLOTS`) and keeps a map of the 16 384 slots to their masters; a server without
-// cluster support answers with an error, and then every slot is that server. The map goes stale
-// when the cluster changes, and the servers say so:
+// the only question is which node serves that slot now. The router asks a node (`CLUSTER SLOTS`)
+// and keeps a map of the 16 384 slots to their masters; a server without cluster support answers
+// with an error, and then every slot is that server. The map goes stale when the cluster changes,
+// and the servers say so, or stop answering:
 //
 // - `MOVED slot host:port`: the slot lives elsewhere now (a reshard finished, a replica took
-//   over). The command did not run; the router sends it there, patches the slot, and reloads the
-//   whole map before the next command.
+//   over). The command did not run; the router sends it there and patches the slot (each other
+//   slot that moved says so when it is next used).
 // - `ASK slot host:port`: the slot is being migrated and this key may already be on the target.
 //   The command did not run; the router sends `ASKING` and the command, back to back on the
 //   target's connection, and leaves the map alone (the slot is not the target's yet).
 // - `TRYAGAIN` (a multi-key command during a migration, some keys here, some there),
 //   `CLUSTERDOWN` (no master for the slot during a failover), `LOADING` (a restarted server
 //   reading its data): the command did not run; the router waits (10 ms, doubling to 100 ms) and
-//   tries again, for up to `io_timeout` in all.
+//   tries again, for up to `io_timeout` in all. The map's own load is retried so too: a server
+//   that answers `CLUSTER SLOTS` with LOADING is waited for within the first call's io_timeout.
 // - A slot that no node serves in the map just loaded (mid-failover, the node asked knows the old
 //   master stepped down but not yet who took over): as CLUSTERDOWN, wait and reload the map.
 // - A node that cannot be reached (connection refused after it died): nothing was sent; in a
 //   cluster the router reloads the map from another node and tries again, within the same
 //   `io_timeout`. Against a single server there is nowhere else to go, so that is an error at once.
+// - A node that does not answer (a master hung, or stopped with SIGSTOP: the kernel still accepts
+//   connections): the call times out, and is an error (it may have run). The node's link is
+//   suspect from then on (connection.hpp), until it answers again, and every call for a slot on a
+//   suspect node first reloads the map, asking healthy nodes first: once the cluster has failed the
+//   node over, the next call goes to the new master.
+//
+// Time. A call has one budget, io_timeout from its start (connection.hpp): the map's reload, the
+// waits and the round trip all spend from it, so the call returns or fails within io_timeout
+// (plus one connect) whatever the nodes do. A reload is done by one thread at a time, without the
+// router's lock, since a node asked may hang: meanwhile every call whose slot's node is healthy
+// goes on with the map it has, and only the calls that need the new map wait for it, each within
+// its own budget. So a sick node holds up no call to a healthy one.
 //
 // What it does not do: retry a command whose reply was lost (it may have run: only the caller
 // knows whether running it twice is harmless), read from replicas, or follow a cluster whose
@@ -36,8 +49,10 @@
 #include <array>
 #include <charconv>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -88,17 +103,22 @@ class router {
     router(const router&) = delete;
     router& operator=(const router&) = delete;
 
-    // Runs `c` on the master of `slot`, following the cluster's redirections (see "The idea").
-    // Error replies other than those come back as replies; I/O failures are thrown. Not
-    // `patient`: no waiting at all: a node that cannot be reached, TRYAGAIN, CLUSTERDOWN or
-    // LOADING end the call at once (for a caller that has elsewhere to go meanwhile: a sharded
-    // take with other shards to serve it).
+    // Runs `c` on the master of `slot`, following the cluster's redirections (see "The idea"),
+    // within io_timeout (plus one connect). Error replies other than those come back as replies;
+    // I/O failures are thrown. Not `patient`: no waiting at all: a node that cannot be reached,
+    // TRYAGAIN, CLUSTERDOWN or LOADING end the call at once (for a caller that has elsewhere to
+    // go meanwhile: a sharded take with other shards to serve it).
     reply_ptr call(std::uint16_t slot, command c, bool patient = true) {
-        using clock = std::chrono::steady_clock;
-        const auto give_up = patient ? clock::now() + io_timeout_ : clock::now();
+        return call(slot, c, patient, budget::from_now(io_timeout_));
+    }
+
+    // The same within `b`, a budget that began earlier (a call merged with others spends the
+    // budget of the earliest of them).
+    reply_ptr call(std::uint16_t slot, command c, bool patient, const budget& b) {
+        const auto give_up = patient ? b.deadline : b.start;
         milliseconds pause(10);
         const auto wait = [&] {
-            if (clock::now() + pause > give_up) return false;
+            if (steady::now() + pause > give_up) return false;
             std::this_thread::sleep_for(pause);
             pause = std::min(pause * 2, milliseconds(100));
             return true;
@@ -106,27 +126,37 @@ class router {
         node* target = nullptr;
         bool asking = false;
         for (int redirects = 0;;) {
-            if (target == nullptr && (target = route(slot)) == nullptr) {
-                if (!wait()) throw unserved(slot);
-                continue;  // mid-failover: the map is reloaded before the next try
+            if (target == nullptr) {
+                routed to = route(slot, b);
+                if (to.why != nullptr) {  // no slot map
+                    if (!to.retry || !wait()) std::rethrow_exception(to.why);
+                    continue;
+                }
+                if ((target = to.n) == nullptr) {  // mid-failover: no master for the slot yet
+                    if (!wait()) throw unserved(slot);
+                    continue;
+                }
             }
             reply_ptr r;
             try {
                 if (asking) {
                     static constexpr std::array<std::string_view, 1> asking_cmd{"ASKING"};
                     const std::array<command, 2> both{command(asking_cmd), c};
-                    r = std::move(target->l.call(both)[1]);
+                    r = std::move(target->l->call(both, b)[1]);
                 } else {
-                    r = target->l.call(c);
+                    r = target->l->call(c, b);
                 }
             } catch (const unsent_error&) {
-                if (!clustered()) throw;
-                invalidate();  // that node is gone: someone else serves the slot, or will soon
-                if (!wait()) throw;
+                // Nothing ran. The node is suspect now, so the next route reloads the map: in a
+                // cluster someone else may serve the slot, or will soon. One server is the only
+                // place to go.
+                if (!clustered() || !wait()) throw;
                 target = nullptr;
                 asking = false;
                 continue;
             }
+            // Any other failure is thrown as it is (the command may have run): the node is
+            // suspect, and the next call reloads the map before it goes there.
             if (r->type != REDIS_REPLY_ERROR) return r;
             const std::string_view t = text_of(r.get());
             const bool moved = t.starts_with("MOVED "), ask = t.starts_with("ASK ");
@@ -134,26 +164,23 @@ class router {
                 endpoint to = redirect_target(t, target->at);
                 std::lock_guard lk(m_);
                 target = &node_at(to);
-                if (moved) {
-                    slots_[slot] = target;
-                    stale_ = true;
-                }
+                if (moved) slots_[slot] = target;  // the other slots say so when asked
                 asking = ask;
                 continue;
             }
-            const bool transient = t.starts_with("TRYAGAIN") || t.starts_with("CLUSTERDOWN") ||
-                                   t.starts_with("LOADING");
-            if (!transient || !wait()) return r;
+            if (!transient(t) || !wait()) return r;
             target = nullptr;  // the slot may have moved meanwhile
             asking = false;
         }
     }
 
     // The node that serves `slot` now; a subscriber listens there (in a cluster, every node
-    // hears every PUBLISH).
+    // hears every PUBLISH). Throws error when none is known yet.
     endpoint node_of(std::uint16_t slot) {
-        if (node* n = route(slot)) return n->at;
-        throw unserved(slot);
+        routed to = route(slot, budget::from_now(io_timeout_));
+        if (to.why != nullptr) std::rethrow_exception(to.why);
+        if (to.n == nullptr) throw unserved(slot);
+        return to.n->at;
     }
 
     bool clustered() {
@@ -161,19 +188,47 @@ class router {
         return mode_ == mode::cluster;
     }
 
-    // The map is out of date (a node could not be reached): reload it before the next command.
+    // The map is out of date (a node could not be reached): the next route reloads it.
     void invalidate() {
         std::lock_guard lk(m_);
-        stale_ = true;
+        reload_ = true;
     }
 
   private:
     struct node {
-        node(endpoint e, milliseconds io) : at(e), l(std::move(e), io) {}
+        explicit node(const endpoint& e) : at(e), l(std::make_shared<link>(e)) {}
         endpoint at;
-        link l;
+        std::shared_ptr<link> l;
     };
     enum class mode { unknown, single, cluster };
+
+    // What route() found: the node, or (why) that no map could be had, and whether that may
+    // change if asked again (retry).
+    struct routed {
+        node* n = nullptr;
+        std::exception_ptr why;
+        bool retry = false;
+    };
+
+    // A slot map as CLUSTER SLOTS gave it, or the reason none came.
+    struct loaded {
+        struct range {
+            std::size_t first, end;
+            endpoint master;
+        };
+        mode what = mode::unknown;  // unknown: it failed
+        std::vector<range> ranges;
+        std::vector<endpoint> replicas;  // nodes to ask next time too
+        std::exception_ptr why;
+        bool retry = false;  // a node said LOADING, CLUSTERDOWN, TRYAGAIN
+        bool unsent = true;  // every failure was a node that could not be reached
+    };
+
+    // Answers that mean "not now": the command did not run, and may run a little later.
+    static bool transient(std::string_view t) {
+        return t.starts_with("TRYAGAIN") || t.starts_with("CLUSTERDOWN") ||
+               t.starts_with("LOADING") || t.starts_with("MASTERDOWN");
+    }
 
     // "MOVED 3999 127.0.0.1:6381"; an empty host means the host we asked.
     static endpoint redirect_target(std::string_view t, const endpoint& asked) {
@@ -191,81 +246,166 @@ class router {
     node& node_at(const endpoint& e) {  // under m_; nodes are never removed, so pointers stay valid
         for (auto& n : nodes_)
             if (n->at == e) return *n;
-        nodes_.push_back(std::make_unique<node>(e, io_timeout_));
+        nodes_.push_back(std::make_unique<node>(e));
         return *nodes_.back();
     }
 
-    // The node that serves `slot`, or nullptr while none does: in the middle of a failover a node
-    // can answer CLUSTER SLOTS without the slot that changes hands. The map is then reloaded
-    // before the next route.
-    node* route(std::uint16_t slot) {
-        std::lock_guard lk(m_);
-        if (mode_ == mode::unknown || stale_) refresh();
-        if (mode_ == mode::single) return &node_at(seed_);
-        if (slots_[slot] == nullptr) stale_ = true;
-        return slots_[slot];
+    // The node that serves `slot`, reloading the map first when there is none yet, when the
+    // slot's node is suspect (a call there timed out or failed: it may have been failed over) or
+    // has none (mid-failover), or when invalidate() asked for it. One thread reloads at a time,
+    // without the lock (the nodes it asks may hang): the others go on with the map they have
+    // where their node is not suspect, and wait (within their budget) for the reload otherwise.
+    routed route(std::uint16_t slot, const budget& b) {
+        std::unique_lock lk(m_);
+        const std::uint64_t seen = loads_;
+        for (;;) {
+            if (mode_ == mode::single) return {&node_at(seed_), nullptr, false};
+            node* n = mode_ == mode::cluster ? slots_[slot] : nullptr;
+            const bool usable = n != nullptr && !n->l->suspect();
+            if (loads_ != seen) {  // reloaded since this call came: take what it found
+                if (mode_ == mode::unknown) return {nullptr, last_why_, last_retry_};
+                return {n, nullptr, false};
+            }
+            if (usable && !reload_) return {n, nullptr, false};
+            if (loading_) {
+                if (usable)
+                    return {n, nullptr, false};  // only invalidate() wants it: no need to wait
+                if (!cv_.wait_until(lk, b.deadline, [&] { return !loading_; }))
+                    return {nullptr,
+                            std::make_exception_ptr(
+                                error("delayq::redis: no slot map within io_timeout (" +
+                                      std::to_string(b.io_timeout.count()) +
+                                      " ms): the nodes asked for CLUSTER SLOTS did not answer")),
+                            false};
+                continue;
+            }
+            loading_ = true;
+            reload_ = false;
+            const std::vector<asked> ask = ask_order();
+            lk.unlock();
+            loaded got;
+            try {
+                got = load(ask, b);
+            } catch (...) {  // out of memory
+                got.why = std::current_exception();
+                got.unsent = false;
+            }
+            lk.lock();
+            install(got);
+            loading_ = false;
+            ++loads_;
+            cv_.notify_all();
+        }
+    }
+
+    // A node to ask for the slot map, and its link.
+    using asked = std::pair<endpoint, std::shared_ptr<link>>;
+
+    // Under m_: the nodes to ask for the slot map, healthy ones first, suspect ones last: every
+    // node known (the seed, masters, the replicas of the last map).
+    std::vector<asked> ask_order() {
+        (void)node_at(seed_);
+        for (const auto& e : replicas_) (void)node_at(e);
+        std::vector<asked> good, bad;
+        for (const auto& n : nodes_) (n->l->suspect() ? bad : good).emplace_back(n->at, n->l);
+        good.insert(good.end(), bad.begin(), bad.end());
+        return good;
     }
 
     static error unserved(std::uint16_t slot) {
         return error("delayq::redis: no node of the cluster serves slot " + std::to_string(slot));
     }
 
-    // Reloads the slot map (under m_) from the first node that answers, the seed last.
-    void refresh() {
-        std::vector<endpoint> ask;
-        for (auto& n : nodes_) ask.push_back(n->at);
-        if (std::find(ask.begin(), ask.end(), seed_) == ask.end()) ask.push_back(seed_);
-        std::exception_ptr last;
-        for (const auto& e : ask) {
-            static constexpr std::array<std::string_view, 2> slots_cmd{"CLUSTER", "SLOTS"};
+    // Asks the nodes of `ask` in turn for CLUSTER SLOTS until one answers with a map (or says
+    // it is no cluster), within `b`. No lock held: a node may hang, and only this call waits.
+    static loaded load(const std::vector<asked>& ask, const budget& b) {
+        static constexpr std::array<std::string_view, 2> slots_cmd{"CLUSTER", "SLOTS"};
+        loaded out;
+        for (const auto& node : ask) {
+            const endpoint& e = node.first;  // a name, not a binding: lambdas below capture it
             reply_ptr r;
             try {
-                r = node_at(e).l.call(slots_cmd);
+                r = node.second->call(command(slots_cmd), b);
+            } catch (const unsent_error&) {
+                out.why = std::current_exception();
+                continue;
             } catch (const error&) {
-                last = std::current_exception();
+                out.why = std::current_exception();
+                out.unsent = false;
                 continue;
             }
+            out.unsent = false;
+            const std::string_view t = text_of(r.get());
             if (r->type == REDIS_REPLY_ERROR &&
-                text_of(r.get()).find("cluster support disabled") != std::string_view::npos) {
-                mode_ = mode::single;
-                stale_ = false;
-                return;
+                t.find("cluster support disabled") != std::string_view::npos) {
+                out.what = mode::single;
+                return out;
             }
             if (r->type != REDIS_REPLY_ARRAY) {
-                last = std::make_exception_ptr(
-                    error("delayq::redis: CLUSTER SLOTS: " + std::string(text_of(r.get()))));
+                out.retry = out.retry || (r->type == REDIS_REPLY_ERROR && transient(t));
+                out.why = std::make_exception_ptr(
+                    error("delayq::redis: CLUSTER SLOTS: " + std::string(t)));
                 continue;
             }
-            std::vector<node*> fresh(slot_count);
             for (std::size_t i = 0; i < r->elements; ++i) {
                 const redisReply* range = r->element[i];
-                if (range->type != REDIS_REPLY_ARRAY || range->elements < 3 ||
-                    range->element[2]->elements < 2)
-                    continue;
-                const redisReply* master = range->element[2];
-                endpoint m{std::string(text_of(master->element[0])),
-                           static_cast<int>(master->element[1]->integer), e.user, e.password};
-                if (m.host.empty() || m.host == "?") m.host = e.host;
-                node* n = &node_at(m);
-                const auto first = static_cast<std::size_t>(range->element[0]->integer);
-                const auto end =
-                    std::min(static_cast<std::size_t>(range->element[1]->integer) + 1, slot_count);
-                for (std::size_t s = first; s < end; ++s) fresh[s] = n;
+                if (range->type != REDIS_REPLY_ARRAY || range->elements < 3) continue;
+                const auto node_in = [&](const redisReply* at, endpoint& to) {
+                    if (at->type != REDIS_REPLY_ARRAY || at->elements < 2) return false;
+                    to = {std::string(text_of(at->element[0])),
+                          static_cast<int>(at->element[1]->integer), e.user, e.password};
+                    if (to.host.empty() || to.host == "?") to.host = e.host;
+                    return true;
+                };
+                loaded::range got{
+                    static_cast<std::size_t>(range->element[0]->integer),
+                    std::min(static_cast<std::size_t>(range->element[1]->integer) + 1, slot_count),
+                    {}};
+                if (!node_in(range->element[2], got.master)) continue;
+                out.ranges.push_back(std::move(got));
+                for (std::size_t k = 3; k < range->elements; ++k)
+                    if (endpoint replica; node_in(range->element[k], replica))
+                        out.replicas.push_back(std::move(replica));
             }
-            slots_.swap(fresh);
-            mode_ = mode::cluster;
-            stale_ = false;
+            out.what = mode::cluster;
+            return out;
+        }
+        return out;
+    }
+
+    // Under m_: what load() found becomes the map. A failure leaves the map as it was and says
+    // whether asking again may help: a node said "not now", or, in a known cluster, no node could
+    // be reached (a failover's moment). Against an unknown seed that refuses, there is nothing to
+    // wait for.
+    void install(loaded& got) {
+        last_why_ = got.why;
+        last_retry_ = got.retry || (got.unsent && mode_ == mode::cluster);
+        if (got.what == mode::single) {
+            mode_ = mode::single;
             return;
         }
-        std::rethrow_exception(last);
+        if (got.what != mode::cluster) return;
+        std::fill(slots_.begin(), slots_.end(), nullptr);
+        for (const auto& r : got.ranges) {
+            node* n = &node_at(r.master);
+            for (std::size_t s = r.first; s < r.end; ++s) slots_[s] = n;
+        }
+        replicas_ = std::move(got.replicas);
+        mode_ = mode::cluster;
     }
 
     endpoint seed_;
     milliseconds io_timeout_;
     std::mutex m_;
+    std::condition_variable cv_;  // a reload ended
     mode mode_ = mode::unknown;
-    bool stale_ = false;
+    bool reload_ = false;          // invalidate() asked for a reload
+    bool loading_ = false;         // a thread is reloading the map
+    std::uint64_t loads_ = 0;      // reloads ended so far
+    std::exception_ptr last_why_;  // why the last reload found no map
+    bool last_retry_ = false;      // and whether asking again may help
     std::vector<std::unique_ptr<node>> nodes_;
+    std::vector<endpoint> replicas_;  // from the last map: asked for the next one too
     std::vector<node*> slots_ = std::vector<node*>(slot_count);  // 128 KiB: off the object
 };
 

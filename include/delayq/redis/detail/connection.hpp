@@ -4,30 +4,40 @@
 // The idea. A round trip on loopback costs the server a read, a write and an event-loop turn, and
 // the client a write, a read and a context switch; the Lua work of one job is smaller than that.
 // So the calls of all the threads that share one queue object go to a node over one connection,
-// and whatever they send at about the same time travels together: one thread at a time, the
-// leader, writes every queued command in one write, then reads the replies in order and hands
-// each to its thread as soon as it is in (StackExchange.Redis and ioredis's auto-pipelining do
+// and whatever they send at about the same time travels together: one thread at a time, the leader,
+// writes every queued command in one write, then reads the replies in order and hands each to its
+// thread as soon as it is in (StackExchange.Redis's multiplexer and ioredis's auto-pipelining do
 // the same). It does not wait for a batch's last reply before it writes the next batch: a thread
-// woken by its reply hands in its next call while the server works on the calls behind it, and
-// the leader writes it after the next reply. So the server and the client are not idle in turn
-// (see link, below). A thread alone pays one round trip, as before; eight threads pay about one
-// write and one read per batch instead of one each. Nothing here blocks on the server: a blocked
-// command would hold up everybody behind it, so waiting for work is done on a connection of its
-// own (the subscriber below).
+// woken by its reply hands in its next call while the server works on the calls behind it, and the
+// leader writes it after the next reply. So the server and the client are not idle in turn. A
+// thread alone pays one round trip, as before; eight threads pay about one write and one read per
+// batch instead of one each. Nothing here blocks on the server: a blocked command would hold up
+// everybody behind it, so waiting for work is done on a connection of its own (the subscriber
+// below).
 //
-// Failures. A hiredis context is unusable after any I/O error, so the link drops it and the next
-// call connects afresh (with its timeouts set again: hiredis 0.14's reconnect forgets them). An
-// error says which command failed and why; a read or write that ran into the socket timeout says
-// "timed out after N ms (io_timeout)", not errno's text. A failure to connect is `unsent_error`:
-// nothing reached the server, so the caller may retry it elsewhere (the cluster router does, after
-// a failover); any later failure leaves it unknown whether the command ran, which only the caller
-// can judge.
+// Time. Every call has its own deadline, its io_timeout after it began (a budget, below), and
+// returns or fails by then, plus at most one connect, whoever else uses the link and however the
+// server behaves: the leader waits for the next reply only until the earliest deadline of the
+// calls in flight, and a call still waiting to be written when its deadline passes takes itself
+// back (it was not sent). A call that ran out of time is given up alone: its reply, when it comes,
+// is read and dropped, and the calls of other threads and objects behind it go on (an object with
+// a short io_timeout does not fail the calls of one with a long one). Once no call is left waiting
+// on the connection, one that timed out is closed, so that the next call starts on a fresh one.
+// An error says how long the call really waited: "timed out after 1002 ms (io_timeout 1000 ms)".
+//
+// Failures. A hiredis context is unusable after any I/O error, so the link drops it, every call in
+// flight on it fails, and the next call connects afresh. An error says which command failed and
+// why. A failure to connect, or a call given up before it was written, is `unsent_error`: nothing
+// reached the server, so the caller may retry it elsewhere (the cluster router does, after a
+// failover); any later failure leaves it unknown whether the command ran, which only the caller
+// can judge. A link that timed out or failed is `suspect()` until a reply comes in again: the
+// router then reloads the cluster's slot map before it sends there (cluster.hpp).
 //
 // The subscriber. Consumers wait for work with SUBSCRIBE on the queue's channel, to which every
 // script that makes the next due time earlier publishes that time. A subscribed connection is not
 // a blocked one: the client waits on the socket with poll() and its own timeout, at the due time
 // it knows, to the millisecond, not at the server's next cron tick (blocking commands' timeouts
-// are handled in the cron, every 100 ms by default).
+// are handled in the cron, every 100 ms by default). Each queue object has its own.
 #pragma once
 
 #if __has_include(<hiredis/hiredis.h>)
@@ -49,6 +59,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
+#include <deque>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -60,14 +71,17 @@
 #include <utility>
 #include <vector>
 
+#include "../../detail/time.hpp"
 #include "../types.hpp"
 
 namespace delayq::redis::detail {
 
 using std::chrono::milliseconds;
+using steady = std::chrono::steady_clock;
 using command = std::span<const std::string_view>;  // one command's arguments
 
-/// Nothing was sent: the connection could not be made. Safe to retry, elsewhere too.
+/// Nothing was sent: the connection could not be made, or the call ran out of time before it was
+/// written. Safe to retry, elsewhere too.
 class unsent_error : public error {
   public:
     using error::error;
@@ -117,7 +131,7 @@ inline std::string name_of(command args) {
 
 // Where to connect, and as whom: the credentials travel with the address, so that every
 // connection (the links, the subscriber, a reconnect, every node of a cluster) logs in the same
-// way.
+// way, and connections of different users are never shared.
 struct endpoint {
     std::string host;
     int port = 0;
@@ -126,10 +140,55 @@ struct endpoint {
     std::string str() const { return host + ":" + std::to_string(port); }  // never the password
 };
 
+// A call's time: when it began, and its deadline, io_timeout later. Every step of the call (a
+// reload of the slot map, a wait for a failover, the round trip itself) spends from the one
+// budget.
+struct budget {
+    steady::time_point start, deadline;
+    milliseconds io_timeout;
+
+    static budget from_now(milliseconds io_timeout) {
+        const auto now = steady::now();
+        return {now, delayq::detail::saturating_add(now, io_timeout), io_timeout};
+    }
+    // The milliseconds waited so far, rounded down.
+    long long waited() const {
+        return std::chrono::duration_cast<milliseconds>(steady::now() - start).count();
+    }
+    // " timed out after 1002 ms (io_timeout 1000 ms)": how long the call really waited.
+    std::string timed_out() const {
+        return " timed out after " + std::to_string(waited()) + " ms (io_timeout " +
+               std::to_string(io_timeout.count()) + " ms)";
+    }
+};
+
+// Milliseconds from now until `t`, rounded up, for poll(): 0 when it has passed.
+inline int poll_ms(steady::time_point t) {
+    const auto left = delayq::detail::saturating_between<milliseconds>(steady::now(), t);
+    return static_cast<int>(std::clamp<long long>(left.count(), 0, 1'000'000'000));
+}
+
+// Waits until `fd` is ready for `events` or `until` passes; false when it passed. Throws the
+// error of poll() itself.
+inline bool await_fd(int fd, short events, steady::time_point until) {
+    for (;;) {
+        pollfd p{fd, events, 0};
+        const int n = ::poll(&p, 1, poll_ms(until));
+        if (n > 0) return true;
+        if (n == 0) {
+            if (steady::now() >= until) return false;
+            continue;  // woken a little early (poll rounds): wait out the rest
+        }
+        if (errno != EINTR) return true;  // the read or write that follows reports the error
+    }
+}
+
 // One hiredis context, used by one thread at a time. Any I/O error leaves the context unusable:
-// it marks itself broken and its owner throws it away.
+// it marks itself broken and its owner throws it away. Reads and writes wait with poll() until a
+// deadline the caller gives, not with a socket timeout, so that each call keeps its own.
 class connection {
   public:
+    // Connects and logs in within `io_timeout`.
     connection(const endpoint& at, milliseconds io_timeout) : io_timeout_(io_timeout) {
         ctx_ = redisConnectWithTimeout(at.host.c_str(), at.port, to_timeval(io_timeout));
         if (ctx_ == nullptr) throw io_failure("connecting to " + at.str(), ": out of memory", true);
@@ -141,6 +200,7 @@ class connection {
             redisFree(ctx_);
             throw io_failure("connecting to " + at.str(), std::move(why), true);
         }
+        // A backstop only: every read and write below waits with poll() until its deadline.
         redisSetTimeout(ctx_, to_timeval(io_timeout));
         redisEnableKeepAlive(ctx_);
         if (!at.user.empty() || !at.password.empty()) {
@@ -159,21 +219,9 @@ class connection {
     bool broken() const noexcept { return broken_; }
     int fd() const noexcept { return ctx_->fd; }
 
-    // Throws a failure to send, errno `e`, for `what`; the connection is broken now.
-    [[noreturn]] void fail_sending(const std::string& what, int e) {
-        broken_ = true;
-        if (e == EAGAIN || e == EWOULDBLOCK)  // SO_SNDTIMEO (io_timeout) ran out
-            throw io_failure(what, timed_out(), false);
-        throw io_failure(what, ": " + std::generic_category().message(e), false);
-    }
-
     // Throws the last I/O failure, for `what` (a command's name); the connection is broken now.
     [[noreturn]] void fail(const std::string& what) {
         broken_ = true;
-        // A read or write that ran into the socket timeout: hiredis reports errno's text
-        // ("Resource temporarily unavailable"), which does not say what happened.
-        if (ctx_->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK))
-            throw io_failure(what, timed_out(), false);
         throw io_failure(
             what,
             ": " + (ctx_->err != 0 ? std::string(ctx_->errstr) : std::string("connection lost")),
@@ -195,23 +243,34 @@ class connection {
         }
     }
 
-    // Sends what append() queued. With send(MSG_NOSIGNAL), not hiredis's write(): a write into a
-    // connection the server has closed is then an error here, not SIGPIPE, whose default action
-    // ends the process (a node killed while a call is being written).
-    void flush(std::string_view what) {
+    // Drops what append() queued and flush() has not sent.
+    void discard() noexcept { out_.clear(); }
+
+    // Sends what append() queued, by `until`. With send(MSG_NOSIGNAL), not hiredis's write(): a
+    // write into a connection the server has closed is then an error here, not SIGPIPE, whose
+    // default action ends the process (a node killed while a call is being written). A failure
+    // is unsent() when not a byte of it went out; the connection is broken then. A timeout says
+    // how long the call of `b` waited (or, without one, the connection's io_timeout).
+    void flush(std::string_view what, steady::time_point until, const budget* b = nullptr) {
         std::size_t sent = 0;
         while (sent < out_.size()) {
-            const ssize_t n =
-                ::send(ctx_->fd, out_.data() + sent, out_.size() - sent, MSG_NOSIGNAL);
+            const ssize_t n = ::send(ctx_->fd, out_.data() + sent, out_.size() - sent,
+                                     MSG_NOSIGNAL | MSG_DONTWAIT);
             if (n > 0) {
                 sent += static_cast<std::size_t>(n);
-            } else if (n < 0 && errno == EINTR) {
                 continue;
-            } else {
-                const int e = n < 0 ? errno : EPIPE;
-                out_.clear();
-                fail_sending(std::string(what), e);
             }
+            const int e = n < 0 ? errno : EPIPE;
+            if (e == EINTR) continue;
+            if ((e == EAGAIN || e == EWOULDBLOCK) && await_fd(ctx_->fd, POLLOUT, until)) continue;
+            out_.clear();
+            broken_ = true;
+            const bool timed_out = e == EAGAIN || e == EWOULDBLOCK;
+            throw io_failure(std::string(what),
+                             !timed_out     ? ": " + std::generic_category().message(e)
+                             : b != nullptr ? b->timed_out()
+                                            : this->timed_out(),
+                             sent == 0);
         }
         if (out_.capacity() > (std::size_t{1} << 20)) {
             std::string().swap(out_);  // a large payload's room is not kept
@@ -220,11 +279,16 @@ class connection {
         }
     }
 
-    // The next reply, read from the socket if need be; an error reply is returned, not thrown.
-    reply_ptr read(std::string_view what) {
-        void* r = nullptr;
-        if (redisGetReply(ctx_, &r) != REDIS_OK || r == nullptr) fail(std::string(what));
-        return checked(r);
+    // The next reply, waiting for it until `until`; null when that passed first. An error reply
+    // is returned, not thrown; an I/O error is thrown (for `what`).
+    reply_ptr read(std::string_view what, steady::time_point until) {
+        for (;;) {
+            void* r = nullptr;
+            if (redisGetReplyFromReader(ctx_, &r) != REDIS_OK) fail(std::string(what));
+            if (r != nullptr) return checked(r);
+            if (!await_fd(ctx_->fd, POLLIN, until)) return nullptr;
+            if (redisBufferRead(ctx_) != REDIS_OK) fail(std::string(what));
+        }
     }
 
     // A reply already received, without touching the socket; null if none is complete yet.
@@ -239,10 +303,18 @@ class connection {
         if (redisBufferRead(ctx_) != REDIS_OK) fail("reading a message");
     }
 
+    // One command and its reply, within the connection's io_timeout.
     reply_ptr command_reply(command args) {
+        const std::string what = name_of(args);
+        const auto until = delayq::detail::saturating_add(steady::now(), io_timeout_);
         append(args);
-        flush(name_of(args));
-        return read(name_of(args));
+        flush(what, until);
+        reply_ptr r = read(what, until);
+        if (r == nullptr) {
+            broken_ = true;
+            throw io_failure(what, timed_out(), false);
+        }
+        return r;
     }
 
   private:
@@ -306,6 +378,12 @@ struct combined {
         cv.wait(lk, [&] { return st != waiting; });
         return st;
     }
+    // The same, until `t`: `waiting` when nothing was said by then.
+    state await_until(steady::time_point t) noexcept {
+        std::unique_lock lk(m);
+        cv.wait_until(lk, t, [&] { return st != waiting; });
+        return st;
+    }
 
   private:
     std::mutex m;
@@ -313,33 +391,39 @@ struct combined {
     state st = waiting;
 };
 
-// One node's connection, shared by every thread of a queue object; see "The idea" above. A
-// leader's turn: write what was handed in, read the oldest call in flight and answer it, again,
-// until its own call is answered; then it hands the lead to the owner of the oldest call still in
-// flight (or of the first one not written yet) and returns, so that no caller serves the others
-// for longer than its own call takes. A call that fails takes every call in flight on that
-// connection with it: the connection is out of step with the server.
+// One node's connection, shared by every thread of a queue object; see "The idea" and "Time"
+// above. A leader's turn: write what was handed in, read the next reply and hand it to its call,
+// again, until its own call is answered; then it hands the lead to the owner of the oldest call
+// still in flight (or of the first one not written yet) and returns, so that no caller serves the
+// others for longer than its own call takes.
 class link {
   public:
-    link(endpoint at, milliseconds io_timeout) : at_(std::move(at)), io_timeout_(io_timeout) {}
+    // `io_timeout`: the budget of the calls that bring none.
+    explicit link(endpoint at, milliseconds io_timeout = std::chrono::seconds(5))
+        : at_(std::move(at)), io_timeout_(io_timeout) {}
     link(const link&) = delete;
     link& operator=(const link&) = delete;
 
     const endpoint& where() const noexcept { return at_; }
 
+    // A call on it timed out, or it failed, and no reply has come in since.
+    bool suspect() const noexcept { return suspect_.load(std::memory_order_relaxed); }
+
     // Sends `cmds` back to back (with other threads' commands around them, never between them)
-    // and returns their replies in order. Throws unsent_error when the connection cannot be made,
+    // and returns their replies in order, by b.deadline (plus one connect). Throws unsent_error
+    // when nothing was sent (no connection, or the deadline passed before the call was written),
     // error when it fails after that.
-    std::vector<reply_ptr> call(std::span<const command> cmds) {
+    std::vector<reply_ptr> call(std::span<const command> cmds, const budget& b) {
         request r;
         r.cmds = cmds;
+        r.b = b;
         bool lead = false;
         {
             std::lock_guard lk(m_);
             handed_in_.push_back(&r);
             lead = !std::exchange(busy_, true);
         }
-        if (lead || r.await() == combined::lead) serve(r);
+        if (lead || wait(r) == combined::lead) serve(r);
         if (!r.failure.empty()) {
             const std::string msg = "delayq::redis: " + name_of(cmds.front()) + r.failure;
             if (r.unsent) throw unsent_error(msg);
@@ -348,16 +432,56 @@ class link {
         return std::move(r.replies);
     }
 
-    reply_ptr call(command c) { return std::move(call(std::span<const command>(&c, 1)).front()); }
+    std::vector<reply_ptr> call(std::span<const command> cmds) {
+        return call(cmds, budget::from_now(io_timeout_));
+    }
+    reply_ptr call(command c, const budget& b) {
+        return std::move(call(std::span<const command>(&c, 1), b).front());
+    }
+    reply_ptr call(command c) { return call(c, budget::from_now(io_timeout_)); }
 
   private:
     struct request : combined {
         std::span<const command> cmds;
+        budget b;
         std::vector<reply_ptr> replies;
         std::string failure;  // the end of the error message; empty: it went through
         bool unsent = false;
         bool answered = false;  // its replies (or its failure) are in; read by its own leader
     };
+    // A request written, and how many of its replies are still to come. Its caller may have
+    // given up on it (r == nullptr): its replies are read and dropped.
+    struct in_flight {
+        request* r;
+        std::size_t left;
+    };
+    // Timed-out calls whose replies are still owed: beyond this many, the connection is dropped.
+    static constexpr std::size_t most_owed = 4096;
+
+    // A follower's wait: for its answer, or for the lead. If its deadline passes while it is
+    // still handed in (not taken by a leader to be written, nor chosen to lead), it takes itself
+    // back: it was not sent. Once a leader has it, the leader answers it by its deadline.
+    combined::state wait(request& r) {
+        const combined::state s = r.await_until(r.b.deadline);
+        if (s != combined::waiting) return s;
+        {
+            std::lock_guard lk(m_);
+            const auto it = std::find(handed_in_.begin(), handed_in_.end(), &r);
+            if (chosen_ != &r && it != handed_in_.end()) {
+                handed_in_.erase(it);
+                suspect_.store(true, std::memory_order_relaxed);
+                try {
+                    r.failure = r.b.timed_out() + " before it could be sent to " + at_.str() +
+                                " (calls before it were waiting for replies)";
+                } catch (...) {
+                    r.failure = ": timed out";
+                }
+                r.unsent = true;
+                return combined::done;
+            }
+        }
+        return r.await();
+    }
 
     // The leader's loop, until `me` is answered; then it hands the lead on (or lets it go when
     // nothing is left). Never throws: a failure goes to the requests it concerns.
@@ -366,64 +490,96 @@ class link {
         for (;;) {
             {
                 std::lock_guard lk(m_);
+                if (chosen_ == &me) chosen_ = nullptr;
                 fresh.swap(handed_in_);
             }
             if (!fresh.empty()) write(fresh);
-            if (!in_flight_.empty()) read_oldest();
-            if (!me.answered) continue;  // in flight: its reply comes in a later turn
-            request* next = nullptr;
-            {
-                std::lock_guard lk(m_);
-                if (!in_flight_.empty())
-                    next = in_flight_.front();
-                else if (!handed_in_.empty())
-                    next = handed_in_.front();
-                else
-                    busy_ = false;
-            }
-            if (next != nullptr) next->signal(combined::lead);
-            return;
+            if (me.answered) break;
+            read_next();  // `me` is in flight: there is a reply to wait for
+            if (me.answered) break;
         }
+        request* next = nullptr;
+        {
+            std::lock_guard lk(m_);
+            for (const auto& f : in_flight_)
+                if (f.r != nullptr) {
+                    next = f.r;
+                    break;
+                }
+            if (next == nullptr && !handed_in_.empty()) next = handed_in_.front();
+            if (next != nullptr)
+                chosen_ = next;  // it no longer takes itself back: the lead is on its way
+            else
+                busy_ = false;
+        }
+        if (next != nullptr) next->signal(combined::lead);
     }
 
-    // Writes `batch` in one go, and empties it: its requests are in flight now, or failed. A
-    // failure drops the connection, and with it every request in flight on it.
+    // Writes `batch` in one go, and empties it: its requests are in flight now, or failed. Those
+    // whose deadline passed while they waited fail unsent; a connection is made if there is
+    // none. A failure to write drops the connection, and with it every request in flight on it.
     void write(std::vector<request*>& batch) noexcept {
+        const auto now = steady::now();
+        std::size_t kept = 0;
+        for (request* r : batch) {
+            if (r->b.deadline > now) {
+                batch[kept++] = r;
+                continue;
+            }
+            suspect_.store(true, std::memory_order_relaxed);
+            fail_one(*r, r->b.timed_out() + " before it could be sent to " + at_.str(), true);
+        }
+        batch.resize(kept);
+        if (batch.empty()) return;
+        auto until = steady::time_point::max();  // the write's deadline: the batch's earliest
+        milliseconds connect_within(1);          // a connect may take the most patient's time
+        for (request* r : batch) {
+            until = std::min(until, r->b.deadline);
+            connect_within =
+                std::max(connect_within, std::chrono::ceil<milliseconds>(r->b.deadline - now));
+        }
+        const std::size_t before = in_flight_.size();
         try {
-            // Room to track the batch first: once written, its replies must be told apart.
-            in_flight_.reserve(in_flight_.size() + batch.size());
-            if (conn_ == nullptr) conn_ = std::make_unique<connection>(at_, io_timeout_);
+            for (request* r : batch) r->replies.reserve(r->cmds.size());
+            for (request* r : batch) in_flight_.push_back({r, r->cmds.size()});
+            if (conn_ == nullptr) conn_ = std::make_unique<connection>(at_, connect_within);
             for (request* r : batch)
                 for (command c : r->cmds) conn_->append(c);
-            conn_->flush(name_of(batch.front()->cmds.front()));
+            conn_->flush(name_of(batch.front()->cmds.front()), until, &batch.front()->b);
         } catch (const io_failure& e) {
-            // unsent: no connection, so nothing of the batch reached the server
+            in_flight_.resize(before);
+            // unsent: not a byte of the batch reached the server (no connection, or refused)
             const bool unsent = e.unsent();
             std::string why;
             try {
-                why = unsent ? ": cannot connect to " + at_.str() + e.why() : e.why();
+                why = conn_ == nullptr ? ": cannot connect to " + at_.str() + e.why() : e.why();
             } catch (...) {  // no memory for the message: still a failure
             }
             fail(batch, why, unsent);
             drop(why);
             return;
         } catch (...) {
-            fail(batch, ": out of memory", false);
-            drop(": out of memory");
+            in_flight_.resize(before);
+            if (conn_ != nullptr) conn_->discard();
+            fail(batch, ": out of memory", true);
             return;
         }
-        in_flight_.insert(in_flight_.end(), batch.begin(), batch.end());  // room reserved
         batch.clear();
     }
 
-    // Reads the replies of the oldest request in flight and answers it. A failure answers every
-    // request in flight: the connection is out of step with the server, and is dropped.
-    void read_oldest() noexcept {
+    // Reads the next reply and hands it to its request, answering the request when it has all of
+    // them. Waits only until the earliest deadline of the requests in flight: those whose
+    // deadline passed then are given up (answered with the timeout; their replies will be read
+    // and dropped). A failure answers every request in flight: the connection is out of step
+    // with the server, and is dropped.
+    void read_next() noexcept {
         assert(conn_ != nullptr && "a request is in flight only on a live connection");
-        request* r = in_flight_.front();
+        auto until = steady::time_point::max();
+        for (const auto& f : in_flight_)
+            if (f.r != nullptr) until = std::min(until, f.r->b.deadline);
+        reply_ptr reply;
         try {
-            r->replies.reserve(r->cmds.size());
-            for (command c : r->cmds) r->replies.push_back(conn_->read(name_of(c)));
+            reply = conn_->read("a reply", until);
         } catch (const io_failure& e) {
             drop(e.why());
             return;
@@ -431,32 +587,73 @@ class link {
             drop(": out of memory");
             return;
         }
-        in_flight_.erase(in_flight_.begin());
+        if (reply == nullptr) {
+            give_up_late();
+            return;
+        }
+        if (suspect_.load(std::memory_order_relaxed))
+            suspect_.store(false, std::memory_order_relaxed);
+        in_flight& f = in_flight_.front();
+        if (f.r != nullptr) f.r->replies.push_back(std::move(reply));  // room reserved
+        if (--f.left == 0) {
+            request* done = f.r;
+            in_flight_.pop_front();
+            if (done != nullptr) answer(*done);
+        }
         if (conn_->broken()) drop(": connection lost");  // a protocol error: the server closed it
-        answer(*r);
+    }
+
+    // The earliest deadline in flight passed with no reply: the requests whose deadline passed
+    // fail, alone. Once no request is left waiting on the connection (or too many replies are
+    // owed), it is closed: the next call starts on a fresh one.
+    void give_up_late() noexcept {
+        suspect_.store(true, std::memory_order_relaxed);
+        const auto now = steady::now();
+        bool waiting = false;
+        for (auto& f : in_flight_) {
+            if (f.r == nullptr) continue;
+            if (f.r->b.deadline > now) {
+                waiting = true;
+                continue;
+            }
+            request* late = std::exchange(f.r, nullptr);
+            std::string why;
+            try {
+                why = " to " + at_.str() + late->b.timed_out();
+            } catch (...) {
+            }
+            fail_one(*late, why, false);
+        }
+        if (!waiting || in_flight_.size() > most_owed)
+            drop(" to " + at_.str() + ": no reply (the server stopped answering)");
     }
 
     // The connection failed: it is dropped, and every request in flight on it fails with `why`
     // (the end of its error message; it is unknown whether the server ran it).
     void drop(const std::string& why) noexcept {
+        suspect_.store(true, std::memory_order_relaxed);
         conn_.reset();
-        fail(in_flight_, why, false);
+        for (const auto& f : in_flight_)
+            if (f.r != nullptr) fail_one(*f.r, why, false);
+        in_flight_.clear();
     }
 
-    // Fails every request of `rs` with `why` (the end of its error message), answers it, and
-    // empties `rs`.
+    // Fails every request of `rs` with `why`, answers it, and empties `rs`.
     static void fail(std::vector<request*>& rs, const std::string& why, bool unsent) noexcept {
-        for (request* r : rs) {
-            try {
-                r->failure = why.empty() ? ": failed" : why;
-            } catch (...) {
-                r->failure = ": failed";  // no memory for the message: still a failure
-            }
-            r->unsent = unsent;
-            r->replies.clear();
-            answer(*r);
-        }
+        for (request* r : rs) fail_one(*r, why, unsent);
         rs.clear();
+    }
+
+    // Fails `r` with `why` (the end of its error message) and answers it.
+    static void fail_one(request& r, const std::string& why, bool unsent) noexcept {
+        try {
+            r.failure = why.empty() ? ": failed" : why;
+        } catch (...) {
+            r.failure = ": failed";  // no memory for the message: still a failure
+        }
+        r.unsent = unsent;
+        r.replies.clear();
+        answer(r);
     }
 
     // Tells r's thread it is done (the leader's own request: nobody waits, and no harm). Not a
@@ -471,8 +668,10 @@ class link {
     std::mutex m_;
     std::vector<request*> handed_in_;  // under m_
     bool busy_ = false;                // under m_: a leader is at work
+    request* chosen_ = nullptr;        // under m_: handed the lead, not serving yet
+    std::atomic<bool> suspect_{false};
     // The leader's alone (handed on with the lead):
-    std::vector<request*> in_flight_;  // written, oldest first
+    std::deque<in_flight> in_flight_;  // written, oldest first
     std::unique_ptr<connection> conn_;
 };
 
@@ -491,20 +690,16 @@ class subscriber {
     // Waits until a message comes, `until` passes or `poke` (a pipe's read end, or -1) becomes
     // readable, and appends the payloads of the messages that came (possibly none) to `out`.
     // Throws error when the connection fails.
-    void wait(std::chrono::steady_clock::time_point until, std::vector<std::string>& out,
-              int poke = -1) {
+    void wait(steady::time_point until, std::vector<std::string>& out, int poke = -1) {
         if (take_buffered(out)) return;
         for (;;) {
-            const auto left =
-                std::chrono::ceil<milliseconds>(until - std::chrono::steady_clock::now());
             std::array<pollfd, 2> p{};
             p[0].fd = conn_.fd();
             p[0].events = POLLIN;
             p[1].fd = poke;  // poll ignores a negative fd
             p[1].events = POLLIN;
-            const int n =
-                ::poll(p.data(), 2,
-                       static_cast<int>(std::clamp<long long>(left.count(), 0, 1'000'000'000)));
+            const int left = poll_ms(until);
+            const int n = ::poll(p.data(), 2, left);
             if (n == 0) return;
             if (n < 0 && errno == EINTR) continue;
             if ((p[1].revents & POLLIN) != 0) {  // somebody in this process wants the reader back
@@ -514,7 +709,7 @@ class subscriber {
                 if ((p[0].revents & POLLIN) == 0) return;
             }
             conn_.fill();  // readable, or an error that the read reports
-            if (take_buffered(out) || left.count() <= 0) return;
+            if (take_buffered(out) || left <= 0) return;
         }
     }
 
