@@ -5,7 +5,7 @@ then fail, `--docs` must rewrite every doc that cites it, and the check must pas
 
   figures_selftest.py SRC
 """
-import json, os, shutil, subprocess, sys, tempfile
+import json, os, re, shutil, subprocess, sys, tempfile
 
 src = os.path.abspath(sys.argv[1])
 compare = os.path.join(src, "bench", "compare.py")
@@ -46,8 +46,10 @@ with tempfile.TemporaryDirectory() as tmp:
             b["items_per_second"] = 1e9 / 77.7
     json.dump(data, open(p, "w"))
     p = os.path.join(tmp, "results", "lateness.txt")
-    text = open(p).read().replace("p99     60.9 us", "p99     66.6 us")
-    open(p, "w").write(text)
+    lines = open(p).read().split("\n")
+    k = next(k for k, l in enumerate(lines) if l.startswith("hashed_wheel_timer 1ms precise"))
+    lines[k] = re.sub(r"p99 +[\d.]+ us", "p99     66.6 us", lines[k])  # the first (dense) run
+    open(p, "w").write("\n".join(lines))
     p = os.path.join(tmp, "results", "backends.json")
     data = json.load(open(p))
     data["runs"]["redis-e2e"]["figures"]["delayq_single_jobs_per_s"] = 12345
