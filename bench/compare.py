@@ -788,8 +788,11 @@ else:
             json.dump(data, f, indent=2)
             f.write("\n")
 
-rows, reps, _ = load_rows(raw)
+rows, reps, rec = load_rows(raw)
 table = render_table(rows, reps)
+if rec:  # a committed run says what it was
+    table = (f"Run: `{rec.get('command')}` (median of {reps}), commit {rec.get('commit')}, "
+             f"{rec.get('date')}, {rec.get('machine')}.\n\n" + table)
 md = os.path.join(args.out, "compare-quick.md" if args.quick else "compare.md")
 open(md, "w").write(table)
 print(table)
