@@ -743,7 +743,8 @@ def this_machine():
 
 def record(command):
     commit = git("rev-parse", "--short", "HEAD") or "?"
-    if git("status", "--porcelain", "--untracked-files=no", "--", "include", "bench"):
+    if git("status", "--porcelain", "--untracked-files=no", "--", "include", "bench",
+           ":(exclude)bench/results"):
         commit += "+changes"  # the headers or the benchmark differ from the commit
     return {"command": command, "commit": commit, "date": time.strftime("%Y-%m-%d"),
             "machine": args.machine or this_machine()}
