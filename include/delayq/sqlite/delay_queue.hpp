@@ -301,7 +301,9 @@ class delay_queue {
     // added to one never overflows (delayq/detail/epoch_ms.hpp).
     static constexpr long long max_ms = delayq::detail::max_ms;
     static constexpr long long never = std::numeric_limits<long long>::max();
-    static constexpr std::size_t max_take = 500;  // jobs per take_many: one short transaction
+    static constexpr std::size_t max_take = 500;    // jobs per take_many: one short transaction
+    static constexpr long long token_scale = 1024;  // > max_take: see lease_due()
+    static_assert(max_ms <= std::numeric_limits<long long>::max() / token_scale - 1);
 
     // One change to the file, as the group commit runs it (see "Durability" above): every
     // write of the queue goes through it, so that concurrent calls share transactions.
@@ -331,36 +333,32 @@ class delay_queue {
               ended(db,
                     n("SELECT id, attempts FROM {jobs} WHERE lease_end <= ?1 ORDER BY lease_end "
                       "LIMIT ?2")),
-              requeue_ended(
-                  db, n("UPDATE {jobs} SET due = lease_end, lease_end = NULL, token = 0 WHERE "
-                        "id = ?1")),
+              requeue_ended(db, n("UPDATE {jobs} SET due = lease_end, lease_end = NULL WHERE "
+                                  "id = ?1")),
               bury_copy(db,
                         n("INSERT OR REPLACE INTO {dead}(id, payload, attempts, died) SELECT id, "
                           "payload, attempts, ?2 FROM {jobs} WHERE id = ?1")),
               bury_delete(db, n("DELETE FROM {jobs} WHERE id = ?1")),
-              due(db,
-                  n("SELECT id, payload, due, attempts FROM {jobs} WHERE lease_end IS NULL AND due "
-                    "<= ?1 ORDER BY due LIMIT ?2")),
+              due(db, n("SELECT id, payload, due, attempts, token FROM {jobs} WHERE lease_end IS "
+                        "NULL AND due "
+                        "<= ?1 ORDER BY due LIMIT ?2")),
               lease(db,
                     n("UPDATE {jobs} SET lease_end = ?1, token = ?2, attempts = attempts + 1 WHERE "
                       "id = ?3")),
-              get_token(db, n("SELECT value FROM {meta} WHERE name = 'token'")),
-              set_token(db, n("UPDATE {meta} SET value = ?1 WHERE name = 'token'")),
               next(db, n("SELECT (SELECT min(due) FROM {jobs} WHERE lease_end IS NULL), (SELECT "
                          "min(lease_end) FROM {jobs} WHERE lease_end IS NOT NULL)")),
               ack(db, n("DELETE FROM {jobs} WHERE id = ?1 AND token = ?2 AND lease_end > ?3")),
               held(
                   db,
                   n("SELECT attempts FROM {jobs} WHERE id = ?1 AND token = ?2 AND lease_end > ?3")),
-              requeue_at(
-                  db, n("UPDATE {jobs} SET due = ?1, lease_end = NULL, token = 0 WHERE id = ?2")),
+              requeue_at(db, n("UPDATE {jobs} SET due = ?1, lease_end = NULL WHERE id = ?2")),
               count_jobs(db, n("SELECT count(*) FROM {jobs}")),
               count_dead(db, n("SELECT count(*) FROM {dead}")),
               data_version(db, "PRAGMA data_version") {}
 
         detail::statement begin, commit, rollback, insert, cancel, reschedule, ended, requeue_ended,
-            bury_copy, bury_delete, due, lease, get_token, set_token, next, ack, held, requeue_at,
-            count_jobs, count_dead, data_version;
+            bury_copy, bury_delete, due, lease, next, ack, held, requeue_at, count_jobs, count_dead,
+            data_version;
     };
 
     [[noreturn]] static void raise(detail::problem p, const std::string& what, int code) {
@@ -631,9 +629,16 @@ class delay_queue {
     // Under db_m_, in a write transaction: leases up to o.want due jobs, earliest first, each
     // with a new token, into *o.jobs; the attempt is counted in the same transaction, before any
     // user code sees the job.
+    //
+    // The fencing token. What it must be: greater at each lease of a job than at the one before,
+    // so that a holder whose lease ended is refused (ack and nack match the token exactly); the
+    // jobs of one take_many have distinct ones. A job's row keeps its last token while it waits
+    // again, so the new one is the greater of that + 1 and the time of the lease (ms, times 1024,
+    // plus the job's place in this transaction, < max_take): no counter in the file, whose page
+    // every lease would write.
     void lease_due(op& o, long long now) {
         std::vector<job>& out = *o.jobs;
-        std::vector<long long> dues;
+        std::vector<long long> dues, tokens;
         {
             detail::statement::use u(st_.due);
             u->bind(now, static_cast<long long>(o.want));
@@ -643,27 +648,23 @@ class delay_queue {
                 j.payload = u->blob(1);
                 dues.push_back(u->integer(2));
                 j.attempts = static_cast<unsigned>(u->integer(3) + 1);
+                tokens.push_back(u->integer(4));
                 out.push_back(std::move(j));
             }
         }
         o.ok = !out.empty();
         if (out.empty()) return;
-        long long token = 0;
-        {
-            detail::statement::use u(st_.get_token);
-            if (u->step()) token = u->integer(0);
-        }
         const long long lease_end = std::min(now + opt_.lease.count(), max_ms);
         for (std::size_t i = 0; i < out.size(); ++i) {
             job& j = out[i];
-            j.token = static_cast<std::uint64_t>(++token);
+            const long long token =
+                std::max(tokens[i] + 1, now * token_scale + static_cast<long long>(i));
+            j.token = static_cast<std::uint64_t>(token);
             j.deadline = delayq::detail::from_ms(dues[i]);
             j.lease_deadline = delayq::detail::from_ms(lease_end);
             detail::statement::use u(st_.lease);
             u->bind(lease_end, token, std::string_view(j.id)).run();
         }
-        detail::statement::use u(st_.set_token);
-        u->bind(token).run();
     }
 
     // Under db_m_, in a write transaction.

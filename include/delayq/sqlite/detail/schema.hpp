@@ -17,15 +17,17 @@
 //         lease_end INTEGER (NULL while waiting)                           -- WITHOUT ROWID
 //         waiting: lease_end IS NULL; `due` is when it is due
 //         leased:  lease_end is when the lease ends; `due` is when this delivery was due;
-//                  `token` the lease's fencing token, `attempts` counts this delivery
+//                  `token` the lease's fencing token, `attempts` counts this delivery;
+//                  a waiting job keeps the token of its last lease (the next one is greater)
 //         (A file written by an earlier version may hold a negative token: a job an ack leased
 //         ahead for its object's next take, for a short hold, its attempt not counted. Its lease
 //         ends and is reclaimed like any other; no ack matches it.)
 //   jobs_due    ON jobs(due)       WHERE lease_end IS NULL      -- the next due job: one seek
 //   jobs_leases ON jobs(lease_end) WHERE lease_end IS NOT NULL  -- the next ended lease: one seek
 //   dead  id BLOB PRIMARY KEY, payload BLOB, attempts INTEGER, died INTEGER  -- past max_attempts
-//   meta  name TEXT PRIMARY KEY, value INTEGER: 'token', the last fencing token handed out;
-//         'format', the format number (in files created since the queue could share one)
+//   meta  name TEXT PRIMARY KEY, value INTEGER: 'format', the format number (in files created
+//         since the queue could share one); 'token', the fencing token counter of earlier
+//         versions (tokens are now per job: delay_queue's lease_due())
 // clang-format on
 //
 // Times are milliseconds since the system_clock epoch (1970), so that they mean the same after a
