@@ -20,7 +20,7 @@ class deadline_heap {
     using time_point = decltype(std::declval<const T&>().deadline());
 
     /// Makes room for `n` elements in all. Throws std::bad_alloc (then nothing changed).
-    void reserve(std::size_t n, const room_key& key) { heap_.reserve(n, key); }
+    void reserve(std::size_t n, room_key key) { heap_.reserve(n, key); }
 
     /// Adds x. Pre: size() < the room reserve() made.
     void put(const T& x) noexcept {

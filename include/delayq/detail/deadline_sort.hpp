@@ -54,7 +54,7 @@ struct sort_scratch {
     room_array<std::size_t> bins;
 
     /// Room to sort n records. Throws std::bad_alloc.
-    void reserve(std::size_t n, const room_key& key) {
+    void reserve(std::size_t n, room_key key) {
         if (n >= 4096 && bins.capacity() == 0) {
             bins.reserve(2 * deadline_top_radix + 1, key);
             bins.set_size(2 * deadline_top_radix + 1);
@@ -67,7 +67,7 @@ struct sort_scratch {
 /// holds what it held before.
 template <class Clock>
 void reserve_sort_room(deadline_recs<Clock>& v, sort_scratch<Clock>& s, std::size_t n,
-                       const room_key& key) {
+                       room_key key) {
     s.reserve(n, key);  // a sort of the whole swaps v and s.recs: both get the same room
     v.reserve(n, key);
 }

@@ -36,7 +36,7 @@ class due_batch {
 
     /// Room for a batch of n nodes (as many as the wheel holds). Throws std::bad_alloc; then the
     /// room still holds every batch it held before.
-    void reserve(std::size_t n, const room_key& key) { reserve_sort_room(recs_, tmp_, n, key); }
+    void reserve(std::size_t n, room_key key) { reserve_sort_room(recs_, tmp_, n, key); }
 
     /// Starts a new batch (the last one cleared).
     void begin() noexcept {

@@ -110,14 +110,14 @@ class hashed_wheel_ring {
     }
 
     /// Makes the room a link at `p` may need: none beyond what reserve() made.
-    void prepare(place, const room_key&) noexcept {}
+    void prepare(place, room_key) noexcept {}
 
     /// Makes the room a pass's move of a node up to `period` ahead needs: none here.
-    void prepare_repeat(duration, const room_key&) noexcept {}
+    void prepare_repeat(duration, room_key) noexcept {}
 
     /// Room for k nodes: the window's, which links behind the cursor and passes may put them all
     /// into. Throws std::bad_alloc; then the room is as it was.
-    void reserve(std::size_t k, const room_key& key) { window_.reserve(k, key); }
+    void reserve(std::size_t k, room_key key) { window_.reserve(k, key); }
 
     /// Links a new node n (not in the ring, n->deadline at `p`, prepare(p) done since the last
     /// pass) through the calling thread's staging lane (see "Staging" above). Returns whether it

@@ -48,7 +48,7 @@ class near_window {
     /// Room for n nodes (as many as the wheel holds), linked here by insert() or staged by passes
     /// into the array or, while it holds nodes from before, the heap. Throws std::bad_alloc; then
     /// the room is as it was.
-    void reserve(std::size_t n, const room_key& key) {
+    void reserve(std::size_t n, room_key key) {
         reserve_sort_room(sorted_, scratch_, n, key);
         heap_.reserve(n, key);
     }

@@ -75,7 +75,7 @@ class node_pool {
 
     /// A block of `size` bytes aligned to `align`. Owner only, making room (room.hpp: a pass
     /// cannot call it). Throws std::bad_alloc.
-    void* allocate(std::size_t size, std::size_t align, const room_key&) {
+    void* allocate(std::size_t size, std::size_t align, room_key) {
         if (!fits(size, align)) return allocate_large(size, align);
         const std::size_t c = class_of(size);
         cls& k = classes_[c];

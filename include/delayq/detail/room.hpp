@@ -36,7 +36,8 @@ class room_lock;
 class construction_room;
 
 /// Leave to make room (to allocate). Only a room_lock (or a constructor's construction_room) makes
-/// one; members that may allocate take it, so that code holding neither cannot call them.
+/// one; members that may allocate take it (by value: it is empty), so that code holding neither
+/// cannot call them.
 class room_key {
     room_key() = default;
     template <class Lockable>
@@ -52,11 +53,10 @@ class room_lock {
     room_lock(const room_lock&) = delete;
     room_lock& operator=(const room_lock&) = delete;
 
-    const room_key& key() const noexcept { return key_; }
+    room_key key() const noexcept { return room_key{}; }
 
   private:
     std::lock_guard<Lockable> lk_;
-    room_key key_;
 };
 
 /// The room a constructor makes: nothing is shared yet, and what it throws, the constructor throws.
@@ -66,10 +66,7 @@ class construction_room {
     construction_room(const construction_room&) = delete;
     construction_room& operator=(const construction_room&) = delete;
 
-    const room_key& key() const noexcept { return key_; }
-
-  private:
-    room_key key_;
+    room_key key() const noexcept { return room_key{}; }
 };
 
 /// An array of trivially copyable T with a fixed room: reserve() (with a room_key) is the only
@@ -93,7 +90,7 @@ class room_array {
 
     /// Room for n elements in all, what is held kept. Throws std::bad_alloc (then nothing
     /// changed).
-    void reserve(std::size_t n, const room_key&) {
+    void reserve(std::size_t n, room_key) {
         if (n <= cap_) return;
         T* p = reserved_allocator<T>().allocate(n);
         for (std::size_t i = 0; i < size_; ++i) p[i] = data_[i];

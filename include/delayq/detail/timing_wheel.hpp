@@ -149,14 +149,14 @@ class timing_wheel {
     place position(time_point deadline) const noexcept { return to_ticks(deadline); }
 
     /// Creates the levels tick `u` needs. Throws std::bad_alloc; then nothing visible has changed.
-    void prepare(place u, const room_key& key) {
+    void prepare(place u, room_key key) {
         while (u >= levels_.back().end) add_level(key);
     }
 
     /// Creates the levels that a node moved by a pass up to `period` after the pass's time needs,
     /// whenever the pass comes (a periodic task's next run): the top level spans that much past
     /// any time its current one can have. Throws std::bad_alloc; then nothing visible has changed.
-    void prepare_repeat(duration period, const room_key& key) {
+    void prepare_repeat(duration period, room_key key) {
         // A pass at `now` has moved every level's current time to its tick at or before now; the
         // node, due at most `period` later, belongs to a tick at most ceil(period / tick) + 1
         // after now's; level k covers at least (wheel_size - 1) * its tick past now's.
@@ -169,7 +169,7 @@ class timing_wheel {
 
     /// Room for k nodes: the window's, which links to passed ticks and passes may put them all
     /// into. Throws std::bad_alloc; then the room is as it was.
-    void reserve(std::size_t k, const room_key& key) { window_.reserve(k, key); }
+    void reserve(std::size_t k, room_key key) { window_.reserve(k, key); }
 
     /// Links n (not in the wheel, n->deadline at tick `u`, prepare(u) done since the last pass).
     /// Returns whether it comes out before `wake_by` (time_point::min(): nobody waits; then
@@ -350,7 +350,7 @@ class timing_wheel {
         return w;
     }
 
-    void add_level(const room_key& key) {
+    void add_level(room_key key) {
         if (levels_.size() == max_levels) return;  // the last level spans the whole time line
         const std::uint64_t tick = levels_.empty() ? 1 : levels_.back().interval;
         level lv{tick, sat_mul_u64(tick, wheel_size_), 0, divider(tick),

@@ -508,7 +508,7 @@ class wheel_core final : public timer_core<Clock> {
     // Under the lock: room for passes over twice the nodes pending (see "Memory" above). Throws
     // std::bad_alloc; then room_ stays what it was, and so does the room it counts. Cold: called
     // log2(N) times in a wheel's life, and kept out of the schedule's code.
-    [[gnu::cold, gnu::noinline]] void make_room(const room_key& key) {
+    [[gnu::cold, gnu::noinline]] void make_room(room_key key) {
         const std::size_t to = std::max<std::size_t>(64, 2 * room_);
         ring_.reserve(to, key);
         batch_.reserve(to, key);

@@ -83,7 +83,7 @@ struct ring_take_archetype {
 template <class R, class Clock>
 concept wheel_ring = requires(R& r, const R& cr, timer_node<Clock>* n, typename R::place p,
                               typename Clock::time_point t, typename Clock::duration d,
-                              const room_key& key, ring_sink_archetype<Clock>& sink,
+                              room_key key, ring_sink_archetype<Clock>& sink,
                               ring_take_archetype<Clock>& take) {
     // room: only with a key
     r.prepare(p, key);
