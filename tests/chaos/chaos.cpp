@@ -236,6 +236,12 @@ class orchestrator {
                 ::close(fd);
             }
             if (go_fd >= 0) ::fcntl(go_fd, F_SETFD, 0);
+            // SIGTERM waits until the worker has its handler (the mask survives exec): a stop
+            // sent while the process is still starting is a stop, not a death.
+            sigset_t term;
+            sigemptyset(&term);
+            sigaddset(&term, SIGTERM);
+            ::sigprocmask(SIG_BLOCK, &term, nullptr);
             ::execve(argv[0], argv.data(), environ);
             ::_exit(127);
         }
@@ -420,15 +426,21 @@ int run(const std::string& self, const run_options& o) {
 // ---- a worker process --------------------------------------------------------------------------
 
 int work(const std::string& backend, worker_args a, int go_fd) {
+    // The orchestrator started this process with SIGTERM blocked: a stop asked for meanwhile is
+    // pending, and arrives now, at the handler.
+    struct sigaction sa {};
+    sa.sa_handler = [](int) { stop_requested = 1; };
+    ::sigaction(SIGTERM, &sa, nullptr);
+    sigset_t term;
+    sigemptyset(&term);
+    sigaddset(&term, SIGTERM);
+    ::sigprocmask(SIG_UNBLOCK, &term, nullptr);
     if (go_fd >= 0) {  // wait for the others: the orchestrator's EOF releases all at once
         char c;
         while (::read(go_fd, &c, 1) < 0 && errno == EINTR) {
         }
         ::close(go_fd);
     }
-    struct sigaction sa {};
-    sa.sa_handler = [](int) { stop_requested = 1; };
-    ::sigaction(SIGTERM, &sa, nullptr);
     int status = 2;
     bool matched = false;
     std::apply(
