@@ -14,7 +14,9 @@
 // file, so that the next group gathers meanwhile and shares the next fsync; the take's lease,
 // ack, nack in the other, which commits without waiting for the disk (synchronous=NORMAL in WAL
 // mode) and never waits for an fsync: they survive a crash of the process, and a power cut may
-// undo the last of them, which only means a redelivery (at-least-once).
+// undo the last of them, which only means a redelivery (at-least-once). A put group whose fsync
+// fails has committed already: its calls throw, yet their jobs are in the file (docs/sqlite.md,
+// "Durability").
 //
 // Delivery. take() leases its jobs in the file, their attempt counted and a fencing token given,
 // in the transaction that hands them out: no job waits in the object's memory for a later take.
@@ -168,7 +170,10 @@ class delay_queue {
     const options& get_options() const noexcept { return opt_; }
 
     /// Queues `id` to be due at `deadline` (rounded up to the ms). False if `id` is already queued
-    /// (waiting or leased); nothing changes then. Durable when it returns (durable_puts).
+    /// (waiting or leased); nothing changes then. Durable when it returns (durable_puts). If it
+    /// throws, it may have been applied all the same: a commit whose fsync failed throws, and its
+    /// job will be delivered unless the failing disk loses it; retrying is safe (false while the
+    /// job is queued). Any other error rolled the put back.
     bool put(std::string_view id, std::string_view payload,
              std::chrono::system_clock::time_point deadline) {
         check_id(id);
@@ -178,7 +183,8 @@ class delay_queue {
         return run_one(o);
     }
 
-    /// Queues `id` to be due `delay` from now. False if already queued.
+    /// Queues `id` to be due `delay` from now. False if already queued. Durable, and if it throws
+    /// applied or not, as put().
     bool put_after(std::string_view id, std::string_view payload, std::chrono::milliseconds delay) {
         check_id(id);
         op o{op::put, id};
@@ -188,7 +194,8 @@ class delay_queue {
     }
 
     /// put_after for many jobs, in one transaction. Element i of the result is what put_after
-    /// would have returned for jobs[i]; a duplicate id within the call is refused.
+    /// would have returned for jobs[i]; a duplicate id within the call is refused. If it throws,
+    /// all of them or none were applied (see put()).
     std::vector<bool> put_many(std::span<const put_request> jobs) {
         std::vector<op> ops;
         ops.reserve(jobs.size());
@@ -224,7 +231,8 @@ class delay_queue {
     }
 
     /// Removes a waiting or leased job (the holder's ack or nack then returns false). False if
-    /// `id` is not queued. Durable when it returns (durable_puts).
+    /// `id` is not queued. Durable when it returns (durable_puts); if it throws, it may have been
+    /// applied, as put().
     bool cancel(std::string_view id) {
         check_id(id);
         op o{op::cancel, id};
@@ -232,7 +240,7 @@ class delay_queue {
     }
 
     /// Gives a waiting job a new due time, `delay` from now. False for an unknown or leased id.
-    /// Durable when it returns (durable_puts).
+    /// Durable when it returns (durable_puts); if it throws, it may have been applied, as put().
     bool reschedule(std::string_view id, std::chrono::milliseconds delay) {
         check_id(id);
         op o{op::reschedule, id};
