@@ -93,9 +93,9 @@ struct call {
     const event* begin = nullptr;
     const event* end = nullptr;  ///< the "-end" or "-fail" line; null: the process died in it
     bool failed = false;
-    int result = -1;      ///< 0 / 1 from an "-end" line
-    long long token = 0;  ///< ack, nack
-    long long retry = 0;  ///< nack: ms
+    int result = -1;               ///< 0 / 1 from an "-end" line
+    unsigned long long token = 0;  ///< ack, nack
+    long long retry = 0;           ///< nack: ms
     bool open() const { return end == nullptr; }
     bool ok() const { return result == 1; }
 };
@@ -103,7 +103,8 @@ struct call {
 struct delivery {
     const event* begin = nullptr;  ///< take-begin
     const event* line = nullptr;   ///< the job line (stamped when the take returned)
-    long long attempts = 0, token = 0, deadline = 0, lease = 0;
+    long long attempts = 0, deadline = 0, lease = 0;
+    unsigned long long token = 0;  ///< a fencing token: any 64-bit value, greater at each lease
 };
 
 struct history {
@@ -193,14 +194,14 @@ inline report check(const std::vector<std::vector<event>>& logs, const final_sta
                 finish(cancels, e.at(0), e, k == "cancel-fail", 1, jobs[e.at(0)].cancels);
             } else if (k == "ack-begin") {
                 call c{&e};
-                c.token = e.num(1);
+                c.token = e.unum(1);
                 acks[detail::key2(e.at(0), e.at(1))] = c;
             } else if (k == "ack-end" || k == "ack-fail") {
                 finish(acks, detail::key2(e.at(0), e.at(1)), e, k == "ack-fail", 2,
                        jobs[e.at(0)].acks);
             } else if (k == "nack-begin") {
                 call c{&e};
-                c.token = e.num(1);
+                c.token = e.unum(1);
                 c.retry = e.num(2);
                 nacks[detail::key2(e.at(0), e.at(1))] = c;
             } else if (k == "nack-end" || k == "nack-fail") {
@@ -229,7 +230,7 @@ inline report check(const std::vector<std::vector<event>>& logs, const final_sta
                 d.begin = it != take_ends.end() ? it->second : nullptr;
                 d.line = &e;
                 d.attempts = e.num(2);
-                d.token = e.num(3);
+                d.token = e.unum(3);
                 d.deadline = e.num(4);
                 d.lease = e.num(5);
                 if (d.begin != nullptr) jobs[e.at(1)].deliveries.push_back(d);
@@ -388,7 +389,7 @@ inline report check(const std::vector<std::vector<event>>& logs, const final_sta
                         {d.begin, d.line, s->begin, s->end});
 
         // Deliveries: one lease at a time, each an attempt, never early.
-        std::set<long long> doubled;  // leases already reported as handed out twice
+        std::set<unsigned long long> doubled;  // leases already reported as handed out twice
         for (std::size_t i = 0; i < h.deliveries.size(); ++i) {
             const auto& d = h.deliveries[i];
             if (d.line->real < d.deadline)

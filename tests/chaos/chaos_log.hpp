@@ -150,6 +150,11 @@ struct event {
         const std::string& s = at(i);
         return s.empty() ? 0 : std::stoll(s);
     }
+    /// Field i as an unsigned 64-bit number (a fencing token may use all 64 bits).
+    unsigned long long unum(std::size_t i) const {
+        const std::string& s = at(i);
+        return s.empty() ? 0 : std::stoull(s);
+    }
 };
 
 /// Parses one line (without its newline); false if it is not a whole event line.

@@ -303,6 +303,18 @@ TEST_CASE("chaos check: failures, crashes, phantoms and the store's integrity") 
     CHECK(kinds({}, bad).count("integrity") == 1);
 }
 
+TEST_CASE("chaos check: fencing tokens use all 64 bits") {
+    log_builder c1(1), c2(2);
+    c1(20, "take-begin 0 1 100")(30, "take-end 0 1")(
+        30, "job 0 a 1 18446744073709551000 " + ns_at(0) + " " + ns_at(1030));
+    c2(1040, "take-begin 0 1 100")(1050, "take-end 0 1")(
+        1050, "job 0 a 2 18446744073709551615 " + ns_at(1030) + " " + ns_at(2050))(
+        1060, "ack-begin a 18446744073709551615")(1070, "ack-end a 18446744073709551615 1");
+    CHECK(kinds({producer("a"), c1, c2}, empty_end()) == none);
+    c1(1500, "ack-begin a 18446744073709551000")(1510, "ack-end a 18446744073709551000 1");
+    CHECK(kinds({producer("a"), c1, c2}, empty_end()).count("fencing") == 1);
+}
+
 TEST_CASE("chaos check: a log's torn last line is left out") {
     const std::string path = "chaos_check_torn.log";
     {
