@@ -46,8 +46,10 @@ struct flow_result {
     }
 };
 
-template <class Queue>
-flow_result run_flow(Queue& q, const flow_options& f) {
+// The flow with `object(t)` the queue object that thread t uses (producers 0..producers-1, then
+// the consumers).
+template <class ObjectOf>
+flow_result run_flow_with(ObjectOf object, const flow_options& f) {
     flow_result res;
     res.total = f.producers * f.per_producer;
     std::mutex m;
@@ -65,6 +67,7 @@ flow_result run_flow(Queue& q, const flow_options& f) {
     std::vector<std::thread> ts;
     for (int p = 0; p < f.producers; ++p)
         ts.emplace_back([&, p] {
+            auto& q = object(p);
             std::mt19937 rng(static_cast<unsigned>(p));
             std::uniform_int_distribution<long long> delay(0, f.max_delay.count());
             for (int i = 0; i < f.per_producer; ++i) {
@@ -81,6 +84,7 @@ flow_result run_flow(Queue& q, const flow_options& f) {
         });
     for (int c = 0; c < f.consumers; ++c)
         ts.emplace_back([&, c] {
+            auto& q = object(f.producers + c);
             std::mt19937 rng(static_cast<unsigned>(100 + c));
             std::uniform_int_distribution<int> dice(0, 9);
             while (done.load() < res.total && std::chrono::steady_clock::now() < deadline) {
@@ -120,6 +124,12 @@ flow_result run_flow(Queue& q, const flow_options& f) {
     for (auto& t : ts) t.join();
     res.nacks = nacks.load();
     return res;
+}
+
+// The flow with every thread on one queue object.
+template <class Queue>
+flow_result run_flow(Queue& q, const flow_options& f) {
+    return run_flow_with([&q](int) -> Queue& { return q; }, f);
 }
 
 }  // namespace delayq_test

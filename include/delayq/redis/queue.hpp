@@ -12,9 +12,11 @@
 // for every take that starts after it, and max_attempts bound a job that kills its consumer
 // (docs/redis.md, "Prefetch, and why there is none").
 //
-// Threads. Every command goes through a link (detail/connection.hpp), which sends what the
-// threads send at the same time in one write. A take that waits holds the subscription, not a
-// link, so it holds up no other call. The object's lock is the waiting room's.
+// Threads. The puts and consumes (takes, acks, nacks) that threads of the process hand in for a
+// shard while one is on its way go as one script call (detail/merger.hpp), and every command goes
+// through a link (detail/connection.hpp), which sends what the threads send at the same time in
+// one write. A take that waits holds the subscription, not a link, so it holds up no other call.
+// The object's lock is the waiting room's.
 #pragma once
 
 #include <algorithm>

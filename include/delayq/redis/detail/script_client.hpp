@@ -17,6 +17,10 @@
 // milliseconds since the epoch and become system_clock time points, rounded up (never early);
 // the other way, a time point or a delay is clamped to [0, max_ms]. A batch (put_many, ack_many)
 // is one call per shard and max_batch jobs, so that no single call stalls the server.
+//
+// Merging. The puts and the consumes (takes, acks, nacks) that threads of the process hand in for
+// a shard while one of that kind is on its way go together as one script call (merger.hpp): the
+// client splits the reply, each call gets its own answers and its own jobs.
 #pragma once
 
 #include <algorithm>
@@ -25,7 +29,9 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <initializer_list>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <string>
@@ -37,6 +43,7 @@
 #include "../types.hpp"
 #include "cluster.hpp"
 #include "connection.hpp"
+#include "merger.hpp"
 #include "scripts.hpp"
 
 namespace delayq::redis::detail {
@@ -70,6 +77,31 @@ struct consumed {
     std::vector<job> jobs;
 };
 
+// A call handed to a shard's merger (merger.hpp): its arguments, and its failure if it fails.
+struct script_call : merged_call {
+    std::span<const std::string_view> args;  // the script's own, for this call's jobs
+    std::exception_ptr failure;
+};
+
+// A consume call handed to a shard's merger: its settlements and how many jobs it takes.
+struct consume_call : script_call {
+    std::size_t take = 0;  // args: (how id token)*
+    consumed result;
+};
+
+// A put call handed to a shard's merger.
+struct put_call : script_call {
+    std::vector<bool> result;  // args: (id payload mode ms)*
+};
+
+// The mergers of one shard: one for the puts, one for the consumes that may wait for a failing
+// node and one for those that may not (router::call's `patient`: they are sent apart).
+struct shard_mergers {
+    static constexpr std::size_t depth = 1;  // calls of a kind on their way at a time
+    merger<consume_call> patient{depth, max_batch}, impatient{depth, max_batch};
+    merger<put_call> puts{depth, max_batch};
+};
+
 // The shards of one queue object and the scripts it runs on them. Shards are numbered 0..N-1.
 // Every member may be called from many threads at once.
 class script_client {
@@ -92,6 +124,17 @@ class script_client {
         lease_ms_ = std::to_string(opt_.lease.count());
         max_attempts_ = std::to_string(opt_.max_attempts);
         batch_ = std::to_string(opt_.reclaim_batch);
+        // Objects merge their calls when every word of those calls, and where and how they go,
+        // is the same.
+        std::string common;
+        for (const std::string& part :
+             {opt_.host, std::to_string(opt_.port), opt_.user, opt_.password, channel_, lease_ms_,
+              max_attempts_, batch_, std::to_string(opt_.io_timeout.count())})
+            common.append(part).push_back('\0');
+        for (shard& at : shards_)
+            at.merge = shared_in_process<shard_mergers>(common + at.keys[0] + '\0' + at.index, [] {
+                return std::make_shared<shard_mergers>();
+            });
     }
     script_client(const script_client&) = delete;
     script_client& operator=(const script_client&) = delete;
@@ -120,23 +163,30 @@ class script_client {
     }
 
     // Runs script `id` on shard `s` with ARGV = channel, shard number, `args` (see "The idea").
-    // `patient`: see router::call.
+    // `patient`: see router::call. Every step (the layout check, SCRIPT LOAD, the script) spends
+    // one budget: io_timeout from now.
     reply_ptr eval(std::size_t s, script_id id, std::span<const std::string_view> args,
                    bool patient = true) {
+        return eval(s, id, args, patient, budget::from_now(opt_.io_timeout));
+    }
+
+    // The same within `b`, a budget that began earlier (a merged call's: see merger.hpp).
+    reply_ptr eval(std::size_t s, script_id id, std::span<const std::string_view> args,
+                   bool patient, const budget& b) {
         shard& at = shards_[s];
-        if (!at.layout_checked.load(std::memory_order_acquire)) check_layout(at, patient);
+        if (!at.layout_checked.load(std::memory_order_acquire)) check_layout(at, patient, b);
         std::vector<std::string_view> argv;
         argv.reserve(5 + k_count + args.size());
-        argv.insert(argv.end(), {"EVALSHA", sha(at, id, patient), "4"});
+        argv.insert(argv.end(), {"EVALSHA", sha(at, id, patient, b), "4"});
         static_assert(k_count == 4);
         argv.insert(argv.end(), at.keys.begin(), at.keys.end());
         argv.insert(argv.end(), {std::string_view(channel_), std::string_view(at.index)});
         argv.insert(argv.end(), args.begin(), args.end());
-        auto r = router_.call(at.slot, argv, patient);
+        auto r = router_.call(at.slot, argv, patient, b);
         if (error_starts_with(r.get(), "NOSCRIPT")) {
             argv[0] = "EVAL";
             argv[1] = scripts[id];
-            r = router_.call(at.slot, argv, patient);
+            r = router_.call(at.slot, argv, patient, b);
         }
         if (r->type == REDIS_REPLY_ERROR)
             bad_reply(std::string(script_names[id]) + " script", r.get());
@@ -147,47 +197,64 @@ class script_client {
         return eval(s, id, std::span<const std::string_view>(args.begin(), args.size()));
     }
 
-    // The put script with `args` = (id payload mode ms)*: whether each job was queued.
+    // The put script with `args` = (id payload mode ms)*: whether each job was queued. Merged
+    // with other threads' puts on the shard (see "Merging").
     std::vector<bool> put(std::size_t s, std::span<const std::string_view> args) {
-        auto r = eval(s, s_put, args);
-        if (r->type != REDIS_REPLY_ARRAY || r->elements != args.size() / 4)
-            bad_reply("put", r.get());
-        std::vector<bool> out(r->elements);
-        for (std::size_t i = 0; i < r->elements; ++i) out[i] = r->element[i]->integer == 1;
-        return out;
+        put_call c;
+        c.args = args;
+        c.units = args.size() / 4;
+        shards_[s].merge->puts.run(c, [&](put_call& first) noexcept {
+            answer(
+                first, s_put,
+                [&](const put_call&, std::span<const std::string_view> all, const budget& b) {
+                    return put_now(s, all, b);
+                },
+                [](put_call& p, std::vector<bool>& out, std::size_t& at) {
+                    const auto n = static_cast<std::ptrdiff_t>(p.args.size() / 4);
+                    const auto from = out.begin() + static_cast<std::ptrdiff_t>(at);
+                    p.result.assign(from, from + n);
+                    at += static_cast<std::size_t>(n);
+                });
+        });
+        if (c.failure) std::rethrow_exception(c.failure);
+        return std::move(c.result);
     }
 
     // The consume script: settles `settle` ((how, id, token)*), then leases up to `take` jobs.
-    // `patient`: see router::call.
+    // `patient`: see router::call. Merged with other threads' consumes on the shard (see
+    // "Merging"): the settlements of all go first, then the takes, each getting the next of the
+    // jobs leased, in the order the calls were handed in.
     consumed consume(std::size_t s, std::span<const std::string_view> settle, std::size_t take,
                      bool patient = true) {
-        std::vector<std::string_view> args;
-        args.reserve(4 + settle.size());
-        const std::string count = std::to_string(take);
-        args.insert(args.end(), {std::string_view(lease_ms_), std::string_view(max_attempts_),
-                                 std::string_view(batch_), std::string_view(count)});
-        args.insert(args.end(), settle.begin(), settle.end());
-        auto r = eval(s, s_consume, args, patient);
-        const std::size_t k = settle.size() / 3;
-        if (r->type != REDIS_REPLY_ARRAY || r->elements < 2 + k) bad_reply("consume", r.get());
-        consumed c;
-        c.next = r->element[0]->integer;
-        c.ok.resize(k);
-        for (std::size_t i = 0; i < k; ++i) c.ok[i] = r->element[1 + i]->integer == 1;
-        const auto n = static_cast<std::size_t>(r->element[1 + k]->integer);
-        if (r->elements != 2 + k + 6 * n) bad_reply("consume", r.get());
-        c.jobs.resize(n);
-        for (std::size_t i = 0; i < n; ++i) {
-            redisReply* const* e = r->element + 2 + k + 6 * i;
-            job& j = c.jobs[i];
-            j.id = text_of(e[0]);
-            j.payload = text_of(e[1]);
-            j.deadline = from_ms(e[2]->integer);
-            j.attempts = static_cast<unsigned>(e[3]->integer);
-            j.token = static_cast<std::uint64_t>(e[4]->integer);
-            j.lease_deadline = from_ms(e[5]->integer);
-        }
-        return c;
+        consume_call c;
+        c.args = settle;
+        c.take = take;
+        c.units = std::max<std::size_t>(1, settle.size() / 3 + take);
+        shard_mergers& m = *shards_[s].merge;
+        (patient ? m.patient : m.impatient).run(c, [&](consume_call& first) noexcept {
+            std::size_t job_at = 0;
+            answer(
+                first, s_consume,
+                [&](const consume_call& head, std::span<const std::string_view> all,
+                    const budget& b) {
+                    std::size_t takes = 0;
+                    for (const merged_call* k = &head; k != nullptr; k = k->next)
+                        takes += static_cast<const consume_call*>(k)->take;
+                    return consume_now(s, all, takes, patient, b);
+                },
+                [&](consume_call& k, consumed& out, std::size_t& ok_at) {
+                    const std::size_t settled = k.args.size() / 3;
+                    k.result.next = out.next;
+                    k.result.ok.assign(
+                        out.ok.begin() + static_cast<std::ptrdiff_t>(ok_at),
+                        out.ok.begin() + static_cast<std::ptrdiff_t>(ok_at + settled));
+                    ok_at += settled;
+                    for (; job_at < out.jobs.size() && k.result.jobs.size() < k.take; ++job_at)
+                        k.result.jobs.push_back(std::move(out.jobs[job_at]));
+                });
+        });
+        if (c.failure) std::rethrow_exception(c.failure);
+        return std::move(c.result);
     }
 
     // Jobs queued in shard `s`, waiting plus leased.
@@ -221,12 +288,128 @@ class script_client {
     }
 
   private:
+    // Sends the merged calls that begin at `first` (merger::run's batch) of script `id` as one:
+    // `run(head, args, b)`, where `head` begins the calls sent (through `next`) and `args` is
+    // their arguments one after another, and answers each: the whole result when it went alone,
+    // else its share, which `split(call, result, at)` takes from `at` on (and moves `at` past). A
+    // failure is every call's. The budget `b` is the earliest one of the calls sent, so that each
+    // returns within its own io_timeout; a call whose own ran out while it waited for its turn
+    // fails unsent, as the link fails a call handed in behind a hung one, and is not sent.
+    template <class Call, class Run, class Split>
+    void answer(Call& first, script_id id, Run run, Split split) noexcept {
+        const auto budget_of = [&](steady::time_point start) {
+            return budget{start, delayq::detail::saturating_add(start, opt_.io_timeout),
+                          opt_.io_timeout};
+        };
+        const auto now = steady::now();
+        merged_call* in_time = nullptr;  // the calls still in time, in order
+        merged_call** last = &in_time;
+        for (merged_call* next = &first; next != nullptr;) {
+            Call& k = static_cast<Call&>(*next);
+            next = k.next;  // read before an answer: k may be gone right after it
+            if (budget_of(k.start).deadline > now) {
+                *last = &k;
+                last = &k.next;
+                continue;
+            }
+            try {
+                k.failure = std::make_exception_ptr(
+                    unsent_error("delayq::redis: " + std::string(script_names[id]) + " script" +
+                                 budget_of(k.start).timed_out() +
+                                 " before it could be sent (behind another call)"));
+            } catch (...) {
+                k.failure = std::current_exception();
+            }
+            k.signal(combined::done);
+        }
+        *last = nullptr;
+        if (in_time == nullptr) return;
+        Call* const head = static_cast<Call*>(in_time);
+        const bool alone = head->next == nullptr;
+        using result_t = decltype(first.result);
+        result_t out{};
+        std::exception_ptr failed;
+        try {
+            steady::time_point start = head->start;
+            std::vector<std::string_view> all;
+            for (const merged_call* k = head; k != nullptr; k = k->next) {
+                start = std::min(start, k->start);
+                const auto args = static_cast<const Call&>(*k).args;
+                if (!alone) all.insert(all.end(), args.begin(), args.end());
+            }
+            out = run(*head, alone ? head->args : std::span<const std::string_view>(all),
+                      budget_of(start));
+        } catch (...) {
+            failed = std::current_exception();
+        }
+        std::size_t at = 0;
+        for (merged_call* next = head; next != nullptr;) {
+            Call& k = static_cast<Call&>(*next);
+            next = k.next;
+            try {
+                if (failed)
+                    k.failure = failed;
+                else if (alone)
+                    k.result = std::move(out);
+                else
+                    split(k, out, at);
+            } catch (...) {
+                k.failure = std::current_exception();
+            }
+            k.signal(combined::done);
+        }
+    }
+
+    // The put script, now, unmerged.
+    std::vector<bool> put_now(std::size_t s, std::span<const std::string_view> args,
+                              const budget& b) {
+        auto r = eval(s, s_put, args, true, b);
+        if (r->type != REDIS_REPLY_ARRAY || r->elements != args.size() / 4)
+            bad_reply("put", r.get());
+        std::vector<bool> out(r->elements);
+        for (std::size_t i = 0; i < r->elements; ++i) out[i] = r->element[i]->integer == 1;
+        return out;
+    }
+
+    // The consume script, now, unmerged.
+    consumed consume_now(std::size_t s, std::span<const std::string_view> settle, std::size_t take,
+                         bool patient, const budget& b) {
+        std::vector<std::string_view> args;
+        args.reserve(4 + settle.size());
+        const std::string count = std::to_string(take);
+        args.insert(args.end(), {std::string_view(lease_ms_), std::string_view(max_attempts_),
+                                 std::string_view(batch_), std::string_view(count)});
+        args.insert(args.end(), settle.begin(), settle.end());
+        auto r = eval(s, s_consume, args, patient, b);
+        const std::size_t k = settle.size() / 3;
+        if (r->type != REDIS_REPLY_ARRAY || r->elements < 2 + k) bad_reply("consume", r.get());
+        consumed c;
+        c.next = r->element[0]->integer;
+        c.ok.resize(k);
+        for (std::size_t i = 0; i < k; ++i) c.ok[i] = r->element[1 + i]->integer == 1;
+        const auto n = static_cast<std::size_t>(r->element[1 + k]->integer);
+        if (r->elements != 2 + k + 6 * n) bad_reply("consume", r.get());
+        c.jobs.resize(n);
+        for (std::size_t i = 0; i < n; ++i) {
+            redisReply* const* e = r->element + 2 + k + 6 * i;
+            job& j = c.jobs[i];
+            j.id = text_of(e[0]);
+            j.payload = text_of(e[1]);
+            j.deadline = from_ms(e[2]->integer);
+            j.attempts = static_cast<unsigned>(e[3]->integer);
+            j.token = static_cast<std::uint64_t>(e[4]->integer);
+            j.lease_deadline = from_ms(e[5]->integer);
+        }
+        return c;
+    }
+
     struct shard {
         std::string index;                      // ARGV[2] of its scripts
         std::string tag;                        // its hash tag, braces included
         std::array<std::string, k_count> keys;  // KEYS, in scripts.hpp's order
         std::uint16_t slot = 0;
         std::atomic<bool> layout_checked{false};
+        std::shared_ptr<shard_mergers> merge;  // shared with other objects (see "Merging")
     };
 
     // Before a shard's first script call: a queue written in an older key layout (scripts.hpp)
@@ -235,7 +418,7 @@ class script_client {
     // to them (docs/redis.md's ACL gives it): a refusal says nothing about the keys (the user may
     // have been changed since they were written), so it is an error naming what is missing,
     // never "no old keys".
-    void check_layout(shard& at, bool patient) {
+    void check_layout(shard& at, bool patient, const budget& b) {
         for (std::string_view old : older_layouts) {
             std::vector<std::string> keys;
             keys.reserve(older_keys.size());
@@ -243,7 +426,7 @@ class script_client {
                 keys.push_back("dq:" + std::string(old) + ":" + at.tag + ":" + k);
             std::vector<std::string_view> argv{"EXISTS"};
             argv.insert(argv.end(), keys.begin(), keys.end());
-            auto r = router_.call(at.slot, argv, patient);
+            auto r = router_.call(at.slot, argv, patient, b);
             if (error_starts_with(r.get(), "NOPERM"))
                 throw error(
                     "delayq::redis: queue " + at.tag + ": the check for keys of the older layout " +
@@ -266,10 +449,10 @@ class script_client {
     }
 
     // SHA1s come from SCRIPT LOAD, once per object; they never change.
-    std::string_view sha(const shard& s, script_id id, bool patient) {
+    std::string_view sha(const shard& s, script_id id, bool patient, const budget& b) {
         if (sha_ready_[id].load(std::memory_order_acquire)) return sha_[id];
         const std::array<std::string_view, 3> args{"SCRIPT", "LOAD", scripts[id]};
-        auto r = router_.call(s.slot, args, patient);
+        auto r = router_.call(s.slot, args, patient, b);
         if (r->type != REDIS_REPLY_STRING) bad_reply("SCRIPT LOAD", r.get());
         std::lock_guard lk(sha_m_);
         if (!sha_ready_[id].load(std::memory_order_relaxed)) {
