@@ -1125,7 +1125,8 @@ std::size_t counted_pass(Wheel& w, tp now) {
 // counts the first kind's runs (skip policy), `others` holds the burst and delay ones.
 template <class Timer, class Handle, class Now>
 void schedule_far_moves(Timer& t, Now now, std::atomic<int>& far_runs, std::atomic<int>& self_runs,
-                        Handle& far, Handle& self, std::vector<Handle>& others) {
+                        Handle& far, Handle& self, std::vector<Handle>& others,
+                        std::atomic<bool>& moved) {
     far = t.schedule_every_at(
         [&far_runs] {
             uncounted u;
@@ -1135,9 +1136,9 @@ void schedule_far_moves(Timer& t, Now now, std::atomic<int>& far_runs, std::atom
     for (const auto policy : {delayq::missed_tick::burst, delayq::missed_tick::delay})
         others.push_back(t.schedule_every_at([] { uncounted u; }, now + 1ms, 3h, policy));
     self = t.schedule_every_at(
-        [&self_runs, &self] {
+        [&self_runs, &self, &moved] {  // no Catch assertion here: it may run on a worker
             uncounted u;
-            if (++self_runs == 1) CHECK(self.reschedule(10h));
+            if (++self_runs == 1) moved = self.reschedule(10h);
         },
         now + 2ms, 1ms);
 }
@@ -1164,7 +1165,8 @@ TEMPLATE_TEST_CASE("reliability: a periodic task moved far in a pass allocates n
         std::atomic<int> far_runs{0}, self_runs{0};
         handle far, self;
         std::vector<handle> others;
-        schedule_far_moves(w, base, far_runs, self_runs, far, self, others);
+        std::atomic<bool> moved{false};
+        schedule_far_moves(w, base, far_runs, self_runs, far, self, others, moved);
         std::size_t allocations = 0;
         for (int i = 1; i <= 4; ++i) {
             if (fail) {  // the pass's first allocation fails
@@ -1180,6 +1182,7 @@ TEMPLATE_TEST_CASE("reliability: a periodic task moved far in a pass allocates n
         CHECK(errors == 0);
         CHECK(far_runs == 1);
         CHECK(self_runs == 1);
+        CHECK(moved);
         CHECK(far.pending());
         CHECK(self.pending());
         for (const handle& h : others) CHECK(h.pending());
@@ -1222,7 +1225,9 @@ void threaded_far_moves() {
     std::atomic<int> far_runs{0}, self_runs{0};
     delayq::timeout<std::chrono::steady_clock> far, self;
     std::vector<delayq::timeout<std::chrono::steady_clock>> others;
-    schedule_far_moves(t, std::chrono::steady_clock::now(), far_runs, self_runs, far, self, others);
+    std::atomic<bool> moved{false};
+    schedule_far_moves(t, std::chrono::steady_clock::now(), far_runs, self_runs, far, self, others,
+                       moved);
     REQUIRE(eventually([&] { return far_runs == 1 && self_runs == 1; }));
     // the burst and delay ones (due with the first) have run too: they come before `counted`
     // Scheduled after both ran: it runs in a later pass than theirs, after their moves.
@@ -1235,6 +1240,7 @@ void threaded_far_moves() {
     REQUIRE(eventually([&] { return counted.load() >= 0; }));
     CHECK(counted == 0);
     CHECK(errors == 0);
+    CHECK(moved);
     CHECK(far.pending());
     CHECK(self.pending());
     CHECK(t.pending() == 4);
