@@ -16,6 +16,7 @@
 #include <exception>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <thread>
 #include <type_traits>
@@ -1135,9 +1136,14 @@ void schedule_far_moves(Timer& t, Now now, std::atomic<int>& far_runs, std::atom
         now + 1ms, 1h);
     for (const auto policy : {delayq::missed_tick::burst, delayq::missed_tick::delay})
         others.push_back(t.schedule_every_at([] { uncounted u; }, now + 1ms, 3h, policy));
+    // The task reads its own handle, which this thread writes once schedule returns: under a
+    // mutex held across both, so that a worker that runs it first waits for the handle.
+    static std::mutex self_m;
+    const std::lock_guard lk(self_m);
     self = t.schedule_every_at(
         [&self_runs, &self, &moved] {  // no Catch assertion here: it may run on a worker
             uncounted u;
+            const std::lock_guard task_lk(self_m);
             if (++self_runs == 1) moved = self.reschedule(10h);
         },
         now + 2ms, 1ms);
