@@ -109,10 +109,13 @@ TEST_CASE("transaction: a committed transaction's job is taken, by a take alread
         got = q.take(30s);
     });
     while (!waiting) std::this_thread::yield();
+    delay_queue observer(beside(path));
     app.exec("BEGIN IMMEDIATE");
     app.exec("INSERT INTO orders VALUES('order-2', 250)");
     CHECK(q.put_in_transaction(app.get(), "order-2", "cancel unless paid", past));
-    CHECK(q.size() == 0);  // not yet committed: no other connection sees it
+    // Not yet committed: no other connection sees it. (Not q.size(): inside the transaction this
+    // thread calls nothing of q but put_in_transaction; q's taker may be waiting for the lock.)
+    CHECK(observer.size() == 0);
     app.exec("COMMIT");
     taker.join();
     REQUIRE(got);

@@ -216,7 +216,10 @@ class delay_queue {
     /// options::foreign_changes, as a put by another process. It is as durable as the
     /// application's commit (its connection's `synchronous`). Errors of the statement on `conn`
     /// are of this family; a std::invalid_argument for a null `conn`, one without a transaction,
-    /// or one on another file. Only the thread that uses `conn` may call this with it.
+    /// or one on another file. Only the thread that uses `conn` may call this with it, and while
+    /// its transaction is open that thread calls no other member: they use this object's own
+    /// connection, which another thread's write may hold while it waits for that transaction's
+    /// lock (until busy_timeout).
     bool put_in_transaction(sqlite3* conn, std::string_view id, std::string_view payload,
                             std::chrono::system_clock::time_point deadline) {
         check_id(id);
