@@ -10,7 +10,8 @@
 // (a staging lane that settles every fourth round, say): the mean counts it.
 //
 // usage (scripts/ab builds it): ab STRUCTURE WORKLOAD [N=1000000] [ROUNDS=200]
-//   STRUCTURE: hashed | hierarchical | both (the thread-free cores)
+//   STRUCTURE: hashed | hierarchical | both (the thread-free cores) | hashed_timer (the threaded
+//              hashed timer, whose worker sleeps: not for expire, expire_monotonic or stop)
 //   WORKLOAD:  insert | insert_monotonic | insert_cold | cancel | postpone | expire |
 //   expire_monotonic | stop
 #include <algorithm>
