@@ -263,7 +263,13 @@ class postgres_server:
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         if not wait_for_port(self.port, self.proc):
             raise RuntimeError(f"postgres did not start on port {self.port}")
-        time.sleep(0.2)  # the port opens before the server accepts logins
+        # The port opens before the server accepts logins ("the database system is starting up").
+        end = time.monotonic() + 30
+        while subprocess.run([os.path.join(self.bindir, "pg_isready"), "-q", "-h", "127.0.0.1",
+                              "-p", str(self.port), "-U", "postgres"]).returncode != 0:
+            if time.monotonic() > end or self.proc.poll() is not None:
+                raise RuntimeError(f"postgres on port {self.port} did not accept connections")
+            time.sleep(0.05)
         return [f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres"]
 
     def __exit__(self, *exc):
