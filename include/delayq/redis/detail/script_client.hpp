@@ -342,6 +342,11 @@ class script_client {
         } catch (...) {
             failed = std::current_exception();
         }
+        if (alone && !failed) {
+            head->result = std::move(out);
+            head->signal(combined::done);
+            return;
+        }
         std::size_t at = 0;
         for (merged_call* next = head; next != nullptr;) {
             Call& k = static_cast<Call&>(*next);
@@ -349,8 +354,6 @@ class script_client {
             try {
                 if (failed)
                     k.failure = failed;
-                else if (alone)
-                    k.result = std::move(out);
                 else
                     split(k, out, at);
             } catch (...) {
