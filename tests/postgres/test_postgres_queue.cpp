@@ -142,7 +142,7 @@ TEST_CASE("postgres: a cancel from another process: no take after it hands the j
 }
 
 TEST_CASE(
-    "postgres: a server killed and restarted: calls fail with connection_error, then work; "
+    "postgres: a server killed and restarted: calls fail with connection_error, then work, "
     "nothing lost, no lease honoured twice",
     "[postgres][restart]") {
     delayq_pg_test::pg_server srv;
@@ -406,4 +406,165 @@ TEST_CASE("postgres: an idle consumer sends no statement while nothing is due",
     REQUIRE(got);
     CHECK(consumer.ack(*got));
     CHECK(claims() <= 4);  // entry, the put's wake-up, the due time (and at most one spurious)
+}
+
+namespace {
+
+// Waits (up to 20 s, then fails the test) until `sql`, run as the superuser, returns "t": for
+// steps of a test that must happen in an order the server shows (a statement waiting for a lock,
+// a statement done).
+void wait_for(const std::string& sql, const char* what) {
+    const auto until = std::chrono::steady_clock::now() + 20s;
+    while (server().query(sql) != "t") {
+        INFO(what);
+        REQUIRE(std::chrono::steady_clock::now() < until);
+        std::this_thread::sleep_for(5ms);
+    }
+}
+
+}  // namespace
+
+TEST_CASE(
+    "postgres: a put whose earlier job is acked before the put commits still wakes an idle "
+    "consumer",
+    "[postgres][wake]") {
+    // A put need not wake the consumers when an earlier job (here a lease that ends earlier)
+    // already makes them wake before its job is due. But that earlier job may go (acked,
+    // cancelled) before the put commits, and a consumer that looks in between sees neither: it
+    // must still be woken, or the put's job waits for the consumer's max_wait.
+    const std::string name = fresh_name("witness");
+    auto o = opts(name);
+    o.lease = 3s;
+    pg::delay_queue holder(o);
+    auto producer_options = opts(name);
+    producer_options.conninfo += " application_name=witness-producer";
+    pg::delay_queue producer(producer_options);
+    auto consumer_options = opts(name);
+    consumer_options.conninfo += " application_name=witness-consumer";
+    pg::delay_queue consumer(consumer_options);
+
+    REQUIRE(holder.put_after("earlier", "x", 0ms));
+    auto earlier = holder.take(5s);  // leased: its lease ends in 3 s, before the put's job
+    REQUIRE(earlier);
+
+    // The application holds the put's key in an open transaction, so the put's statement, once
+    // it has looked at the queue, waits for it.
+    app_conn app(server().conninfo());
+    app.exec("BEGIN");
+    app.exec(
+        ("INSERT INTO delayq.jobs(queue, id, payload, at) VALUES ('" + name + "', 'later', '', 0)")
+            .c_str());
+    std::atomic<bool> put{false};
+    std::thread putter([&] { put = producer.put_after("later", "x", 3500ms); });
+    wait_for(
+        "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE application_name = "
+        "'witness-producer' AND wait_event_type = 'Lock')",
+        "the put waits for the application's transaction");
+
+    REQUIRE(holder.ack(*earlier));  // the earlier job goes before the put commits
+
+    std::optional<delayq::job> got;
+    std::thread taker([&] { got = consumer.take(15s); });
+    // The consumer has looked (and found nothing: the put has not committed) and sleeps.
+    wait_for(
+        "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE application_name = "
+        "'witness-consumer' AND state = 'idle' AND query LIKE '%SKIP LOCKED%')",
+        "the consumer has claimed once");
+    app.exec("ROLLBACK");  // the put goes on and commits
+    putter.join();
+    CHECK(put);
+    taker.join();
+    REQUIRE(got);  // not after 15 s with nothing: woken, it took the job when it came due
+    CHECK(got->id == "later");
+    CHECK(consumer.ack(*got));
+}
+
+TEST_CASE(
+    "postgres: many takes on one object, some giving up while a claim is in flight: every job "
+    "out once",
+    "[postgres][stress]") {
+    // The waiting takes of an object share the leader's claims (see take_jobs): jobs are handed
+    // to whichever take the claim was for, a take whose wait ends keeps waiting for a claim that
+    // counts it, and take(0) claims beside them. Another object stands for another process.
+    const std::string name = fresh_name("stress");
+    auto o = opts(name);
+    o.connections = 3;
+    pg::delay_queue q(o);
+    pg::delay_queue other(o);
+    constexpr int producers = 2, per = 300, total = producers * per;
+    std::atomic<int> acked{0}, duplicates{0}, failed{0};
+    std::mutex seen_m;
+    std::set<std::string> seen;
+    const auto settle = [&](pg::delay_queue& from, std::vector<delayq::job> js) {
+        for (auto& j : js) {
+            {
+                std::lock_guard lk(seen_m);
+                if (!seen.insert(j.id).second) ++duplicates;
+            }
+            if (from.ack(j))
+                ++acked;
+            else
+                ++failed;
+        }
+    };
+    std::vector<std::thread> ts;
+    for (int p = 0; p < producers; ++p)
+        ts.emplace_back([&, p] {
+            for (int i = 0; i < per; ++i)  // no Catch assertions off the main thread
+                if (!q.put_after("p" + std::to_string(p) + "-" + std::to_string(i), "x",
+                                 std::chrono::milliseconds((i * 7 + p * 13) % 300)))
+                    ++failed;
+        });
+    for (int c = 0; c < 6; ++c)
+        ts.emplace_back([&, c] {
+            // Bounded: a lost job fails the checks below instead of hanging the test.
+            const auto until = std::chrono::steady_clock::now() + 60s;
+            for (int round = 0; acked < total && std::chrono::steady_clock::now() < until;
+                 ++round) {
+                switch ((c + round) % 4) {
+                    case 0:  // gives up soon, often while the leader's claim is out
+                        if (auto j = q.take(std::chrono::milliseconds(round % 3))) settle(q, {*j});
+                        break;
+                    case 1:
+                        settle(q, q.take_many(1 + round % 5, 50ms));
+                        break;
+                    case 2:
+                        if (auto j = q.take(0ms)) settle(q, {*j});
+                        break;
+                    default:
+                        settle(other, other.take_many(3, 20ms));
+                }
+            }
+        });
+    for (auto& t : ts) t.join();
+    CHECK(acked == total);
+    CHECK(duplicates == 0);
+    CHECK(failed == 0);
+    CHECK(seen.size() == static_cast<std::size_t>(total));
+    CHECK(q.size() == 0);
+}
+
+TEST_CASE("postgres: the waiting takes of one object share one claim", "[postgres][idle]") {
+    delayq_pg_test::pg_server srv({"log_statement=all", "log_line_prefix=%a|"});
+    auto o = opts("shared", srv);
+    o.conninfo += " application_name=shared-consumer";
+    pg::delay_queue consumer(o);
+    const auto claims = [&] {
+        std::ifstream in(srv.log());
+        int n = 0;
+        for (std::string line; std::getline(in, line);)
+            if (line.rfind("shared-consumer|", 0) == 0 && contains(line, "execute dq4")) ++n;
+        return n;
+    };
+    // One take waits on the empty queue (one claim), then three more arrive: the object knows
+    // that nothing is due, so they send nothing and wait with the first.
+    std::vector<std::thread> ts;
+    std::atomic<int> got{0};
+    ts.emplace_back([&] { got += consumer.take(3s) ? 1 : 0; });
+    for (int i = 0; i < 50 && claims() == 0; ++i) std::this_thread::sleep_for(20ms);
+    REQUIRE(claims() == 1);
+    for (int i = 0; i < 3; ++i) ts.emplace_back([&] { got += consumer.take(2s) ? 1 : 0; });
+    for (auto& t : ts) t.join();
+    CHECK(got == 0);
+    CHECK(claims() == 1);
 }
