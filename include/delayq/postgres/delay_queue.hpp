@@ -10,18 +10,27 @@
 //
 // Waiting without polling. A take that finds nothing due learns, in the same statement, when the
 // next row comes due (or its lease ends), and sleeps until then on a connection of its own that
-// LISTENs on the queue's channel. A put, nack or reschedule that makes a job due before every job
-// the consumers may be sleeping until sends NOTIFY on that channel (see detail/schema.hpp,
-// notify_slack_ms), which the server delivers at commit; the sleeping take wakes and claims. An
-// idle consumer therefore sends no query at all while nothing is due. Within one object, takes
-// follow delay_queue's leader-follower pattern: one waiting thread, the leader, sleeps on the
-// listening connection; the others sleep on a condition variable until the leader leaves.
+// LISTENs on the queue's channel. A put, nack or reschedule is followed, in the same round trip,
+// by a wake-up in a transaction of its own (detail/schema.hpp, wake_sql): it sends NOTIFY unless
+// another job, due earlier, already makes the sleeping consumers wake before this one; the server
+// delivers it at commit, and the sleeping take wakes and claims. The wake-up looks after the
+// write committed, not within it: a job that the write's own statement saw may be gone by its
+// commit, and a consumer that looked in between would sleep past the new job. An idle consumer
+// sends no query at all while nothing is due.
+//
+// The takes of one object wait together. One of them, the leader, listens, and claims for itself
+// and for every other waiting take at once (up to max_take jobs), handing the jobs out in the
+// order the takes came; the others sleep on a condition variable. What a claim learns (nothing is
+// due before a time to come) stays with the object until a notification comes or that time does:
+// a take that arrives meanwhile sends nothing, and a new leader goes on from there. So a claim
+// that finds nothing is rare, and takes of many threads do not race each other for the same rows.
+// A take that does not wait (max_wait <= 0) claims by itself.
 //
 // A put in the caller's transaction. put_in_transaction() runs one statement on the caller's own
 // connection, inside the caller's BEGIN: the job is a row of that transaction, there when it
 // commits and never otherwise, and its NOTIFY is delivered at that commit (a rolled-back
-// transaction wakes nobody). It always notifies: the rule above judges by what the statement
-// sees, and the caller's transaction may commit much later.
+// transaction wakes nobody). It always notifies: the object cannot look after the caller's
+// commit, so it cannot tell whether a consumer must be woken.
 //
 // Connections. The object holds a small pool of connections (options::connections) that its
 // calls share, and the listening one once a take has waited. A connection that breaks, or misses
@@ -34,10 +43,12 @@
 #include <libpq-fe.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -46,6 +57,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -133,12 +145,14 @@ class delay_queue {
                detail::put_many_sql(opt_.schema),
                detail::cancel_sql(opt_.schema),
                detail::reschedule_sql(opt_.schema),
-               detail::claim_sql(opt_.schema, opt_.durable_leases),
+               detail::claim_sql(opt_.schema, opt_.durable_leases, opt_.max_attempts > 0),
                detail::ack_sql(opt_.schema, opt_.durable_leases),
                detail::ack_many_sql(opt_.schema, opt_.durable_leases),
                detail::nack_sql(opt_.schema, opt_.durable_leases),
                detail::size_sql(opt_.schema),
-               detail::dead_size_sql(opt_.schema)} {
+               detail::dead_size_sql(opt_.schema),
+               detail::wake_sql(opt_.schema)},
+          put_in_transaction_sql_(detail::put_in_transaction_sql(opt_.schema)) {
         // One connection now: the server is there, new enough, and holds the tables.
         auto c = acquire();
         release(std::move(c));
@@ -199,12 +213,17 @@ class delay_queue {
             .bytes_array(jobs, [](const put_request& r) { return r.id; })
             .bytes_array(jobs, [](const put_request& r) { return r.payload; })
             .int8_array(jobs,
-                        [](const put_request& r) { return delayq::detail::clamp_delay(r.delay); })
+                        [](const put_request& r) { return delayq::detail::clamp_delay(r.delay); });
+        detail::params w;
+        w.text(opt_.name)
+            .bytes_array(jobs, [](const put_request& r) { return r.id; })
             .text(channel_);
-        const auto r = run(st_put_many, p, "put_many");
-        for (int i = 0; i < r.rows(); ++i)
-            if (const long long k = r.integer(i, 0); k > 0)
-                out[static_cast<std::size_t>(k - 1)] = true;
+        const auto r = run_then(st_put_many, p, w, "put_many");
+        // The server inserted the first job of each id it returns (the statement keeps the first
+        // of several with one id).
+        std::unordered_set<std::string_view> put;
+        for (int i = 0; i < r.rows(); ++i) put.insert(r.bytes_view(i, 0));
+        for (std::size_t i = 0; i < jobs.size(); ++i) out[i] = put.erase(jobs[i].id) == 1;
         return out;
     }
 
@@ -221,8 +240,8 @@ class delay_queue {
     bool reschedule(std::string_view id, std::chrono::milliseconds delay) {
         check_id(id);
         detail::params p;
-        p.text(opt_.name).bytes(id).int8(delayq::detail::clamp_delay(delay)).text(channel_);
-        return run(st_reschedule, p, "reschedule").integer(0, 0) == 1;
+        p.text(opt_.name).bytes(id).int8(delayq::detail::clamp_delay(delay));
+        return run_then(st_reschedule, p, wake_params(id), "reschedule").changed() == 1;
     }
 
     /// Leases the earliest due job, waiting up to `max_wait` for one (not at all when <= 0).
@@ -272,9 +291,8 @@ class delay_queue {
             .bytes(j.id)
             .int8(token_of(j))
             .int8(delayq::detail::clamp_delay(retry_after))
-            .int8(opt_.max_attempts)
-            .text(channel_);
-        return run(st_nack, p, "nack").integer(0, 0) == 1;
+            .int8(opt_.max_attempts);
+        return run_then(st_nack, p, wake_params(j.id), "nack").integer(0, 0) == 1;
     }
 
     /// Jobs queued: waiting plus leased. Counts rows: O(n).
@@ -303,27 +321,29 @@ class delay_queue {
         st_nack,
         st_size,
         st_dead_size,
+        st_wake,
         st_count
     };
     static const std::vector<Oid>& types_of(int st) {
         using namespace detail;
         static const std::vector<Oid> t[st_count] = {
-            {text_oid, bytea_oid, bytea_oid, int8_oid, bool_oid, text_oid, bool_oid},  // put
-            {text_oid, bytea_array_oid, bytea_array_oid, int8_array_oid, text_oid},    // put_many
-            {text_oid, bytea_oid},                                                     // cancel
-            {text_oid, bytea_oid, int8_oid, text_oid},                                 // reschedule
-            {text_oid, int8_oid, int8_oid, int8_oid},                                  // claim
-            {text_oid, bytea_oid, int8_oid},                                           // ack
-            {text_oid, bytea_array_oid, int8_array_oid},                               // ack_many
-            {text_oid, bytea_oid, int8_oid, int8_oid, int8_oid, text_oid},             // nack
-            {text_oid},                                                                // size
-            {text_oid},                                                                // dead_size
+            {text_oid, bytea_oid, bytea_oid, int8_oid, bool_oid},          // put
+            {text_oid, bytea_array_oid, bytea_array_oid, int8_array_oid},  // put_many
+            {text_oid, bytea_oid},                                         // cancel
+            {text_oid, bytea_oid, int8_oid},                               // reschedule
+            {text_oid, int8_oid, int8_oid, int8_oid},                      // claim
+            {text_oid, bytea_oid, int8_oid},                               // ack
+            {text_oid, bytea_array_oid, int8_array_oid},                   // ack_many
+            {text_oid, bytea_oid, int8_oid, int8_oid, int8_oid},           // nack
+            {text_oid},                                                    // size
+            {text_oid},                                                    // dead_size
+            {text_oid, bytea_array_oid, text_oid},                         // wake
         };
         return t[st];
     }
     static const char* name_of(int st) {
-        static const char* const n[st_count] = {"dq0", "dq1", "dq2", "dq3", "dq4",
-                                                "dq5", "dq6", "dq7", "dq8", "dq9"};
+        static const char* const n[st_count] = {"dq0", "dq1", "dq2", "dq3", "dq4", "dq5",
+                                                "dq6", "dq7", "dq8", "dq9", "dq10"};
         return n[st];
     }
 
@@ -443,26 +463,51 @@ class delay_queue {
                 schema_checked_ = true;
             }
         }
+        c->exec_simple(detail::session_sql, "setting up a connection");
         for (int i = 0; i < st_count; ++i) c->prepare(name_of(i), sql_[i], types_of(i));
         return c;
     }
 
-    // Runs statement `st` on a pooled connection.
-    detail::result run(int st, const detail::params& p, const char* doing) {
+    // Runs `f` with a pooled connection, which goes back to the pool (or is dropped, if it broke)
+    // however `f` ends.
+    template <class F>
+    auto with_connection(F f) {
         conn_ptr c = acquire();
         struct give_back {
             delay_queue& q;
             conn_ptr& c;
             ~give_back() { q.release(std::move(c)); }
         } g{*this, c};
-        return c->exec(name_of(st), p, doing);
+        return f(*c);
+    }
+
+    // Runs statement `st` on a pooled connection.
+    detail::result run(int st, const detail::params& p, const char* doing) {
+        return with_connection(
+            [&](detail::connection& c) { return c.exec(name_of(st), p, doing); });
+    }
+
+    // Runs statement `st`, then the wake-up with `wake` in a transaction of its own, in one
+    // round trip on a pooled connection; returns `st`'s result.
+    detail::result run_then(int st, const detail::params& p, const detail::params& wake,
+                            const char* doing) {
+        return with_connection([&](detail::connection& c) {
+            return c.exec_then(name_of(st), p, name_of(st_wake), wake, doing).first;
+        });
+    }
+
+    // The wake-up's parameters for one job.
+    detail::params wake_params(std::string_view id) const {
+        detail::params w;
+        const std::array<std::string_view, 1> ids{id};
+        w.text(opt_.name).bytes_array(ids, [](std::string_view v) { return v; }).text(channel_);
+        return w;
     }
 
     bool run_put(std::string_view id, std::string_view payload, long long at, bool delay) {
         detail::params p;
-        p.text(opt_.name).bytes(id).bytes(payload).int8(at).boolean(delay).text(channel_).boolean(
-            false);
-        return run(st_put, p, "put").integer(0, 0) == 1;
+        p.text(opt_.name).bytes(id).bytes(payload).int8(at).boolean(delay);
+        return run_then(st_put, p, wake_params(id), "put").changed() == 1;
     }
 
     bool run_put_in(PGconn* conn, std::string_view id, std::string_view payload, long long at,
@@ -490,12 +535,11 @@ class delay_queue {
                       "");
         }
         detail::params p;
-        p.text(opt_.name).bytes(id).bytes(payload).int8(at).boolean(delay).text(channel_).boolean(
-            true);
+        p.text(opt_.name).bytes(id).bytes(payload).int8(at).boolean(delay).text(channel_);
         const auto v = p.pointers();
         // The caller's connection, as the caller set it up (blocking or not, its own timeouts):
         // one unnamed statement, parsed, bound and run in one round trip.
-        PGresult* r = PQexecParams(conn, sql_[st_put].c_str(), p.count(), p.types(),
+        PGresult* r = PQexecParams(conn, put_in_transaction_sql_.c_str(), p.count(), p.types(),
                                    v.values.data(), v.lengths.data(), v.formats.data(), 1);
         if (r == nullptr || PQresultStatus(r) != PGRES_TUPLES_OK) {
             // A failed statement aborts the caller's transaction, as any other would.
@@ -564,108 +608,172 @@ class delay_queue {
         std::unique_lock<std::mutex>& lk_;
     };
 
-    // The leader sleeps on the listening connection until `until` or a notification. False when
-    // it must claim again at once: it had no listening connection (notifications may have been
-    // missed meanwhile) or one came.
-    bool sleep_listening(steady::time_point until) {
-        if (!listening()) return false;
-        return !listener_->wait_notification(until);
-    }
+    // One waiting take (on its caller's stack): what it asks for and what it got.
+    struct request {
+        std::size_t want = 0;
+        std::vector<job> jobs;
+        bool in_claim = false;  // the leader's claim in flight counts it: it waits for the answer
+        bool done = false;      // jobs (or error) are its answer
+        std::exception_ptr error;
+    };
 
-    // The leader's: whether the listening connection was there and well (true), or had to be
-    // made, so that notifications sent meanwhile were missed (false).
-    bool listening() {
-        if (listener_ && listener_->alive(true)) return true;
-        listener_.reset();
-        auto c = connect(false);
-        c->exec_simple("LISTEN " + channel_, "take (LISTEN)");
-        listener_ = std::move(c);
-        return false;
-    }
-
-    // The leader-follower wait (see the top of this file). Claims on entry, and again whenever a
-    // notification, the next event it learned of, or a leader that left says something may be due.
-    std::vector<job> take_jobs(std::size_t want, milliseconds max_wait) {
-        const auto start = steady::now();
-        const auto limit = max_wait > milliseconds::zero()
-                               ? delayq::detail::saturating_add(start, max_wait)
-                               : start;
-        std::unique_lock lk(m_);
-        const char self = 0;
-        struct hand_over {  // however the call ends, it no longer leads; a follower may
-            delay_queue& q;
-            const void* self;
-            ~hand_over() {
-                if (q.leader_ == self) {
-                    q.leader_ = nullptr;
-                    q.cv_.notify_one();
-                }
-            }
-        } guard{*this, &self};
-
-        if (max_wait > milliseconds::zero() && leader_ == nullptr) {
-            // Listen before the first claim, so that a put after it wakes this take.
-            leader_ = &self;
+    // The leader's: makes sure the listening connection is there and well, and takes in what it
+    // received. Forgets what the object knew (known_) when notifications came or may have been
+    // missed (a connection made anew).
+    void listen_and_drain(std::unique_lock<std::mutex>& lk) {
+        bool forget;
+        {
             unlocked u(lk);
-            listening();
+            if (listener_ && listener_->alive(true)) {
+                forget = listener_->wait_notification(steady::time_point::min());
+            } else {
+                listener_.reset();
+                auto c = connect(false);
+                c->exec_simple("LISTEN " + channel_, "take (LISTEN)");
+                listener_ = std::move(c);
+                forget = true;
+            }
         }
-        bool look = true;
-        auto wake = start;  // when this thread's last claim said something comes due
-        milliseconds backoff(1);
+        if (forget) known_ = false;
+    }
+
+    // The leader's claim, for its own request and every other waiting one (up to max_take jobs):
+    // the jobs go to the leader first, then to the others in the order they came, each up to
+    // what it asked for. Learns when the next claim is due (known_, until_).
+    void claim_for_all(std::unique_lock<std::mutex>& lk, request& own) {
+        std::vector<request*> batch{&own};
+        std::size_t total = own.want;
+        for (request* r : pending_)
+            if (r != &own && total < max_take) {
+                batch.push_back(r);
+                total += r->want;
+            }
+        for (request* r : batch) r->in_claim = true;
+        const std::size_t asked = std::min(total, max_take);
+        claimed c;
+        try {
+            unlocked u(lk);
+            c = claim(asked);
+        } catch (...) {
+            // Every take the claim was for learns of the failure, at once.
+            for (request* r : batch) {
+                r->in_claim = false;
+                if (r != &own) {
+                    r->error = std::current_exception();
+                    finish(*r);
+                }
+            }
+            known_ = false;
+            cv_.notify_all();
+            throw;
+        }
+        std::size_t next = 0;
+        for (request* r : batch) {
+            r->in_claim = false;
+            while (next < c.jobs.size() && r->jobs.size() < r->want)
+                r->jobs.push_back(std::move(c.jobs[next++]));
+            if (!r->jobs.empty()) finish(*r);
+        }
+        // The leases just granted end: the earliest event the trailer leaves out.
+        if (!c.jobs.empty())
+            c.next = std::min(c.next.value_or(delayq::detail::max_ms),
+                              std::min(c.now + opt_.lease.count(), delayq::detail::max_ms));
+        if (c.buried > 0 || (c.next && *c.next <= c.now && c.jobs.size() == asked)) {
+            known_ = false;  // dead-lettered what was due, or more is due than was asked for
+        } else if (!c.next) {
+            known_ = true;
+            until_ = steady::time_point::max();
+            backoff_ = milliseconds(1);
+        } else if (*c.next <= c.now) {
+            // Due rows that other transactions hold (being claimed, acked): look again shortly,
+            // backing off, until they settle.
+            known_ = true;
+            until_ = c.seen + backoff_;
+            backoff_ = std::min(backoff_ * 2, milliseconds(250));
+        } else {
+            known_ = true;
+            until_ = delayq::detail::saturating_add(c.seen, milliseconds(*c.next - c.now));
+            backoff_ = milliseconds(1);
+        }
+        cv_.notify_all();
+    }
+
+    // Marks `r` answered and no longer waiting.
+    void finish(request& r) {
+        r.done = true;
+        pending_.erase(std::find(pending_.begin(), pending_.end(), &r));
+    }
+
+    // The wait (see the top of this file). One waiting take at a time, the leader, listens and
+    // claims, for itself and every other waiting take of the object, which sleep on cv_ meanwhile.
+    // It claims when it knows nothing (on entry, after a notification) or when what it learned
+    // comes due; a take that arrives while the object knows that nothing is due before a time to
+    // come sends nothing. A take that waits no time claims by itself.
+    std::vector<job> take_jobs(std::size_t want, milliseconds max_wait) {
+        if (max_wait <= milliseconds::zero()) {
+            claimed c = claim(want);
+            if (!c.jobs.empty()) {  // the object wakes when these leases end, as for its own
+                std::lock_guard lk(m_);
+                until_ = std::min(until_, delayq::detail::saturating_add(c.seen, opt_.lease));
+            }
+            return std::move(c.jobs);
+        }
+        const auto limit = delayq::detail::saturating_add(steady::now(), max_wait);
+        std::unique_lock lk(m_);
+        request own;
+        own.want = want;
+        pending_.push_back(&own);
+        struct leave {  // however the call ends: no longer waiting, and no longer leading
+            delay_queue& q;
+            request& own;
+            bool leads = false;
+            ~leave() {
+                if (!own.done) q.finish(own);
+                if (leads) {
+                    q.leading_ = false;
+                    q.cv_.notify_all();  // a waiting take leads now
+                }
+            }
+        } guard{*this, own};
         for (;;) {
-            if (look) {
-                look = false;
-                claimed c;
-                {
-                    unlocked u(lk);
-                    c = claim(want);
-                }
-                const bool more_due = c.next && *c.next <= c.now;
-                if (!c.jobs.empty()) {
-                    if (more_due) cv_.notify_one();  // a follower may claim the rest
-                    return std::move(c.jobs);
-                }
-                if (c.buried > 0) {  // dead-lettered what was due: more may be
-                    look = true;
-                    continue;
-                }
-                if (!c.next) {
-                    wake = steady::time_point::max();
-                } else if (more_due) {
-                    // Due rows that other transactions hold (being claimed, acked): look again
-                    // shortly, backing off, until they settle.
-                    wake = c.seen + backoff;
-                    backoff = std::min(backoff * 2, milliseconds(250));
-                } else {
-                    wake = delayq::detail::saturating_add(c.seen, milliseconds(*c.next - c.now));
-                    backoff = milliseconds(1);
-                }
+            if (own.done) {
+                if (own.error) std::rethrow_exception(own.error);
+                return std::move(own.jobs);
             }
-            const auto now = steady::now();
-            if (now >= limit) return {};
-            if (now >= wake) {
-                look = true;
+            if (!guard.leads && leading_) {
+                // Another take leads: it claims for this one too.
+                if (own.in_claim)
+                    cv_.wait(lk);
+                else if (steady::now() >= limit)
+                    return {};
+                else
+                    cv_.wait_until(lk, limit);
                 continue;
             }
-            if (leader_ != nullptr && leader_ != &self) {
-                // A follower: the leader watches the queue for everyone, and wakes one follower
-                // when it leaves or when more is due.
-                if (cv_.wait_until(lk, limit) == std::cv_status::no_timeout) look = true;
+            if (!guard.leads) {
+                leading_ = true;
+                guard.leads = true;
+            }
+            listen_and_drain(lk);
+            if (!known_ || steady::now() >= until_) {
+                claim_for_all(lk, own);
                 continue;
             }
-            leader_ = &self;
-            bool timed_out;
+            if (steady::now() >= limit) return {};
+            const auto until = std::min(limit, until_);
+            bool notified;
             {
                 unlocked u(lk);
-                timed_out = sleep_listening(std::min(limit, wake));
+                notified = listener_->wait_notification(until);
             }
-            if (!timed_out) look = true;
+            if (notified) known_ = false;
         }
     }
 
     options opt_;
     std::string channel_;
     std::string sql_[st_count];
+    std::string put_in_transaction_sql_;
 
     std::mutex pool_m_;
     std::condition_variable pool_cv_;
@@ -675,10 +783,15 @@ class delay_queue {
     std::mutex schema_m_;
     bool schema_checked_ = false;
 
+    // The waiting takes (see take_jobs).
     std::mutex m_;
-    std::condition_variable cv_;    // the followers sleep here
-    const void* leader_ = nullptr;  // the waiting take that sleeps on listener_
-    conn_ptr listener_;             // LISTENs on channel_; used by the leader only
+    std::condition_variable cv_;     // the takes that do not lead sleep here
+    std::vector<request*> pending_;  // the waiting takes, in the order they came
+    bool leading_ = false;           // a take leads: it listens, and claims for all
+    conn_ptr listener_;              // LISTENs on channel_; used by the leader only
+    bool known_ = false;             // nothing is due before until_, as far as the object knows
+    steady::time_point until_;       // ... when known_
+    milliseconds backoff_{1};        // the next wait for due rows that others hold
 };
 
 }  // namespace delayq::postgres

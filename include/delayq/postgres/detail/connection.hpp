@@ -143,6 +143,11 @@ class result {
         return std::string(PQgetvalue(r_.get(), row, col),
                            static_cast<std::size_t>(PQgetlength(r_.get(), row, col)));
     }
+    /// A column's bytes, valid while this result lives.
+    std::string_view bytes_view(int row, int col) const {
+        return std::string_view(PQgetvalue(r_.get(), row, col),
+                                static_cast<std::size_t>(PQgetlength(r_.get(), row, col)));
+    }
     /// An integer column of any width (int2, int4, int8), big-endian.
     long long integer(int row, int col) const noexcept {
         const auto* p = reinterpret_cast<const unsigned char*>(PQgetvalue(r_.get(), row, col));
@@ -151,6 +156,7 @@ class result {
         for (int i = 0; i < n; ++i) v = (v << 8) | p[i];
         return static_cast<long long>(v);
     }
+    PGresult* get() const noexcept { return r_.get(); }
     /// The rows a command changed (PQcmdTuples).
     long long changed() const noexcept {
         const char* s = r_ ? PQcmdTuples(r_.get()) : "";
@@ -239,6 +245,44 @@ class connection {
         return finish(deadline, doing);
     }
 
+    /// Runs the prepared statement `first` with `p1`, then `second` with `p2`, each in a
+    /// transaction of its own, in one round trip (libpq's pipeline mode; two round trips with a
+    /// libpq older than 14): `second` starts after `first` committed, whether `first` failed or
+    /// not. Returns both results; throws `first`'s error, else `second`'s.
+    std::pair<result, result> exec_then(const char* first, const params& p1, const char* second,
+                                        const params& p2, const char* doing) {
+#ifdef LIBPQ_HAS_PIPELINING
+        const auto deadline = clock::now() + timeout_;
+        const auto v1 = p1.pointers();
+        const auto v2 = p2.pointers();
+        PGconn* c = conn_.get();
+        if (!PQenterPipelineMode(c) ||
+            !PQsendQueryPrepared(c, first, p1.count(), v1.values.data(), v1.lengths.data(),
+                                 v1.formats.data(), 1) ||
+            !PQpipelineSync(c) ||
+            !PQsendQueryPrepared(c, second, p2.count(), v2.values.data(), v2.lengths.data(),
+                                 v2.formats.data(), 1) ||
+            !PQpipelineSync(c))
+            lost(doing);
+        flush(deadline, doing);
+        answer a1 = read_answer(deadline, doing, true);
+        answer a2 = read_answer(deadline, doing, true);
+        if (!PQexitPipelineMode(c)) lost(doing);
+        check(a1, doing);
+        check(a2, doing);
+        return {std::move(a1.last), std::move(a2.last)};
+#else
+        result r1;
+        try {
+            r1 = exec(first, p1, doing);
+        } catch (...) {
+            if (!broken()) (void)exec(second, p2, doing);
+            throw;
+        }
+        return {std::move(r1), exec(second, p2, doing)};
+#endif
+    }
+
     /// Runs `sql` (one or more statements, no parameters: the simple protocol).
     result exec_simple(const std::string& sql, const char* doing) {
         const auto deadline = clock::now() + timeout_;
@@ -307,18 +351,27 @@ class connection {
         }
     }
 
-    // Sends what is buffered and reads every result of the statement sent; throws on an error
-    // result (after reading the rest, so the connection stays usable) or at `deadline`.
-    result finish(clock::time_point deadline, const char* doing) {
+    // Sends what is buffered, or throws at `deadline`.
+    void flush(clock::time_point deadline, const char* doing) {
         for (;;) {
             const int f = PQflush(conn_.get());
-            if (f == 0) break;
+            if (f == 0) return;
             if (f < 0) lost(doing);
             wait_socket(POLLOUT | POLLIN, deadline, doing);
             if (PQconsumeInput(conn_.get()) == 0) lost(doing);
         }
+    }
+
+    // What the server answered to one statement: its last result, and its error if it failed.
+    struct answer {
         result last;
         std::string err, state;
+    };
+
+    // Reads every result of the next statement (and, in pipeline mode, its sync point), or throws
+    // at `deadline`.
+    answer read_answer(clock::time_point deadline, const char* doing, bool pipelined) {
+        answer a;
         for (;;) {
             while (PQisBusy(conn_.get())) {
                 wait_socket(POLLIN, deadline, doing);
@@ -327,27 +380,57 @@ class connection {
             PGresult* r = PQgetResult(conn_.get());
             if (r == nullptr) break;
             const auto st = PQresultStatus(r);
-            if (st == PGRES_FATAL_ERROR && err.empty()) {
+            if (st == PGRES_FATAL_ERROR && a.err.empty()) {
                 const char* s = PQresultErrorField(r, PG_DIAG_SQLSTATE);
                 const char* m = PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY);
-                state = s ? s : "";
-                err = m ? m : PQresultErrorMessage(r);
+                a.state = s ? s : "";
+                a.err = m ? m : PQresultErrorMessage(r);
             }
-            last = result(r);
+            a.last = result(r);
         }
+#ifdef LIBPQ_HAS_PIPELINING
+        if (pipelined) {
+            while (PQisBusy(conn_.get())) {
+                wait_socket(POLLIN, deadline, doing);
+                if (PQconsumeInput(conn_.get()) == 0) lost(doing);
+            }
+            const result sync(PQgetResult(conn_.get()));
+            if (PQresultStatus(sync.get()) != PGRES_PIPELINE_SYNC &&
+                PQstatus(conn_.get()) == CONNECTION_OK) {
+                broken_ = true;
+                raise_(problem::connection,
+                       std::string(doing) + ": the server's answers are out of step", "");
+            }
+        }
+#else
+        (void)pipelined;
+#endif
+        return a;
+    }
+
+    // Throws the error of `a`, or the connection's if it broke.
+    void check(const answer& a, const char* doing) {
         if (PQstatus(conn_.get()) != CONNECTION_OK) {
             broken_ = true;
-            raise_(
-                problem::connection,
-                std::string(doing) + ": the connection failed: " + (err.empty() ? message() : err),
-                state);
+            raise_(problem::connection,
+                   std::string(doing) +
+                       ": the connection failed: " + (a.err.empty() ? message() : a.err),
+                   a.state);
         }
-        if (!err.empty()) {
-            const problem p = classify(state);
+        if (!a.err.empty()) {
+            const problem p = classify(a.state);
             if (p == problem::connection) broken_ = true;
-            raise_(p, std::string(doing) + ": " + err + " (SQLSTATE " + state + ")", state);
+            raise_(p, std::string(doing) + ": " + a.err + " (SQLSTATE " + a.state + ")", a.state);
         }
-        return last;
+    }
+
+    // Sends what is buffered and reads every result of the statement sent; throws on an error
+    // result (after reading the rest, so the connection stays usable) or at `deadline`.
+    result finish(clock::time_point deadline, const char* doing) {
+        flush(deadline, doing);
+        answer a = read_answer(deadline, doing, false);
+        check(a, doing);
+        return std::move(a.last);
     }
 
     raise_fn raise_;

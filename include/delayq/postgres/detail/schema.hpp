@@ -48,12 +48,6 @@ inline constexpr int oldest_server = 120000;  // PostgreSQL 12
 // ASCII, as every delayq version spells it.
 inline constexpr long long schema_lock_key = 0x64656c617971LL;
 
-// A waiting consumer sleeps until the next `at` it saw; a put whose job comes due before every
-// job more than this many ms ahead wakes the consumers (NOTIFY). Jobs due sooner than this may be
-// claimed or acked while the put's statement runs, so the put does not trust them to wake
-// anyone: the slack covers the time from the statement's snapshot to its commit.
-inline constexpr long long notify_slack_ms = 50;
-
 /// Throws server_version_error for a server older than PostgreSQL 12 (`version` as
 /// PQserverVersion gives it, e.g. 150004).
 inline void check_server_version(int version, raise_fn raise) {
@@ -114,57 +108,99 @@ inline void ensure_schema(connection& c, const std::string& s, raise_fn raise) {
               "");
 }
 
+// The settings of the queue's own connections, sent once after connecting. Every statement is
+// a few index probes by design, over a table whose contents change by the millisecond, so its
+// statistics say little (none at all on a new table): a plan chosen from them (a scan of every
+// waiting job to ack ten, a walk of the whole queue to find the rows just claimed) can cost a
+// thousand times the probes. So the statements are written so that the probes are the only
+// plans left (a key lookup per element, LATERAL; rows already found are updated where they lie,
+// by ctid; a LATERAL lookup ends in LIMIT 1, which keeps the planner from turning it into a
+// join it may reorder), the planner may not fall back to reading the table (no sequential or bitmap
+// scans), each statement is planned once per connection (generic plans: a custom plan of the claim
+// costs more than running it), and JIT compilation, which a penalized plan's cost would trigger, is
+// off.
+inline constexpr const char* session_sql =
+    "SET plan_cache_mode = force_generic_plan; SET jit = off; SET enable_seqscan = off; "
+    "SET enable_bitmapscan = off";
+
 // "now" on the server, in ms since 1970, rounded down.
 inline constexpr const char* now_cte =
     "t AS (SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now)";
 
 // The same, for a statement whose commit need not wait for the disk (a lease, an ack, a nack
-// when options::durable_leases is false): synchronous_commit is off for its transaction only, so
-// it is visible at once and on disk within the server's wal_writer_delay. A crash of the server
-// may undo the last of them, which means a redelivery; it never undoes a put or a cancel, whose
-// commits wait, and whose flush carries every earlier commit with it.
+// when options::durable_leases is false, a wake-up): synchronous_commit is off for its
+// transaction only, so it is visible at once and on disk within the server's wal_writer_delay. A
+// crash of the server may undo the last of them, which means a redelivery; it never undoes a put
+// or a cancel, whose commits wait, and whose flush carries every earlier commit with it.
 inline std::string lease_now_cte(bool durable) {
     if (durable) return now_cte;
     return "t AS (SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now, "
            "set_config('synchronous_commit', 'off', true) AS async)";
 }
 
-// Whether a job due at `at` (an SQL expression) must wake the consumers: nothing else is due
-// between the slack and it (see notify_slack_ms). $1 is the queue.
-inline std::string wakes(const std::string& s, const std::string& at) {
-    const std::string slack = std::to_string(notify_slack_ms);
-    return "(" + at + " <= t.now + " + slack + " OR NOT EXISTS (SELECT 1 FROM " + s +
-           ".jobs w WHERE w.queue = $1 AND w.at > t.now + " + slack + " AND w.at <= " + at + "))";
-}
-
 inline std::string max_ms_sql() {
     return "99999999999999";  // delayq::detail::max_ms
 }
 
-// put: $1 queue, $2 id, $3 payload, $4 due (ms) or delay, $5 whether $4 is a delay, $6 channel,
-// $7 notify whatever (a put in the caller's transaction). Returns (inserted, notified).
-inline std::string put_sql(const std::string& s) {
-    return "WITH " + std::string(now_cte) + ", v AS (SELECT least(CASE WHEN $5 THEN t.now ELSE 0 " +
-           "END + $4, " + max_ms_sql() + ") AS at FROM t), i AS (INSERT INTO " + s +
-           ".jobs(queue, id, payload, at) SELECT $1, $2, $3, v.at FROM v ON CONFLICT DO NOTHING "
-           "RETURNING at), n AS (SELECT pg_notify($6, '') FROM i, t WHERE $7 OR " +
-           wakes(s, "i.at") + ") SELECT (SELECT count(*) FROM i), (SELECT count(*) FROM n)";
+// The insert of one job: $1 queue, $2 id, $3 payload, $4 due (ms) or delay, $5 whether $4 is a
+// delay. Inserts nothing when the id is queued.
+inline std::string insert_one_sql(const std::string& s) {
+    return "INSERT INTO " + s +
+           ".jobs(queue, id, payload, at) SELECT $1, $2, $3, least(CASE WHEN $5 THEN t.now ELSE "
+           "0 END + $4, " +
+           max_ms_sql() + ") FROM t ON CONFLICT DO NOTHING";
 }
 
-// put_many: $1 queue, $2 ids, $3 payloads, $4 delays, $5 channel. Returns the 1-based positions
-// of the jobs put (the first of several with one id).
+// put: insert_one_sql's parameters; the wake-up (wake_sql) follows in a transaction of its own.
+inline std::string put_sql(const std::string& s) {
+    return "WITH " + std::string(now_cte) + " " + insert_one_sql(s);
+}
+
+// The put in the caller's transaction: put_sql's parameters and $6 the channel. It notifies
+// whenever it inserted, at the caller's commit (see the top of delay_queue.hpp). Returns
+// (inserted, notified).
+inline std::string put_in_transaction_sql(const std::string& s) {
+    return "WITH " + std::string(now_cte) + ", i AS (" + insert_one_sql(s) +
+           " RETURNING 1), n AS (SELECT pg_notify($6, '') FROM i) SELECT (SELECT count(*) FROM "
+           "i), (SELECT count(*) FROM n)";
+}
+
+// put_many: $1 queue, $2 ids, $3 payloads, $4 delays. Inserts the first job of each id that is
+// not queued; returns the ids inserted.
 inline std::string put_many_sql(const std::string& s) {
-    return "WITH " + std::string(now_cte) +
-           ", r AS (SELECT u.id, u.payload, least(t.now + greatest(u.delay, 0), " + max_ms_sql() +
-           ") AS at, u.ord FROM t, unnest($2::bytea[], $3::bytea[], $4::bigint[]) WITH "
-           "ORDINALITY AS u(id, payload, delay, ord)), i AS (INSERT INTO " +
+    return "WITH " + std::string(now_cte) + " INSERT INTO " + s +
+           ".jobs(queue, id, payload, at) SELECT DISTINCT ON (u.id) $1, u.id, u.payload, "
+           "least(t.now + greatest(u.delay, 0), " +
+           max_ms_sql() +
+           ") FROM t, unnest($2::bytea[], $3::bytea[], $4::bigint[]) WITH ORDINALITY AS u(id, "
+           "payload, delay, ord) ORDER BY u.id, u.ord ON CONFLICT DO NOTHING RETURNING id";
+}
+
+// The wake-up that follows a put, put_many, reschedule or nack, in a transaction of its own that
+// starts after theirs committed: $1 queue, $2 the ids they wrote, $3 the channel. NOTIFY unless
+// the earliest waiting job among the ids has another job (waiting, or leased) due before it and
+// after now: the consumers already wake for that one, or were told of it.
+//
+// Why after the commit, in a snapshot of its own: a consumer sleeps until the earliest `at` its
+// last claim saw. A job that a statement sees may be gone (acked, cancelled) before that
+// statement commits, and a consumer that claims in between sees neither the job nor the new one,
+// and sleeps past it. A job that this later snapshot sees was committed before the consumer's
+// claim or after it; before: the claim saw it (nothing deletes it before this snapshot); after:
+// it was written by a put, reschedule or nack whose own wake-up asks the same about an earlier
+// job (the order by (at, id) is strict, so the chain ends), or by a claim, whose row was due
+// earlier still. So every consumer is woken, or wakes, by the time the job is due. The witness
+// must lie after now: a due job that a consumer saw has been handed out or is being handled.
+inline std::string wake_sql(const std::string& s) {
+    return "WITH " + lease_now_cte(false) +
+           ", b AS (SELECT j.at, j.id FROM unnest($2::bytea[]) AS u(id), LATERAL (SELECT x.at, "
+           "x.id FROM " +
            s +
-           ".jobs(queue, id, payload, at) SELECT $1, id, payload, at FROM r ORDER BY id, ord "
-           "ON CONFLICT DO NOTHING RETURNING id, at), f AS (SELECT id, min(ord) AS ord FROM r "
-           "GROUP BY id), n AS (SELECT pg_notify($5, '') FROM (SELECT min(at) AS at FROM i) m, t "
-           "WHERE m.at IS NOT NULL AND " +
-           wakes(s, "m.at") +
-           ") SELECT f.ord FROM f JOIN i ON i.id = f.id UNION ALL SELECT 0 FROM n";
+           ".jobs x WHERE x.queue = $1 AND x.id = u.id AND x.token = 0 LIMIT 1) j ORDER BY j.at, "
+           "j.id LIMIT 1) SELECT pg_notify($3, '') FROM b, t WHERE b.at <= t.now OR NOT EXISTS "
+           "(SELECT 1 FROM " +
+           s +
+           ".jobs w WHERE w.queue = $1 AND w.at > t.now AND w.at <= b.at AND (w.at < b.at OR "
+           "w.id < b.id))";
 }
 
 // cancel: $1 queue, $2 id.
@@ -172,13 +208,10 @@ inline std::string cancel_sql(const std::string& s) {
     return "DELETE FROM " + s + ".jobs WHERE queue = $1 AND id = $2";
 }
 
-// reschedule: $1 queue, $2 id, $3 delay, $4 channel. Returns (moved, notified).
+// reschedule: $1 queue, $2 id, $3 delay. The wake-up follows (wake_sql).
 inline std::string reschedule_sql(const std::string& s) {
-    return "WITH " + std::string(now_cte) + ", u AS (UPDATE " + s +
-           ".jobs j SET at = least(t.now + $3, " + max_ms_sql() +
-           ") FROM t WHERE j.queue = $1 AND j.id = $2 AND j.token = 0 RETURNING j.at), n AS "
-           "(SELECT pg_notify($4, '') FROM u, t WHERE " +
-           wakes(s, "u.at") + ") SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM n)";
+    return "WITH " + std::string(now_cte) + " UPDATE " + s + ".jobs j SET at = least(t.now + $3, " +
+           max_ms_sql() + ") FROM t WHERE j.queue = $1 AND j.id = $2 AND j.token = 0";
 }
 
 // Moves the jobs in CTE `from` (columns id, payload, attempts) to the dead letters.
@@ -196,30 +229,37 @@ inline std::string token_sql(const std::string& s) {
     return "nextval('" + s + ".tokens') * 65536 + floor(random() * 65536)::bigint";
 }
 
-// claim: $1 queue, $2 at most this many jobs, $3 lease (ms), $4 max_attempts (0: none). Claims
-// the rows whose `at` passed, earliest first, skipping rows another transaction holds: a waiting
-// job that came due, or a lease that ended (redelivered, or buried after its max_attempts-th
-// delivery). Returns one row per job leased (id, payload, due, attempts, token, lease end), then
-// one row with a NULL id: the next `at` among the rows not claimed (NULL: none), the number of
-// jobs buried, and the server's now.
-inline std::string claim_sql(const std::string& s, bool durable) {
-    return "WITH " + lease_now_cte(durable) +
-           ", p AS (SELECT j.id, j.at, j.token <> 0 AND $4 > 0 AND j.attempts >= $4 AS dead FROM " +
+// claim: $1 queue, $2 at most this many jobs, $3 lease (ms), and with `bury` (max_attempts > 0)
+// $4 max_attempts. Claims the rows whose `at` passed, earliest first, skipping rows another
+// transaction holds: a waiting job that came due, or a lease that ended (redelivered, or buried
+// after its max_attempts-th delivery). The rows claimed are updated where they lie (ctid): a join
+// by key would let the planner scan the queue to find them. Returns one row per job leased (id,
+// payload, due, attempts, token, lease end), then one row with a NULL id: the next `at` among
+// the rows not claimed (NULL: none), the number of jobs buried, and the server's now. The next
+// `at` is looked for from the last row claimed on, or, when none was, from the start: there it
+// may be a due row that another transaction holds.
+inline std::string claim_sql(const std::string& s, bool durable, bool bury) {
+    const std::string dead = bury ? "j.token <> 0 AND j.attempts >= $4" : "false";
+    std::string sql =
+        "WITH " + lease_now_cte(durable) + ", p AS (SELECT j.ctid AS r, j.id, j.at, " + dead +
+        " AS dead FROM " + s +
+        ".jobs j WHERE j.queue = $1 AND j.at <= (SELECT now FROM t) ORDER BY j.at LIMIT $2 FOR "
+        "UPDATE SKIP LOCKED), c AS (UPDATE " +
+        s + ".jobs j SET at = least(t.now + $3, " + max_ms_sql() + "), token = " + token_sql(s) +
+        ", attempts = j.attempts + 1 FROM p, t WHERE j.ctid = p.r AND NOT p.dead RETURNING j.id, "
+        "j.payload, p.at AS due, j.attempts, j.token, j.at)";
+    if (bury)
+        sql += ", b AS (DELETE FROM " + s +
+               ".jobs j USING p WHERE j.ctid = p.r AND p.dead RETURNING j.id, j.payload, "
+               "j.attempts), d AS (" +
+               bury_sql(s, "b") + ")";
+    return sql +
+           " SELECT c.id, c.payload, c.due, c.attempts::bigint, c.token, c.at FROM c UNION ALL "
+           "SELECT NULL, NULL, (SELECT j.at FROM " +
            s +
-           ".jobs j WHERE j.queue = $1 AND j.at <= (SELECT now FROM t) ORDER BY j.at LIMIT $2 "
-           "FOR UPDATE SKIP LOCKED), b AS (DELETE FROM " +
-           s +
-           ".jobs j USING p WHERE j.queue = $1 AND j.id = p.id AND p.dead RETURNING j.id, "
-           "j.payload, j.attempts), d AS (" +
-           bury_sql(s, "b") + "), c AS (UPDATE " + s + ".jobs j SET at = least(t.now + $3, " +
-           max_ms_sql() + "), token = " + token_sql(s) +
-           ", attempts = j.attempts + 1 FROM p, t WHERE j.queue = $1 AND j.id = p.id AND NOT "
-           "p.dead RETURNING j.id, j.payload, p.at AS due, j.attempts, j.token, j.at) SELECT "
-           "c.id, c.payload, c.due, c.attempts::bigint, c.token, c.at FROM c UNION ALL SELECT "
-           "NULL, NULL, (SELECT j.at FROM " +
-           s +
-           ".jobs j WHERE j.queue = $1 AND j.id NOT IN (SELECT id FROM p) ORDER BY j.at LIMIT "
-           "1), (SELECT count(*) FROM b), NULL, t.now FROM t";
+           ".jobs j WHERE j.queue = $1 AND j.at >= coalesce((SELECT max(at) FROM p), -1) AND "
+           "j.id NOT IN (SELECT id FROM p) ORDER BY j.at LIMIT 1), " +
+           (bury ? "(SELECT count(*) FROM b)" : "0") + ", NULL, t.now FROM t";
 }
 
 // ack: $1 queue, $2 id, $3 token.
@@ -229,28 +269,31 @@ inline std::string ack_sql(const std::string& s, bool durable) {
            "AND j.at > t.now";
 }
 
-// ack_many: $1 queue, $2 ids, $3 tokens. Returns the 1-based positions of the jobs acked.
+// ack_many: $1 queue, $2 ids, $3 tokens. Returns the 1-based positions of the jobs acked. Each
+// lease is found by its key and deleted where it lies; a row that changed in between (a new
+// version, elsewhere) is not deleted: its lease had changed hands.
 inline std::string ack_many_sql(const std::string& s, bool durable) {
-    return "WITH " + lease_now_cte(durable) + " DELETE FROM " + s +
-           ".jobs j USING t, unnest($2::bytea[], $3::bigint[]) WITH ORDINALITY AS u(id, token, "
-           "ord) WHERE j.queue = $1 AND j.id = u.id AND j.token = u.token AND j.token <> 0 AND "
-           "j.at > t.now RETURNING u.ord";
+    return "WITH " + lease_now_cte(durable) +
+           ", m AS (SELECT u.ord, x.r FROM unnest($2::bytea[], $3::bigint[]) WITH ORDINALITY AS "
+           "u(id, token, ord), LATERAL (SELECT j.ctid AS r FROM " +
+           s +
+           ".jobs j WHERE j.queue = $1 AND j.id = u.id AND j.token = u.token AND j.token <> 0 "
+           "AND j.at > (SELECT now FROM t) LIMIT 1) x) DELETE FROM " +
+           s + ".jobs j USING m WHERE j.ctid = m.r RETURNING m.ord";
 }
 
-// nack: $1 queue, $2 id, $3 token, $4 retry after (ms), $5 max_attempts, $6 channel. Back to
-// waiting, or to the dead letters after the max_attempts-th delivery. Returns (settled, notified).
+// nack: $1 queue, $2 id, $3 token, $4 retry after (ms), $5 max_attempts. Back to waiting, or to
+// the dead letters after the max_attempts-th delivery; the wake-up follows (wake_sql). Returns
+// whether the lease held.
 inline std::string nack_sql(const std::string& s, bool durable) {
     const std::string held =
         "j.queue = $1 AND j.id = $2 AND j.token = $3 AND j.token <> 0 AND j.at > t.now";
     return "WITH " + lease_now_cte(durable) + ", r AS (UPDATE " + s +
            ".jobs j SET at = least(t.now + $4, " + max_ms_sql() + "), token = 0 FROM t WHERE " +
-           held + " AND ($5 = 0 OR j.attempts < $5) RETURNING j.at), b AS (DELETE FROM " + s +
+           held + " AND ($5 = 0 OR j.attempts < $5) RETURNING 1), b AS (DELETE FROM " + s +
            ".jobs j USING t WHERE " + held +
            " AND $5 > 0 AND j.attempts >= $5 RETURNING j.id, j.payload, j.attempts), d AS (" +
-           bury_sql(s, "b") + "), n AS (SELECT pg_notify($6, '') FROM r, t WHERE " +
-           wakes(s, "r.at") +
-           ") SELECT (SELECT count(*) FROM r) + (SELECT count(*) FROM b), (SELECT count(*) FROM "
-           "n)";
+           bury_sql(s, "b") + ") SELECT (SELECT count(*) FROM r) + (SELECT count(*) FROM b)";
 }
 
 inline std::string size_sql(const std::string& s) {
