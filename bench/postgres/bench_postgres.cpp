@@ -217,7 +217,30 @@ std::optional<figures> node_e2e(const delayq_pg_test::pg_server& srv, const char
     return r;
 }
 
-void e2e(const delayq_pg_test::pg_server& srv, const config& cfg) {
+// The statements a server ran, most costly first (pg_stat_statements, when the settings load it).
+void print_profile(const delayq_pg_test::pg_server& srv) {
+    PGconn* c = PQconnectdb(srv.conninfo().c_str());
+    PGresult* r = PQexec(c,
+                         "SELECT calls, round(total_exec_time::numeric / calls * 1000), "
+                         "rows, left(regexp_replace(query, '\\s+', ' ', 'g'), 60) FROM "
+                         "pg_stat_statements ORDER BY total_exec_time DESC LIMIT 8");
+    std::printf("  %8s %10s %8s  %s\n", "calls", "us/call", "rows", "statement");
+    for (int i = 0; i < PQntuples(r); ++i)
+        std::printf("  %8s %10s %8s  %s\n", PQgetvalue(r, i, 0), PQgetvalue(r, i, 1),
+                    PQgetvalue(r, i, 2), PQgetvalue(r, i, 3));
+    PQclear(r);
+    PQfinish(c);
+}
+
+// A fresh server for one run, so that no run pays for what an earlier one left (autovacuum of
+// its tables, a checkpoint of its writes).
+std::unique_ptr<delayq_pg_test::pg_server> fresh_server(const std::vector<std::string>& settings) {
+    auto srv = std::make_unique<delayq_pg_test::pg_server>(settings);
+    if (!settings.empty()) srv->exec("CREATE EXTENSION IF NOT EXISTS pg_stat_statements");
+    return srv;
+}
+
+void e2e(const std::vector<std::string>& settings, const config& cfg) {
     const bool node = cfg.only != "delayq" && node_ready();
     if (cfg.only != "delayq" && !node)
         std::printf("pg-boss / graphile-worker skipped: no node, or no `npm install` in %s\n",
@@ -228,16 +251,18 @@ void e2e(const delayq_pg_test::pg_server& srv, const config& cfg) {
         for (const char* mode : {"single", "batch"}) {
             const bool single = std::string(mode) == "single";
             const int jobs = single ? cfg.jobs : cfg.batch_jobs;
-            auto d = delayq_e2e(srv, jobs, single ? 1 : 100, r);
+            const auto server = fresh_server(settings);
+            auto d = delayq_e2e(*server, jobs, single ? 1 : 100, r);
             runs[std::string("delayq ") + mode].push_back(d);
             std::printf("round %d delayq %s: %.0f jobs/s, server %.0f us/job, client %.0f us/job\n",
                         r + 1, mode, d.jobs_per_s, d.server_us, d.client_us);
+            if (!settings.empty()) print_profile(*server);
             if (!node) continue;
             for (const char* lib : {"pgboss", "graphile"}) {
                 std::string& v = std::string(lib) == "pgboss" ? boss_version : graphile_version;
                 // The Node libraries are slower: fewer jobs keep a round's time in bounds.
-                if (auto f =
-                        node_e2e(srv, lib, single ? cfg.jobs / 4 : cfg.batch_jobs / 4, mode, v)) {
+                if (auto f = node_e2e(*fresh_server(settings), lib,
+                                      single ? cfg.jobs / 4 : cfg.batch_jobs / 4, mode, v)) {
                     runs[std::string(lib) + " " + mode].push_back(*f);
                     std::printf(
                         "round %d %s %s: %.0f jobs/s, server %.0f us/job, client %.0f "
@@ -415,22 +440,10 @@ int main(int argc, char** argv) {
     if (!settings.empty()) srv.exec("CREATE EXTENSION IF NOT EXISTS pg_stat_statements");
     std::printf("PostgreSQL %s (private server, default settings)\n",
                 srv.query("SHOW server_version").c_str());
-    if (want("e2e")) e2e(srv, cfg);
+    if (want("e2e")) e2e(settings, cfg);
     if (want("wake")) wake(srv, cfg.wakes);
     if (want("tx")) tx(srv);
     if (want("idle")) idle(cfg.idle_seconds);
-    if (!settings.empty()) {
-        PGconn* c = PQconnectdb(srv.conninfo().c_str());
-        PGresult* r = PQexec(c,
-                             "SELECT calls, round(total_exec_time::numeric / calls * 1000), "
-                             "rows, left(regexp_replace(query, '\\s+', ' ', 'g'), 60) FROM "
-                             "pg_stat_statements ORDER BY total_exec_time DESC LIMIT 12");
-        std::printf("%8s %10s %8s  %s\n", "calls", "us/call", "rows", "statement");
-        for (int i = 0; i < PQntuples(r); ++i)
-            std::printf("%8s %10s %8s  %s\n", PQgetvalue(r, i, 0), PQgetvalue(r, i, 1),
-                        PQgetvalue(r, i, 2), PQgetvalue(r, i, 3));
-        PQclear(r);
-        PQfinish(c);
-    }
+    if (!settings.empty()) print_profile(srv);
     return 0;
 }
