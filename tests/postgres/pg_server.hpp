@@ -22,6 +22,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -126,20 +127,31 @@ class pg_server {
   public:
     /// initdb and start; `settings` are extra `-c name=value` for the server.
     explicit pg_server(std::vector<std::string> settings = {}) : settings_(std::move(settings)) {
-        std::string pattern =
-            (std::filesystem::temp_directory_path() / "delayq-pg-XXXXXX").string();
-        if (!::mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed");
-        dir_ = pattern;
-        if (user_.switch_to && ::chown(dir_.c_str(), user_.uid, user_.gid) != 0)
-            throw std::runtime_error("cannot give " + dir_ + " to the postgres user");
-        const pid_t init = spawn({bin_ + "/initdb", "-D", data(), "-A", "trust", "-U", "postgres",
-                                  "-E", "UTF8", "--no-locale", "--no-sync"},
-                                 user_, log());
-        int status = 0;
-        ::waitpid(init, &status, 0);
-        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-            throw std::runtime_error("initdb failed; see " + log());
+        make_dir();
+        run({bin_ + "/initdb", "-D", data(), "-A", "trust", "-U", "postgres", "-E", "UTF8",
+             "--no-locale", "--no-sync"},
+            "initdb");
         start();
+    }
+
+    /// A streaming standby of `primary` (pg_basebackup -R) on a port of its own, started;
+    /// `settings` as above (e.g. cluster_name=NAME, the name synchronous_standby_names knows it
+    /// by).
+    static std::unique_ptr<pg_server> standby_of(const pg_server& primary,
+                                                 std::vector<std::string> settings) {
+        std::unique_ptr<pg_server> s(new pg_server(std::move(settings), nullptr));
+        s->make_dir();
+        s->run({s->bin_ + "/pg_basebackup", "-D", s->data(), "-R", "-X", "stream", "-c", "fast",
+                "-h", "127.0.0.1", "-p", std::to_string(primary.port()), "-U", "postgres"},
+               "pg_basebackup");
+        s->start();
+        return s;
+    }
+
+    /// Promotes a standby to a primary, waiting until it accepts writes.
+    void promote() const {
+        if (query("SELECT pg_promote(true, 30)") != "t")
+            throw std::runtime_error("pg_promote did not finish; see " + log());
     }
     pg_server(const pg_server&) = delete;
     pg_server& operator=(const pg_server&) = delete;
@@ -270,6 +282,26 @@ class pg_server {
     }
 
   private:
+    pg_server(std::vector<std::string> settings, std::nullptr_t) : settings_(std::move(settings)) {}
+
+    void make_dir() {
+        std::string pattern =
+            (std::filesystem::temp_directory_path() / "delayq-pg-XXXXXX").string();
+        if (!::mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed");
+        dir_ = pattern;
+        if (user_.switch_to && ::chown(dir_.c_str(), user_.uid, user_.gid) != 0)
+            throw std::runtime_error("cannot give " + dir_ + " to the postgres user");
+    }
+
+    // Runs `args` as the server's user and waits for it; throws when it fails.
+    void run(const std::vector<std::string>& args, const char* what) {
+        const pid_t pid = spawn(args, user_, log());
+        int status = 0;
+        ::waitpid(pid, &status, 0);
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+            throw std::runtime_error(std::string(what) + " failed; see " + log());
+    }
+
     bool wait_ready() {
         const std::string ci = "host=127.0.0.1 port=" + std::to_string(port_) +
                                " user=postgres dbname=postgres connect_timeout=2";

@@ -1,7 +1,8 @@
 // delayq::postgres::delay_queue beyond the contract suite: processes that start at once on a new
 // server, a job that kills its consumer, a cancel from another process, a server killed and
-// restarted, the typed errors, the put inside the caller's transaction, and an idle consumer's
-// statements.
+// restarted, a failover to a promoted standby, the typed errors, the put inside the caller's
+// transaction, an idle consumer's statements, a wake-up whose earlier job goes before it
+// commits, and many takes sharing one object.
 #include <libpq-fe.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -199,6 +200,87 @@ TEST_CASE(
 
     // The waiting take's object works again too.
     CHECK_FALSE(idle.take(0ms));
+}
+
+TEST_CASE(
+    "postgres: a failover to a promoted standby: calls fail with connection_error, then work "
+    "against the new primary, nothing acknowledged lost, no lease honoured twice",
+    "[postgres][failover]") {
+    // A primary with a synchronous standby (its commits wait for the standby's disk too), and a
+    // conninfo that names both and wants the one that takes writes, as docs/postgres.md says.
+    delayq_pg_test::pg_server primary;
+    const auto standby = delayq_pg_test::pg_server::standby_of(primary, {"cluster_name=standby1"});
+    primary.exec("ALTER SYSTEM SET synchronous_standby_names = 'standby1'");
+    primary.exec("SELECT pg_reload_conf()");
+    for (int i = 0;
+         primary.query("SELECT string_agg(sync_state, ',') FROM pg_stat_replication") != "sync";
+         ++i) {
+        REQUIRE(i < 400);  // 20 s
+        std::this_thread::sleep_for(50ms);
+    }
+    auto o = opts("failover", primary);
+    o.conninfo = "host=127.0.0.1,127.0.0.1 port=" + std::to_string(primary.port()) + "," +
+                 std::to_string(standby->port()) +
+                 " user=postgres dbname=postgres target_session_attrs=read-write "
+                 "connect_timeout=2";
+    o.io_timeout = 2s;
+    pg::delay_queue q(o);
+    for (int i = 0; i < 20; ++i) REQUIRE(q.put_after("j" + std::to_string(i), "x", 0ms));
+    auto held = q.take(5s);
+    REQUIRE(held);
+
+    // A take waiting in another object learns of the failover.
+    auto idle_options = o;
+    idle_options.name = "failover-idle";
+    pg::delay_queue idle(idle_options);
+    std::atomic<int> outcome{0};  // 1: connection_error, 2: something else
+    std::thread waiter([&] {
+        try {
+            idle.take(30s);
+            outcome = 2;
+        } catch (const pg::connection_error&) {
+            outcome = 1;
+        } catch (...) {
+            outcome = 2;
+        }
+    });
+    std::this_thread::sleep_for(300ms);
+    primary.kill9();  // the primary's machine is gone
+    waiter.join();
+    CHECK(outcome == 1);
+    // The standby is still read-only: no server takes writes, a retryable error.
+    CHECK_THROWS_AS(q.put_after("during", "x", 0ms), pg::connection_error);
+
+    standby->promote();
+    bool put = false;
+    for (int i = 0; i < 50 && !put; ++i) {
+        try {
+            put = q.put_after("during", "x", 0ms) || true;  // false: the failed try was applied
+        } catch (const pg::connection_error&) {
+            std::this_thread::sleep_for(100ms);
+        }
+    }
+    REQUIRE(put);
+    CHECK(q.size() == 21);  // every put that returned, on the new primary
+
+    // The lease committed without waiting for the standby (durable_leases is false): it holds
+    // on the new primary and fences the job, or it was lost and the job comes again with another
+    // token. Never both.
+    std::set<std::string> seen;
+    bool again = false;
+    while (auto j = q.take(0ms)) {
+        if (j->id == held->id) {
+            again = true;
+            CHECK(j->token != held->token);
+        }
+        seen.insert(j->id);
+        CHECK(q.ack(*j));
+    }
+    const bool held_ack = q.ack(*held);
+    CHECK(held_ack != again);
+    CHECK(seen.size() == (again ? 21u : 20u));
+    CHECK(q.size() == 0);
+    CHECK_FALSE(idle.take(0ms));  // the waiting take's object works again too
 }
 
 TEST_CASE("postgres: a schema of another version is a schema_version_error", "[postgres][errors]") {
