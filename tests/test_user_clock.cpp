@@ -34,7 +34,7 @@ struct late_epoch_clock {
     using rep = duration::rep;
     using period = duration::period;
     using time_point = std::chrono::time_point<late_epoch_clock>;
-    static constexpr bool is_steady = true;
+    [[maybe_unused]] static constexpr bool is_steady = true;  // a chrono Clock; unused here
 
     static inline std::atomic<std::uint64_t> reads{0};
     static constexpr std::chrono::hours epoch{24 * 365 * 200};
