@@ -283,6 +283,39 @@ TEST_CASE(
     CHECK_FALSE(idle.take(0ms));  // the waiting take's object works again too
 }
 
+TEST_CASE(
+    "postgres: a job put with a delay, nacked or rescheduled is never handed out before the call "
+    "plus the delay",
+    "[postgres][time]") {
+    // The server's clock judges, in whole ms; the test's server shares the test's clock, so a
+    // hand-out before (call + delay) by that clock is early by the server's too.
+    pg::delay_queue q(opts(fresh_name("early")));
+    using sys = std::chrono::system_clock;
+    int early = 0;
+    for (int i = 0; i < 20; ++i) {
+        const std::string id = "e" + std::to_string(i);
+        auto called = sys::now();
+        REQUIRE(q.put_after(id, "x", 15ms));
+        auto j = q.take(5s);
+        REQUIRE(j);
+        if (sys::now() < called + 15ms) ++early;
+        called = sys::now();
+        REQUIRE(q.nack(*j, 15ms));
+        j = q.take(5s);
+        REQUIRE(j);
+        if (sys::now() < called + 15ms) ++early;
+        REQUIRE(q.ack(*j));
+        REQUIRE(q.put_after(id, "x", 1h));
+        called = sys::now();
+        REQUIRE(q.reschedule(id, 15ms));
+        j = q.take(5s);
+        REQUIRE(j);
+        if (sys::now() < called + 15ms) ++early;
+        REQUIRE(q.ack(*j));
+    }
+    CHECK(early == 0);
+}
+
 TEST_CASE("postgres: a schema of another version is a schema_version_error", "[postgres][errors]") {
     const std::string schema = "v_" + std::to_string(::getpid());
     auto o = opts(fresh_name("version"));

@@ -21,8 +21,9 @@
 // letters after its max_attempts-th delivery) alike, with one index seek and no separate reclaim
 // pass. The next event a waiting consumer sleeps until is min(at), one seek too.
 //
-// Times are milliseconds since 1970 on the server's clock (clock_timestamp(), rounded down for
-// "now", so nothing is ever early); a put's absolute deadline is the caller's, rounded up.
+// Times are milliseconds since 1970 on the server's clock (clock_timestamp(); see now_cte for the
+// rounding that keeps every job from being early); a put's absolute deadline is the caller's,
+// rounded up.
 // Fencing tokens are nextval('tokens') * 65536 plus 16 random bits: greater at each lease, and a
 // value that a crash or a failover handed out again (a sequence may repeat values whose
 // transaction was lost) still differs from the lost lease's token but for a 1 in 65 536 chance.
@@ -123,9 +124,13 @@ inline constexpr const char* session_sql =
     "SET plan_cache_mode = force_generic_plan; SET jit = off; SET enable_seqscan = off; "
     "SET enable_bitmapscan = off";
 
-// "now" on the server, in ms since 1970, rounded down.
+// The server's clock, read once, in ms since 1970: `now` rounded down, to judge what is due (a
+// job due at `at` is handed out once now >= at: never early), and `up` rounded up, to add a delay
+// to (a job due `d` ms from now is due at up + d, never before the call's time plus d; with now +
+// d it could be due up to a millisecond early).
 inline constexpr const char* now_cte =
-    "t AS (SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now)";
+    "t AS (SELECT floor(c.ms)::bigint AS now, ceil(c.ms)::bigint AS up FROM (SELECT "
+    "extract(epoch FROM clock_timestamp()) * 1000 AS ms) c)";
 
 // The same, for a statement whose commit need not wait for the disk (a lease, an ack, a nack
 // when options::durable_leases is false, a wake-up): synchronous_commit is off for its
@@ -134,8 +139,9 @@ inline constexpr const char* now_cte =
 // or a cancel, whose commits wait, and whose flush carries every earlier commit with it.
 inline std::string lease_now_cte(bool durable) {
     if (durable) return now_cte;
-    return "t AS (SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now, "
-           "set_config('synchronous_commit', 'off', true) AS async)";
+    return "t AS (SELECT floor(c.ms)::bigint AS now, ceil(c.ms)::bigint AS up, "
+           "set_config('synchronous_commit', 'off', true) AS async FROM (SELECT "
+           "extract(epoch FROM clock_timestamp()) * 1000 AS ms) c)";
 }
 
 inline std::string max_ms_sql() {
@@ -146,7 +152,7 @@ inline std::string max_ms_sql() {
 // delay. Inserts nothing when the id is queued.
 inline std::string insert_one_sql(const std::string& s) {
     return "INSERT INTO " + s +
-           ".jobs(queue, id, payload, at) SELECT $1, $2, $3, least(CASE WHEN $5 THEN t.now ELSE "
+           ".jobs(queue, id, payload, at) SELECT $1, $2, $3, least(CASE WHEN $5 THEN t.up ELSE "
            "0 END + $4, " +
            max_ms_sql() + ") FROM t ON CONFLICT DO NOTHING";
 }
@@ -170,7 +176,7 @@ inline std::string put_in_transaction_sql(const std::string& s) {
 inline std::string put_many_sql(const std::string& s) {
     return "WITH " + std::string(now_cte) + " INSERT INTO " + s +
            ".jobs(queue, id, payload, at) SELECT DISTINCT ON (u.id) $1, u.id, u.payload, "
-           "least(t.now + greatest(u.delay, 0), " +
+           "least(t.up + greatest(u.delay, 0), " +
            max_ms_sql() +
            ") FROM t, unnest($2::bytea[], $3::bytea[], $4::bigint[]) WITH ORDINALITY AS u(id, "
            "payload, delay, ord) ORDER BY u.id, u.ord ON CONFLICT DO NOTHING RETURNING id";
@@ -210,7 +216,7 @@ inline std::string cancel_sql(const std::string& s) {
 
 // reschedule: $1 queue, $2 id, $3 delay. The wake-up follows (wake_sql).
 inline std::string reschedule_sql(const std::string& s) {
-    return "WITH " + std::string(now_cte) + " UPDATE " + s + ".jobs j SET at = least(t.now + $3, " +
+    return "WITH " + std::string(now_cte) + " UPDATE " + s + ".jobs j SET at = least(t.up + $3, " +
            max_ms_sql() + ") FROM t WHERE j.queue = $1 AND j.id = $2 AND j.token = 0";
 }
 
@@ -245,7 +251,7 @@ inline std::string claim_sql(const std::string& s, bool durable, bool bury) {
         " AS dead FROM " + s +
         ".jobs j WHERE j.queue = $1 AND j.at <= (SELECT now FROM t) ORDER BY j.at LIMIT $2 FOR "
         "UPDATE SKIP LOCKED), c AS (UPDATE " +
-        s + ".jobs j SET at = least(t.now + $3, " + max_ms_sql() + "), token = " + token_sql(s) +
+        s + ".jobs j SET at = least(t.up + $3, " + max_ms_sql() + "), token = " + token_sql(s) +
         ", attempts = j.attempts + 1 FROM p, t WHERE j.ctid = p.r AND NOT p.dead RETURNING j.id, "
         "j.payload, p.at AS due, j.attempts, j.token, j.at)";
     if (bury)
@@ -289,7 +295,7 @@ inline std::string nack_sql(const std::string& s, bool durable) {
     const std::string held =
         "j.queue = $1 AND j.id = $2 AND j.token = $3 AND j.token <> 0 AND j.at > t.now";
     return "WITH " + lease_now_cte(durable) + ", r AS (UPDATE " + s +
-           ".jobs j SET at = least(t.now + $4, " + max_ms_sql() + "), token = 0 FROM t WHERE " +
+           ".jobs j SET at = least(t.up + $4, " + max_ms_sql() + "), token = 0 FROM t WHERE " +
            held + " AND ($5 = 0 OR j.attempts < $5) RETURNING 1), b AS (DELETE FROM " + s +
            ".jobs j USING t WHERE " + held +
            " AND $5 > 0 AND j.attempts >= $5 RETURNING j.id, j.payload, j.attempts), d AS (" +
