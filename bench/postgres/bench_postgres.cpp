@@ -1,7 +1,7 @@
 // End-to-end figures of delayq::postgres against a private PostgreSQL server that this program
 // starts itself (initdb in a temporary directory, the distribution's default settings: fsync and
-// synchronous_commit on), side by side with pg-boss and graphile-worker on the same server when
-// they are installed (npm install in node/; optional).
+// synchronous_commit on), side by side with pg-boss and graphile-worker, each end-to-end run on a
+// fresh server of the same kind, when they are installed (npm install in node/; optional).
 //
 //   bench_postgres [--jobs N] [--batch-jobs N] [--repeat R] [--idle-seconds S] [--wakes N]
 //                  [--only e2e|delayq|idle|wake|tx]
@@ -17,10 +17,13 @@
 // 2. idle: statements one idle consumer sends in S seconds (take(1h) on an empty queue, the
 //    server logging every statement with the client's application_name);
 // 3. wake-up: a take waiting on an empty queue, and a put of a due job from another object: the
-//    time from the put's call to the take's return, N rounds, p50/p99/max;
+//    time from the put's call and from its return to the take's return, N rounds, p50/p99/max,
+//    and where it goes: the put itself, its NOTIFY's way to a plain listening connection, and a
+//    claim of a due job (take(0));
 // 4. the transactional put: the time of put_after_in_transaction inside a transaction beside an
 //    INSERT of the same row into a table of the application's (one round trip each).
 #include <libpq-fe.h>
+#include <poll.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -335,19 +338,51 @@ void idle(int secs) {
     t.join();
 }
 
-// How soon a put wakes a waiting take in another object.
+// p50, p99 and max of `v` (sorted here), in the units of `v`.
+std::string percentiles(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const auto at = [&](double p) {
+        return v[std::min(v.size() - 1,
+                          static_cast<std::size_t>(p * static_cast<double>(v.size())))];
+    };
+    char out[96];
+    std::snprintf(out, sizeof out, "p50 %.0f us, p99 %.0f us, max %.0f us", at(0.5), at(0.99),
+                  v.back());
+    return out;
+}
+
+// How soon a put wakes a waiting take in another object, and where the time goes: the put itself
+// (its commit waits for the disk, then the wake-up sends NOTIFY), the notification's way to a
+// listening connection (a plain libpq one beside the queue's), and the take's claim.
 void wake(const delayq_pg_test::pg_server& srv, int rounds) {
     delayq::postgres::delay_queue consumer(queue_options(srv, "wake"));
     delayq::postgres::delay_queue producer(queue_options(srv, "wake"));
-    std::vector<double> us, after;  // from the put's call; from its return (its commit on disk)
+    PGconn* raw = PQconnectdb(srv.conninfo().c_str());
+    PQclear(PQexec(raw, ("LISTEN " + consumer.channel()).c_str()));
+    using us_t = std::chrono::duration<double, std::micro>;
+    // From the put's call and from its return to the take's return; the put's call to its return;
+    // its return to the notification at the plain listener.
+    std::vector<double> from_call, from_return, put_us, notified_us;
     for (int i = 0; i < rounds; ++i) {
         std::atomic<bool> waiting{false};
-        clk::time_point got;
+        clk::time_point got, heard;
         std::thread t([&] {
             waiting = true;
             auto j = consumer.take(10s);
             got = clk::now();
             if (j) consumer.ack(*j);
+        });
+        std::thread listener([&] {
+            for (;;) {
+                pollfd fd{PQsocket(raw), POLLIN, 0};
+                ::poll(&fd, 1, 10000);
+                PQconsumeInput(raw);
+                if (PGnotify* n = PQnotifies(raw)) {
+                    heard = clk::now();
+                    PQfreemem(n);
+                    return;
+                }
+            }
         });
         while (!waiting) std::this_thread::yield();
         std::this_thread::sleep_for(20ms);  // asleep, listening
@@ -357,19 +392,31 @@ void wake(const delayq_pg_test::pg_server& srv, int rounds) {
         producer.put_after(id, "", 0ms);
         const auto returned = clk::now();
         t.join();
-        us.push_back(std::chrono::duration<double, std::micro>(got - put).count());
-        after.push_back(std::chrono::duration<double, std::micro>(got - returned).count());
+        listener.join();
+        from_call.push_back(us_t(got - put).count());
+        from_return.push_back(us_t(got - returned).count());
+        put_us.push_back(us_t(returned - put).count());
+        notified_us.push_back(us_t(heard - returned).count());
     }
-    for (auto* v : {&us, &after}) {
-        std::sort(v->begin(), v->end());
-        const auto at = [&](double p) {
-            return (*v)[std::min(v->size() - 1, static_cast<std::size_t>(p * v->size()))];
-        };
-        std::printf(
-            "wake-up (put %s -> waiting take returned, %d rounds): p50 %.0f us, p99 %.0f "
-            "us, max %.0f us\n",
-            v == &us ? "called" : "returned", rounds, at(0.5), at(0.99), v->back());
+    PQfinish(raw);
+    // The claim alone: take(0) of a job that is due.
+    std::vector<double> claim_us;
+    for (int i = 0; i < rounds; ++i) {
+        std::string id = "c";
+        id += std::to_string(i);
+        producer.put_after(id, "", 0ms);
+        const auto t0 = clk::now();
+        auto j = consumer.take(0ms);
+        claim_us.push_back(us_t(clk::now() - t0).count());
+        if (j) consumer.ack(*j);
     }
+    std::printf("wake-up, %d rounds (a take waiting in another object):\n", rounds);
+    std::printf("  put called -> take returned:    %s\n", percentiles(from_call).c_str());
+    std::printf("  put returned -> take returned:  %s\n", percentiles(from_return).c_str());
+    std::printf("  the put (commit on disk, NOTIFY): %s\n", percentiles(put_us).c_str());
+    std::printf("  put returned -> NOTIFY at a plain listener: %s\n",
+                percentiles(notified_us).c_str());
+    std::printf("  a claim of a due job (take(0)):  %s\n", percentiles(claim_us).c_str());
 }
 
 // The transactional put beside an INSERT of the application's, inside one transaction each.
