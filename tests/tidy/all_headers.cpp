@@ -19,6 +19,9 @@
 #if __has_include(<sqlite3.h>)
 #include <delayq/sqlite/delay_queue.hpp>
 #endif
+#if __has_include(<libpq-fe.h>)
+#include <delayq/postgres/delay_queue.hpp>
+#endif
 
 #include <chrono>
 #include <coroutine>
