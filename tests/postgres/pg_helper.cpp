@@ -1,9 +1,10 @@
 // Another process on a test's queue, for tests/postgres/test_postgres_queue.cpp:
 //   pg_helper put CONNINFO SCHEMA NAME ID        open (creating the tables), put ID due now;
 //                                                prints 1 or 0
-//   pg_helper crash CONNINFO NAME MAX_ATTEMPTS   take one job (lease 300 ms), print its id and
-//                                                attempts, and die at once (_exit) without a word
-//                                                to the server: a job that kills its consumer
+//   pg_helper crash CONNINFO NAME MAX_ATTEMPTS   take one job (lease 300 ms; waiting up to 3 s),
+//                                                print its id and attempts, and die at once
+//                                                (_exit) without a word to the server: a job
+//                                                that kills its consumer
 //   pg_helper cancel CONNINFO NAME ID            cancel ID; prints 1 or 0
 // Exit status 0, or 2 with the exception's text on stderr.
 #include <unistd.h>
@@ -37,7 +38,7 @@ int main(int argc, char** argv) try {
         o.lease = 300ms;
         o.max_attempts = static_cast<unsigned>(std::atoi(argv[4]));
         delayq::postgres::delay_queue q(o);
-        if (auto j = q.take(10s)) {
+        if (auto j = q.take(3s)) {  // the lease before ends within 300 ms
             std::printf("%s %u\n", j->id.c_str(), j->attempts);
             std::fflush(stdout);
             ::_exit(3);  // the job killed us: no ack, no nack

@@ -675,10 +675,10 @@ TEST_CASE("postgres: the waiting takes of one object share one claim", "[postgre
     // that nothing is due, so they send nothing and wait with the first.
     std::vector<std::thread> ts;
     std::atomic<int> got{0};
-    ts.emplace_back([&] { got += consumer.take(3s) ? 1 : 0; });
+    ts.emplace_back([&] { got += consumer.take(2s) ? 1 : 0; });
     for (int i = 0; i < 50 && claims() == 0; ++i) std::this_thread::sleep_for(20ms);
     REQUIRE(claims() == 1);
-    for (int i = 0; i < 3; ++i) ts.emplace_back([&] { got += consumer.take(2s) ? 1 : 0; });
+    for (int i = 0; i < 3; ++i) ts.emplace_back([&] { got += consumer.take(1s) ? 1 : 0; });
     for (auto& t : ts) t.join();
     CHECK(got == 0);
     CHECK(claims() == 1);
