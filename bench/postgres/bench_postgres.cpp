@@ -21,7 +21,8 @@
 //    and where it goes: the put itself, its NOTIFY's way to a plain listening connection, and a
 //    claim of a due job (take(0));
 // 4. the transactional put: the time of put_after_in_transaction inside a transaction beside an
-//    INSERT of the same row into a table of the application's (one round trip each).
+//    INSERT of the same row into a table of the application's (one round trip each), and the
+//    commits a second of 4 connections doing either.
 #include <libpq-fe.h>
 #include <poll.h>
 #include <sys/resource.h>
@@ -445,6 +446,38 @@ void tx(const delayq_pg_test::pg_server& srv) {
         "application's %.0f us (means of %d; one round trip each)\n",
         put_us / n, insert_us / n, n);
     PQfinish(c);
+
+    // Commits a second of 4 connections, each looping BEGIN; one statement; COMMIT for 3 s: an
+    // INSERT of the application's, then put_after_in_transaction (whose NOTIFY makes the commits
+    // take turns: PostgreSQL holds its notification lock through each commit's flush).
+    for (const bool put : {false, true}) {
+        std::atomic<long> commits{0};
+        std::atomic<bool> stop{false};
+        std::vector<std::thread> ts;
+        for (int t = 0; t < 4; ++t)
+            ts.emplace_back([&, t] {
+                PGconn* own = PQconnectdb(srv.conninfo().c_str());
+                for (long i = 0; !stop; ++i) {
+                    std::string id = put ? "p" : "i";
+                    id += std::to_string(t) + "-" + std::to_string(i);
+                    PQclear(PQexec(own, "BEGIN"));
+                    if (put)
+                        q.put_after_in_transaction(own, id, payload16, 30min);
+                    else
+                        PQclear(
+                            PQexec(own, ("INSERT INTO orders VALUES ('" + id + "', 'x')").c_str()));
+                    PQclear(PQexec(own, "COMMIT"));
+                    ++commits;
+                }
+                PQfinish(own);
+            });
+        std::this_thread::sleep_for(3s);
+        stop = true;
+        for (auto& t : ts) t.join();
+        std::printf("4 connections committing %s: %.0f commits/s\n",
+                    put ? "put_after_in_transaction" : "an INSERT of the application's",
+                    static_cast<double>(commits) / 3.0);
+    }
 }
 
 }  // namespace
