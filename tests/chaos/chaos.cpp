@@ -224,7 +224,14 @@ class orchestrator {
         argv.push_back(nullptr);
         const std::string err = dir_ + "/logs/" + name(c) + ".stderr";
         const pid_t parent = ::getpid();
+        // The child starts with SIGTERM blocked (the mask survives fork and exec) until the worker
+        // has its handler: a stop sent while the process is still starting is a stop, not a death.
+        sigset_t term, old_mask;
+        sigemptyset(&term);
+        sigaddset(&term, SIGTERM);
+        ::sigprocmask(SIG_BLOCK, &term, &old_mask);
         const pid_t pid = ::fork();
+        if (pid != 0) ::sigprocmask(SIG_SETMASK, &old_mask, nullptr);
         if (pid < 0) throw std::runtime_error("fork failed");
         if (pid == 0) {
             ::prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -236,12 +243,6 @@ class orchestrator {
                 ::close(fd);
             }
             if (go_fd >= 0) ::fcntl(go_fd, F_SETFD, 0);
-            // SIGTERM waits until the worker has its handler (the mask survives exec): a stop
-            // sent while the process is still starting is a stop, not a death.
-            sigset_t term;
-            sigemptyset(&term);
-            sigaddset(&term, SIGTERM);
-            ::sigprocmask(SIG_BLOCK, &term, nullptr);
             ::execve(argv[0], argv.data(), environ);
             ::_exit(127);
         }
