@@ -3,7 +3,7 @@
 // BullMQ's beside them when it is installed.
 //
 //   bench_redis [--jobs N] [--batch-jobs N] [--paced-seconds S] [--idle-seconds S] [--repeat R]
-//               [--port P] [--bullmq-concurrency C]
+//               [--port P] [--bullmq-concurrency C] [--objects shared|per-thread|both]
 //               [--only put|e2e|delayq|bullmq|bullmq-batch|scripts|paced|idle|memory|sharded|
 //                       sqlite|sqlite-reopen]
 //
@@ -11,7 +11,9 @@
 // 2. end to end, side by side with BullMQ (bullmq/bench.mjs) against the same server, R rounds of
 //    four runs, one after the other so that both see the same machine:
 //    - delayq single calls: 4 producers put_after N jobs due U[0, 2 s], 4 consumers run the plain
-//      loop `while (auto j = q.take(..)) q.ack(*j);` until every job is acked;
+//      loop `while (auto j = q.take(..)) q.ack(*j);` until every job is acked; in two shapes, each
+//      its own run (--objects, default both): the 8 threads share one queue object, and each
+//      thread has a queue object of its own (on the same queue);
 //    - BullMQ single calls: 4 producers awaiting each add, in two layouts, each its own run: 4
 //      workers of concurrency 1, and one worker of concurrency 4 (which is faster depends on the
 //      machine: the table compares with the faster, by median jobs/s);
@@ -40,8 +42,8 @@
 // 9. reopening an SQLite queue of 1M pending jobs (put_many of 500, delays U[0, 2 s]): the time to
 //    open it in a fresh object and take the first due job, and the resident memory that added
 //    (/proc/self/statm) per pending job.
-// --only e2e runs 2. and 3. (all four series, the table, commandstats, the scripts); --only delayq
-// delayq's two series alone, --only bullmq and --only bullmq-batch one BullMQ series each, --only
+// --only e2e runs 2. and 3. (every series, the table, commandstats, the scripts); --only delayq
+// delayq's series alone, --only bullmq and --only bullmq-batch one BullMQ series each, --only
 // scripts 3. alone; --only sqlite 8., --only sqlite-reopen 9. Lateness uses the system clock of
 // this machine, which the local servers share.
 #include <malloc.h>
@@ -50,6 +52,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -87,6 +90,7 @@ struct config {
     int repeat = 3;
     int port = 0;
     int bullmq_concurrency = 100;  // the batched BullMQ worker's
+    std::string objects = "both";  // delayq's single calls: shared, per-thread or both
     std::string only;
 };
 
@@ -182,10 +186,22 @@ struct run_shape {
     int busy_consumers = 0;  // that many consumers work 5 ms on every job they take
 };
 
+// The queue object of each of the 8 threads of a run: producers 0-3, then consumers 0-3. One
+// object shared by all, or one object each.
+template <class Queue>
+using objects = std::array<Queue*, 8>;
+
+template <class Queue>
+objects<Queue> everyone(Queue& q) {
+    objects<Queue> all;
+    all.fill(&q);
+    return all;
+}
+
 // Producers put the jobs due U[0, 2 s]; consumers take and ack until every job is acked.
 // Returns jobs/s; `late` gets every job's lateness.
 template <class Queue>
-double end_to_end(Queue& q, const run_shape& shape, lateness& late) {
+double end_to_end_each(const objects<Queue>& qs, const run_shape& shape, lateness& late) {
     std::atomic<int> acked{0};
     const int per = shape.jobs / 4;
     const int total = per * 4;
@@ -195,6 +211,7 @@ double end_to_end(Queue& q, const run_shape& shape, lateness& late) {
     std::vector<std::thread> ts;
     for (int p = 0; p < 4; ++p)
         ts.emplace_back([&, p] {
+            Queue& q = *qs[static_cast<std::size_t>(p)];
             std::mt19937 rng(static_cast<unsigned>(p + 1));
             std::uniform_int_distribution<int> delay(0, 2000);
             std::vector<std::string> ids;
@@ -221,6 +238,7 @@ double end_to_end(Queue& q, const run_shape& shape, lateness& late) {
         });
     for (int c = 0; c < 4; ++c)
         ts.emplace_back([&, c] {
+            Queue& q = *qs[static_cast<std::size_t>(4 + c)];
             const bool busy = c < shape.busy_consumers;
             while (acked.load(std::memory_order_relaxed) < total) {
                 if (shape.batch <= 1) {
@@ -239,6 +257,11 @@ double end_to_end(Queue& q, const run_shape& shape, lateness& late) {
         });
     for (auto& t : ts) t.join();
     return total / seconds(clk::now() - start);
+}
+
+template <class Queue>
+double end_to_end(Queue& q, const run_shape& shape, lateness& late) {
+    return end_to_end_each(everyone(q), shape, late);
 }
 
 // end_to_end `repeat` times, each on a fresh queue; prints every rate and the median.
@@ -359,20 +382,26 @@ struct series {
 
 // One delayq end-to-end run with its CPU figures; `stats` gets INFO commandstats over the run.
 template <class Queue>
-figures measured(int port, Queue& q, const run_shape& shape, std::string* stats = nullptr) {
-    (void)q.size();  // connected before the clocks start
+figures measured_each(int port, const objects<Queue>& qs, const run_shape& shape,
+                      std::string* stats = nullptr) {
+    for (Queue* q : qs) (void)q->size();  // connected before the clocks start
     command(port, {"CONFIG", "RESETSTAT"});
     const double server0 = server_cpu(port);
     const double client0 = own_cpu();
     lateness late;
     figures f;
-    f.jobs_per_s = end_to_end(q, shape, late);
+    f.jobs_per_s = end_to_end_each(qs, shape, late);
     const double jobs = shape.jobs / 4 * 4;
     f.client_us = (own_cpu() - client0) * 1e6 / jobs;
     f.server_us = (server_cpu(port) - server0) * 1e6 / jobs;
     if (stats != nullptr) *stats = text(port, {"INFO", "commandstats"});
     f.lateness = late.report();
     return f;
+}
+
+template <class Queue>
+figures measured(int port, Queue& q, const run_shape& shape, std::string* stats = nullptr) {
+    return measured_each(port, everyone(q), shape, stats);
 }
 
 // Why BullMQ cannot run here, or "" when it can (bullmq/bench.mjs needs node and the npm package).
@@ -449,8 +478,11 @@ void print_commandstats(const std::string& stats, int jobs, const std::string& w
                     r.calls > 0 ? r.usec / r.calls : 0.0, r.usec / jobs);
 }
 
-// The median figures of the four series side by side, with the ratios delayq / BullMQ.
-void print_table(const series& ds, const series& bs, const series& db, const series& bb) {
+// The median figures of the series side by side, with the ratios delayq / BullMQ: delayq's single
+// calls with one shared object (ds) and with one object per thread (dp), against BullMQ's single
+// calls (bs), and both batched (db, bb).
+void print_table(const series& ds, const series& dp, const series& bs, const series& db,
+                 const series& bb) {
     const auto cell = [](const series& s, double (series::*f)() const, const char* fmt) {
         if (s.runs.empty()) return std::string("–");
         char b[64];
@@ -464,8 +496,9 @@ void print_table(const series& ds, const series& bs, const series& db, const ser
         return std::string(buf);
     };
     std::printf(
-        "\nper job, medians | delayq single | BullMQ single | delayq / BullMQ | delayq batched | "
-        "BullMQ batched | delayq / BullMQ\n|---|---|---|---|---|---|---|\n");
+        "\nper job, medians | delayq single, one shared object | delayq single, one object per "
+        "thread | BullMQ single | shared / BullMQ | per thread / BullMQ | delayq batched | BullMQ "
+        "batched | delayq / BullMQ\n|---|---|---|---|---|---|---|---|---|\n");
     const struct {
         const char* what;
         double (series::*f)() const;
@@ -474,10 +507,11 @@ void print_table(const series& ds, const series& bs, const series& db, const ser
                 {"client CPU", &series::client_us, "%.1f µs"},
                 {"end-to-end jobs/s", &series::jobs_per_s, "%.0f"}};
     for (const auto& r : rows)
-        std::printf("| %s | %s | %s | %s | %s | %s | %s |\n", r.what, cell(ds, r.f, r.fmt).c_str(),
+        std::printf("| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.what,
+                    cell(ds, r.f, r.fmt).c_str(), cell(dp, r.f, r.fmt).c_str(),
                     cell(bs, r.f, r.fmt).c_str(), ratio(ds, bs, r.f).c_str(),
-                    cell(db, r.f, r.fmt).c_str(), cell(bb, r.f, r.fmt).c_str(),
-                    ratio(db, bb, r.f).c_str());
+                    ratio(dp, bs, r.f).c_str(), cell(db, r.f, r.fmt).c_str(),
+                    cell(bb, r.f, r.fmt).c_str(), ratio(db, bb, r.f).c_str());
     std::printf("\n");
 }
 
@@ -980,11 +1014,16 @@ int main(int argc, char** argv) {
             cfg.port = v;
         else if (a == "--bullmq-concurrency")
             cfg.bullmq_concurrency = std::max(1, v);
+        else if (a == "--objects" &&
+                 (std::string(argv[i + 1]) == "shared" ||
+                  std::string(argv[i + 1]) == "per-thread" || std::string(argv[i + 1]) == "both"))
+            cfg.objects = argv[i + 1];
         else {
             std::fprintf(stderr,
                          "usage: %s [--jobs N] [--batch-jobs N] [--paced-seconds S] "
                          "[--idle-seconds S] [--repeat R] "
-                         "[--port P] [--bullmq-concurrency C] [--only "
+                         "[--port P] [--bullmq-concurrency C] [--objects shared|per-thread|both] "
+                         "[--only "
                          "put|e2e|delayq|bullmq|bullmq-batch|scripts|paced|idle|memory|sharded|"
                          "sqlite|sqlite-reopen]\n",
                          argv[0]);
@@ -1014,13 +1053,22 @@ int main(int argc, char** argv) {
     const bool ours = e2e || want("delayq");  // delayq's two end-to-end series
     const bool bull_single = e2e || want("bullmq");
     const bool bull_batch = e2e || want("bullmq-batch");
-    std::string stats_single, stats_batch;  // delayq's commandstats, the last run of each mode
+    // delayq's commandstats, the last run of each mode
+    std::string stats_single, stats_per_thread, stats_batch;
     if (ours || bull_single || bull_batch) {
         const std::string missing = bull_single || bull_batch ? bullmq_missing() : "";
         if (!missing.empty()) std::printf("bullmq: skipped (%s)\n", missing.c_str());
         const bool bull = missing.empty();
         const std::string conc = std::to_string(cfg.bullmq_concurrency);
-        series ds{"delayq end to end (single calls: put_after, take, ack)", cfg.jobs, {}};
+        series ds{
+            "delayq end to end (single calls: put_after, take, ack; one object shared by "
+            "the 8 threads)",
+            cfg.jobs,
+            {}};
+        series dp{"delayq end to end (single calls: put_after, take, ack; one object per thread)",
+                  cfg.jobs,
+                  {}};
+        const bool shared = cfg.objects != "per-thread", per_thread = cfg.objects != "shared";
         series bs{"", cfg.jobs, {}};   // 4 workers of concurrency 1
         series bs1{"", cfg.jobs, {}};  // 1 worker of concurrency 4
         series db{"delayq end to end (batches of 100)", cfg.batch_jobs, {}};
@@ -1035,10 +1083,17 @@ int main(int argc, char** argv) {
                 round + 1, what, f.jobs_per_s, f.server_us, f.client_us);
         };
         for (int i = 0; i < cfg.repeat; ++i) {
-            if (ours) {
+            if (ours && shared) {
                 auto q = single("bench-e2e-1-")(i);
-                add(ds, "delayq single", i,
+                add(ds, "delayq single, one shared object", i,
                     measured(cfg.port, *q, {cfg.jobs, 0, 1, 0}, &stats_single));
+            }
+            if (ours && per_thread) {  // the same queue, an object of its own for each thread
+                std::vector<std::unique_ptr<delayq::redis::delay_queue>> own;
+                objects<delayq::redis::delay_queue> qs{};
+                for (auto& q : qs) q = own.emplace_back(single("bench-e2e-1t-")(i)).get();
+                add(dp, "delayq single, one object per thread", i,
+                    measured_each(cfg.port, qs, {cfg.jobs, 0, 1, 0}, &stats_per_thread));
             }
             if (bull_single && bull) {
                 if (auto f = bullmq_run(cfg.port, cfg.jobs, "single", 4, 1, version))
@@ -1064,7 +1119,7 @@ int main(int argc, char** argv) {
                    "concurrency 4)";
         bb.name = "bullmq " + version + " end to end (addBulk of 100, one worker of concurrency " +
                   conc + ")";
-        for (const series* s : {&ds, &bs, &bs1, &db, &bb}) s->print();
+        for (const series* s : {&ds, &dp, &bs, &bs1, &db, &bb}) s->print();
         // BullMQ's faster single-call layout is the one to beat.
         const series& bfast =
             bs1.runs.empty() || (!bs.runs.empty() && bs.jobs_per_s() >= bs1.jobs_per_s()) ? bs
@@ -1072,9 +1127,14 @@ int main(int argc, char** argv) {
         if (e2e && !bfast.runs.empty())
             std::printf("BullMQ's faster single-call layout here: %s\n",
                         &bfast == &bs ? "4 workers of concurrency 1" : "1 worker of concurrency 4");
-        if (e2e) print_table(ds, bfast, db, bb);
+        if (e2e) print_table(ds, dp, bfast, db, bb);
         if (ours) {
-            print_commandstats(stats_single, cfg.jobs, "delayq single calls, last run");
+            if (shared)
+                print_commandstats(stats_single, cfg.jobs,
+                                   "delayq single calls, one shared object, last run");
+            if (per_thread)
+                print_commandstats(stats_per_thread, cfg.jobs,
+                                   "delayq single calls, one object per thread, last run");
             print_commandstats(stats_batch, cfg.batch_jobs, "delayq batches of 100, last run");
             std::printf("\n");
         }

@@ -1,11 +1,15 @@
-// Routing and the wire under sick nodes.
+// Routing and the wire under sick nodes, and the link that the objects of a process share.
 //
-// They run against fake cluster nodes (fake_cluster.hpp): scripted servers that answer CLUSTER
-// SLOTS from a map the test sets and pass every other command to one real redis-server, so that a
-// failover is a new map, and a node hangs (as under SIGSTOP), answers LOADING or goes away exactly
-// when the test says. Every bound on time here is one a user would
+// The routing cases run against fake cluster nodes (fake_cluster.hpp): scripted servers that
+// answer CLUSTER SLOTS from a map the test sets and pass every other command to one real
+// redis-server, so that a failover is a new map, and a node hangs (as under SIGSTOP), answers
+// LOADING or goes away exactly when the test says. Every bound on time here is one a user would
 // call broken (a call that should fail within io_timeout taking twice as long), never a figure a
 // loaded machine can miss.
+#include <poll.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -68,6 +72,11 @@ struct behind_fakes {
     redis_server real;
     std::shared_ptr<slot_map> map = std::make_shared<slot_map>();
 };
+
+// Connections the server has open, less the one that asks.
+int connections(const redis_server& srv) {
+    return std::stoi(srv.info_field("clients", "connected_clients:")) - 1;
+}
 
 }  // namespace
 
@@ -197,13 +206,17 @@ TEST_CASE(
             took[static_cast<std::size_t>(t)] = since(start);
         });
     for (auto& t : ts) t.join();
+    // Calls merged into one script call (calls of one queue shard handed in at about the same
+    // time) fail with the error of the call that carried them, which names the wait of the
+    // oldest of them: a message says no more than the longest of these calls waited.
+    const auto longest = *std::max_element(took.begin(), took.end());
     for (std::size_t t = 0; t < threads; ++t) {
         INFO("thread " << t << " took " << took[t].count() << " ms: " << messages[t]);
         CHECK(contains(messages[t], "io_timeout 1000 ms"));
         CHECK(took[t] < 2 * o.io_timeout);
         const long said = waited_ms(messages[t]);
-        CHECK(said >= 1000);             // it did wait its io_timeout
-        CHECK(said <= took[t].count());  // and says no more than it waited
+        CHECK(said >= 1000);  // it did wait its io_timeout
+        CHECK(said <= longest.count());
     }
 }
 
@@ -236,4 +249,264 @@ TEST_CASE("a server that goes on loading past io_timeout is an error naming LOAD
     INFO(m);
     CHECK(contains(m, "LOADING"));
     CHECK(since(start) < 2 * o.io_timeout);
+}
+
+// One pipelined link per server, user and process (connection.hpp): objects made one per thread
+// batch their calls as one shared object does.
+TEST_CASE("objects of one process that talk to one server as one user share one connection",
+          "[link]") {
+    const redis_server srv;
+    REQUIRE(connections(srv) == 0);
+    {
+        std::vector<std::unique_ptr<delay_queue>> qs;
+        for (int i = 0; i < 4; ++i) {
+            qs.push_back(std::make_unique<delay_queue>(opts(srv, "q" + std::to_string(i % 2))));
+            REQUIRE(qs.back()->put_after("j" + std::to_string(i), "", 1h));
+        }
+        CHECK(connections(srv) == 1);
+        qs.erase(qs.begin(), qs.begin() + 3);  // the first ones go; the link stays for the last
+        CHECK(qs.back()->size() == 2);
+        CHECK(connections(srv) == 1);
+    }
+    // The last user gone, the link goes too.
+    CHECK(eventually([&] { return connections(srv) == 0; }));
+}
+
+TEST_CASE("different users never share a connection, and one's refused login is its own error",
+          "[link]") {
+    const redis_server srv;
+    for (const char* u : {"alice", "bob"})
+        REQUIRE(
+            srv.command({"ACL", "SETUSER", u, "on", std::string(">pw-") + u, "~*", "&*", "+@all"})
+                ->type == REDIS_REPLY_STATUS);
+    const auto as = [&](const std::string& user, const std::string& password) {
+        auto o = opts(srv);
+        o.user = user;
+        o.password = password;
+        return o;
+    };
+    delay_queue alice(as("alice", "pw-alice")), bob(as("bob", "pw-bob")), anon(opts(srv));
+    delay_queue wrong(as("alice", "not her password"));
+    CHECK(alice.put_after("a", "", 1h));
+    CHECK(bob.put_after("b", "", 1h));
+    CHECK(anon.put_after("c", "", 1h));
+    const std::string m = message_of<delayq::redis::error>([&] { wrong.put_after("d", "", 1h); });
+    CHECK(contains(m, "AUTH as 'alice' refused"));
+    CHECK(connections(srv) == 3);
+    std::vector<std::string> names;
+    for (const auto& line :
+         std::vector<std::string>{srv.text({"CLIENT", "LIST"})})  // one line per connection
+        for (std::size_t at = 0; (at = line.find(" user=", at)) != std::string::npos; ++at)
+            names.push_back(line.substr(at + 6, line.find(' ', at + 6) - at - 6));
+    std::sort(names.begin(), names.end());
+    CHECK(names == std::vector<std::string>{"alice", "bob", "default", "default"});  // + the probe
+    CHECK(alice.size() == 3);  // the one queue "q", whoever wrote it
+}
+
+TEST_CASE("a call handed in while another waits for its reply is sent at once", "[link]") {
+    // With few calls in flight (calls merged per queue shard), a link whose one thread wrote and
+    // then waited for the replies sent a call handed in meanwhile only after the next reply came:
+    // the two calls took two round trips where one would do. The server here holds its reply to
+    // HOLD until the test lets it go, and counts what it has received meanwhile.
+    const delayq_test::silent_server listener;
+    std::atomic<int> pings{0};
+    std::atomic<bool> holds{false}, release{false};
+    std::thread server([&] {
+        const int c = ::accept(listener.fd(), nullptr, nullptr);
+        if (c < 0) return;
+        std::string in;
+        std::array<char, 4096> buf{};
+        bool answered = false;
+        while (!answered) {
+            pollfd p{c, POLLIN, 0};
+            if (::poll(&p, 1, 10) > 0) {
+                const ssize_t n = ::read(c, buf.data(), buf.size());
+                if (n <= 0) break;
+                in.append(buf.data(), static_cast<std::size_t>(n));
+                holds = in.find("HOLD") != std::string::npos;
+                pings = in.find("PING") != std::string::npos ? 1 : 0;
+            }
+            if (release.load()) {
+                const std::string out = "+held\r\n+PONG\r\n";
+                answered = ::send(c, out.data(), out.size(), MSG_NOSIGNAL) > 0;
+            }
+        }
+        std::this_thread::sleep_for(100ms);  // the replies are read before the socket goes
+        ::close(c);
+    });
+    delayq::redis::detail::link l({"127.0.0.1", listener.port(), "", ""}, 20s);
+    const auto text = [](const delayq::redis::detail::reply_ptr& r) {
+        return std::string(delayq::redis::detail::text_of(r.get()));
+    };
+    std::string held, pong;
+    std::thread first([&] {
+        const std::array<std::string_view, 1> hold{"HOLD"};
+        held = text(l.call(delayq::redis::detail::command(hold)));
+    });
+    REQUIRE(eventually([&] { return holds.load(); }));
+    std::thread second([&] {
+        const std::array<std::string_view, 1> ping{"PING"};
+        pong = text(l.call(delayq::redis::detail::command(ping)));
+    });
+    // PING reaches the server while HOLD's reply is still held.
+    CHECK(eventually([&] { return pings.load() == 1; }, 5s));
+    release = true;
+    first.join();
+    second.join();
+    server.join();
+    CHECK(held == "held");
+    CHECK(pong == "PONG");
+}
+
+TEST_CASE(
+    "an object whose call times out on a shared link does not fail another object's call in "
+    "flight on it",
+    "[link]") {
+    const redis_server srv;
+    auto quick = opts(srv), patient = opts(srv);
+    quick.io_timeout = 100ms;
+    patient.io_timeout = 20s;
+    delay_queue impatient_q(quick), patient_q(patient);
+    REQUIRE(impatient_q.put_after("warm-1", "", 1h));
+    REQUIRE(patient_q.put_after("warm-2", "", 1h));
+
+    // Another client keeps the server busy for 1.5 s with a script (Redis runs one at a time).
+    std::thread busy([&] {
+        srv.command({"EVAL",
+                     "local t0 = redis.call('TIME') "
+                     "repeat local t = redis.call('TIME') "
+                     "until (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) > 1500000 return 1",
+                     "0"});
+    });
+    // The server is busy once a PING gets no answer within 50 ms.
+    REQUIRE(eventually([&] {
+        redisContext* c = redisConnectWithTimeout("127.0.0.1", srv.port(), timeval{1, 0});
+        if (c == nullptr || c->err != 0) {
+            redisFree(c);
+            return false;
+        }
+        redisSetTimeout(c, timeval{0, 50'000});
+        auto* r = redisCommand(c, "PING");
+        const bool answered = r != nullptr;
+        if (r != nullptr) freeReplyObject(static_cast<redisReply*>(r));
+        redisFree(c);
+        return !answered;
+    }));
+    std::optional<bool> patient_put;
+    std::string patient_error;
+    std::thread slow([&] {
+        try {
+            patient_put = patient_q.put_after("patient", "", 1h);
+        } catch (const delayq::redis::error& e) {
+            patient_error = e.what();
+        }
+    });
+    const std::string m =
+        message_of<delayq::redis::error>([&] { impatient_q.put_after("impatient", "", 1h); });
+    CHECK(contains(m, "io_timeout 100 ms"));
+    slow.join();
+    busy.join();
+    INFO(patient_error);
+    CHECK(patient_put == std::optional<bool>(true));
+    CHECK(impatient_q.put_after("after", "", 1h));  // and the impatient object goes on
+}
+
+TEST_CASE(
+    "objects made and destroyed in any order on many threads while others' calls are in flight: "
+    "every job counted",
+    "[link]") {
+    const redis_server srv;
+    delay_queue keeper(opts(srv));  // lives throughout, calling all the while
+    constexpr int threads = 6, rounds = 40;
+    std::atomic<bool> stop{false};
+    std::atomic<int> keeper_calls{0};
+    std::thread k([&] {
+        while (!stop.load()) {
+            (void)keeper.size();
+            ++keeper_calls;
+        }
+    });
+    std::atomic<int> put{0};
+    std::vector<std::thread> ts;
+    for (int t = 0; t < threads; ++t)
+        ts.emplace_back([&, t] {
+            std::unique_ptr<delay_queue> held;  // outlives some rounds: destroyed out of order
+            for (int i = 0; i < rounds; ++i) {
+                auto q = std::make_unique<delay_queue>(opts(srv));
+                if (q->put_after("t" + std::to_string(t) + "-" + std::to_string(i), "", 1h)) ++put;
+                if (i % 7 == 0) std::swap(q, held);
+            }
+        });
+    for (auto& t : ts) t.join();
+    stop = true;
+    k.join();
+    CHECK(put.load() == threads * rounds);
+    CHECK(keeper.size() == static_cast<std::size_t>(threads * rounds));
+    CHECK(keeper_calls.load() > 0);
+}
+
+TEST_CASE("a child process after fork() talks to the server on connections of its own", "[link]") {
+    // The child of a fork shares the parent's sockets. If it used the parent's link (from the
+    // process-wide table, or through an object made before the fork), its commands and the
+    // parent's would interleave on one socket and their replies go to the wrong process.
+    const redis_server srv;
+    const delayq::redis::detail::endpoint at{"127.0.0.1", srv.port(), "", ""};
+    auto shared = delayq::redis::detail::shared_link(at);
+    delay_queue before(opts(srv));
+    REQUIRE(before.put_after("parent-0", "", 1h));
+    const auto echo = [](delayq::redis::detail::link& l, const std::string& s) {
+        const std::array<std::string_view, 2> e{"ECHO", s};
+        return std::string(
+            delayq::redis::detail::text_of(l.call(delayq::redis::detail::command(e)).get()));
+    };
+    REQUIRE(echo(*shared, "x") == "x");
+
+    std::atomic<bool> stop{false};
+    std::atomic<int> wrong{0}, calls{0};
+    std::atomic<bool> paused{false}, hold{false};
+    std::thread parent([&] {
+        for (int i = 0; !stop.load(); ++i) {
+            while (hold.load()) paused = true;
+            paused = false;
+            try {
+                const std::string s = "p" + std::to_string(i);
+                if (echo(*shared, s) != s) ++wrong;
+            } catch (const delayq::redis::error&) {
+                ++wrong;
+            }
+            ++calls;
+        }
+    });
+    REQUIRE(eventually([&] { return calls.load() > 100; }));
+    hold = true;  // no call of the parent in the middle of the fork
+    REQUIRE(eventually([&] { return paused.load(); }));
+    const pid_t child = ::fork();
+    if (child == 0) {
+        int status = 0;
+        try {
+            auto mine = delayq::redis::detail::shared_link(at);
+            for (int i = 0; i < 300 && status == 0; ++i) {
+                const std::string s = "c" + std::to_string(i);
+                if (echo(*mine, s) != s || echo(*shared, s) != s) status = 1;
+            }
+            delay_queue made_after(opts(srv));
+            if (!made_after.put_after("child-new", "", 1h) ||
+                !before.put_after("child-old", "", 1h))
+                status = 2;
+        } catch (...) {
+            status = 3;
+        }
+        ::_exit(status);
+    }
+    hold = false;  // the parent goes on while the child runs
+    int status = -1;
+    ::waitpid(child, &status, 0);
+    const int calls_then = calls.load();
+    REQUIRE(eventually([&] { return calls.load() > calls_then + 100; }));
+    stop = true;
+    parent.join();
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+    CHECK(wrong.load() == 0);
+    CHECK(before.size() == 3);
 }

@@ -196,7 +196,7 @@ class router {
 
   private:
     struct node {
-        explicit node(const endpoint& e) : at(e), l(std::make_shared<link>(e)) {}
+        explicit node(const endpoint& e) : at(e), l(shared_link(e)) {}
         endpoint at;
         std::shared_ptr<link> l;
     };

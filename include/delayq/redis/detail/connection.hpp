@@ -1,29 +1,37 @@
-// The Redis backend's wire: one hiredis connection, a link that many threads share, and the
-// subscription that waiting consumers listen on. Part of <delayq/redis/delay_queue.hpp>.
+// The Redis backend's wire: one hiredis connection, the link that every thread and every queue
+// object of a process shares to one server, and the subscription that waiting consumers listen
+// on. Part of <delayq/redis/delay_queue.hpp>.
 //
 // The idea. A round trip on loopback costs the server a read, a write and an event-loop turn, and
 // the client a write, a read and a context switch; the Lua work of one job is smaller than that.
-// So the calls of all the threads that share one queue object go to a node over one connection,
-// and whatever they send at about the same time travels together: one thread at a time, the leader,
-// writes every queued command in one write, then reads the replies in order and hands each to its
-// thread as soon as it is in (StackExchange.Redis's multiplexer and ioredis's auto-pipelining do
-// the same). It does not wait for a batch's last reply before it writes the next batch: a thread
-// woken by its reply hands in its next call while the server works on the calls behind it, and the
-// leader writes it after the next reply. So the server and the client are not idle in turn. A
-// thread alone pays one round trip, as before; eight threads pay about one write and one read per
-// batch instead of one each. Nothing here blocks on the server: a blocked command would hold up
-// everybody behind it, so waiting for work is done on a connection of its own (the subscriber
-// below).
+// So the calls that a process makes to one server go over one connection, and whatever is sent at
+// about the same time travels together (StackExchange.Redis's multiplexer and ioredis's
+// auto-pipelining do the same). Writing and reading are two roles, each held by one thread at a
+// time. A call handed in while nobody writes is written at once by its own thread, with every call
+// handed in meanwhile, in one write: no call waits for the replies of others before it is sent, so
+// the server and the client are not idle in turn. One thread, the reader, reads the replies in
+// order and hands each to its thread as soon as it is in, until its own is answered, and then
+// hands the role on. A thread alone pays one round trip, as before; eight threads pay about one
+// write and one read per batch instead of one each. Nothing here blocks on the server: a blocked
+// command would hold up everybody behind it, so waiting for work is done on a connection of its
+// own (the subscriber below).
+//
+// One link per server and user, not per queue object (shared_link()): a user who gives each
+// thread its own queue object, as many do, gets the batching that one shared object gets. Objects
+// of different users (or passwords) never share one; a child process after fork() never uses its
+// parent's (it would interleave its commands with the parent's on one socket). The link lives as
+// long as its last user, whatever order the objects go in.
 //
 // Time. Every call has its own deadline, its io_timeout after it began (a budget, below), and
 // returns or fails by then, plus at most one connect, whoever else uses the link and however the
-// server behaves: the leader waits for the next reply only until the earliest deadline of the
-// calls in flight, and a call still waiting to be written when its deadline passes takes itself
-// back (it was not sent). A call that ran out of time is given up alone: its reply, when it comes,
-// is read and dropped, and the calls of other threads and objects behind it go on (an object with
-// a short io_timeout does not fail the calls of one with a long one). Once no call is left waiting
-// on the connection, one that timed out is closed, so that the next call starts on a fresh one.
-// An error says how long the call really waited: "timed out after 1002 ms (io_timeout 1000 ms)".
+// server behaves: the reader waits for the next reply only until the earliest deadline of the
+// calls in flight, and a call whose deadline passes gives up by itself wherever it is (still to
+// be written: it was not sent). A call that ran out of time is given up alone: its reply, when it
+// comes, is read and dropped, and the calls of other threads and objects behind it go on (an object
+// with a short io_timeout does not fail the calls of one with a long one). Once no call is left
+// waiting on the connection, one that timed out is closed, so that the next call starts on a fresh
+// one. An error says how long the call really waited: "timed out after 1002 ms (io_timeout 1000
+// ms)".
 //
 // Failures. A hiredis context is unusable after any I/O error, so the link drops it, every call in
 // flight on it fails, and the next call connects afresh. An error says which command failed and
@@ -46,6 +54,7 @@
 #include <hiredis.h>  // hiredis 1.0's pkg-config file points inside include/hiredis
 #endif
 #include <poll.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/types.h>
@@ -73,6 +82,7 @@
 
 #include "../../detail/time.hpp"
 #include "../types.hpp"
+#include "shared_in_process.hpp"
 
 namespace delayq::redis::detail {
 
@@ -228,49 +238,76 @@ class connection {
             false);
     }
 
-    // Queues a command, in RESP (an array of bulk strings), straight into the buffer that
-    // flush() sends: no allocation once the buffer has grown.
-    void append(command args) {
-        out_ += '*';
-        out_ += std::to_string(args.size());
-        out_ += "\r\n";
+    // Appends a command to `out`, in RESP (an array of bulk strings): no allocation once the
+    // buffer has grown.
+    static void append(std::string& out, command args) {
+        out += '*';
+        out += std::to_string(args.size());
+        out += "\r\n";
         for (std::string_view a : args) {
-            out_ += '$';
-            out_ += std::to_string(a.size());
-            out_ += "\r\n";
-            out_ += a;
-            out_ += "\r\n";
+            out += '$';
+            out += std::to_string(a.size());
+            out += "\r\n";
+            out += a;
+            out += "\r\n";
         }
     }
 
-    // Drops what append() queued and flush() has not sent.
-    void discard() noexcept { out_.clear(); }
+    // Queues a command straight into the buffer that flush() sends.
+    void append(command args) { append(out_, args); }
 
-    // Sends what append() queued, by `until`. With send(MSG_NOSIGNAL), not hiredis's write(): a
-    // write into a connection the server has closed is then an error here, not SIGPIPE, whose
-    // default action ends the process (a node killed while a call is being written). A failure
-    // is unsent() when not a byte of it went out; the connection is broken then. A timeout says
-    // how long the call of `b` waited (or, without one, the connection's io_timeout).
-    void flush(std::string_view what, steady::time_point until, const budget* b = nullptr) {
-        std::size_t sent = 0;
-        while (sent < out_.size()) {
-            const ssize_t n = ::send(ctx_->fd, out_.data() + sent, out_.size() - sent,
+    // What send_all() sent of a buffer, and why it stopped (0: it sent it all; ETIMEDOUT: `until`
+    // passed; else errno).
+    struct sent {
+        std::size_t bytes = 0;
+        int error = 0;
+    };
+
+    // Sends `buf` by `until`. With send(MSG_NOSIGNAL), not hiredis's write(): a write into a
+    // connection the server has closed is then an error here, not SIGPIPE, whose default action
+    // ends the process (a node killed while a call is being written). Touches nothing of the
+    // connection but its socket, so one thread may send while another reads.
+    sent send_all(std::string_view buf, steady::time_point until) const noexcept {
+        sent s;
+        while (s.bytes < buf.size()) {
+            const ssize_t n = ::send(ctx_->fd, buf.data() + s.bytes, buf.size() - s.bytes,
                                      MSG_NOSIGNAL | MSG_DONTWAIT);
             if (n > 0) {
-                sent += static_cast<std::size_t>(n);
+                s.bytes += static_cast<std::size_t>(n);
                 continue;
             }
             const int e = n < 0 ? errno : EPIPE;
             if (e == EINTR) continue;
-            if ((e == EAGAIN || e == EWOULDBLOCK) && await_fd(ctx_->fd, POLLOUT, until)) continue;
+            if (e == EAGAIN || e == EWOULDBLOCK) {
+                if (await_fd(ctx_->fd, POLLOUT, until)) continue;
+                s.error = ETIMEDOUT;
+            } else {
+                s.error = e;
+            }
+            return s;
+        }
+        return s;
+    }
+
+    // Ends the connection for both directions: a thread blocked on it wakes up to an error.
+    void shut() const noexcept { ::shutdown(ctx_->fd, SHUT_RDWR); }
+
+    // Drops what append() queued and flush() has not sent.
+    void discard() noexcept { out_.clear(); }
+
+    // Sends what append() queued, by `until` (see send_all()). A failure is unsent() when not a
+    // byte of it went out; the connection is broken then. A timeout says how long the call of `b`
+    // waited (or, without one, the connection's io_timeout).
+    void flush(std::string_view what, steady::time_point until, const budget* b = nullptr) {
+        const sent s = send_all(out_, until);
+        if (s.error != 0) {
             out_.clear();
             broken_ = true;
-            const bool timed_out = e == EAGAIN || e == EWOULDBLOCK;
             throw io_failure(std::string(what),
-                             !timed_out     ? ": " + std::generic_category().message(e)
-                             : b != nullptr ? b->timed_out()
-                                            : this->timed_out(),
-                             sent == 0);
+                             s.error != ETIMEDOUT ? ": " + std::generic_category().message(s.error)
+                             : b != nullptr       ? b->timed_out()
+                                                  : timed_out(),
+                             s.bytes == 0);
         }
         if (out_.capacity() > (std::size_t{1} << 20)) {
             std::string().swap(out_);  // a large payload's room is not kept
@@ -391,16 +428,37 @@ struct combined {
     state st = waiting;
 };
 
-// One node's connection, shared by every thread of a queue object; see "The idea" and "Time"
-// above. A leader's turn: write what was handed in, read the next reply and hand it to its call,
-// again, until its own call is answered; then it hands the lead to the owner of the oldest call
-// still in flight (or of the first one not written yet) and returns, so that no caller serves the
-// others for longer than its own call takes.
+// Forks of this process so far, counted in the child (pthread_atfork): a link made, or last
+// connected, in an earlier generation belongs to the parent.
+inline std::atomic<unsigned>& fork_count() noexcept {
+    static std::atomic<unsigned> n{0};
+    return n;
+}
+
+inline unsigned fork_generation() noexcept {
+    static const bool counting = [] {
+        ::pthread_atfork(nullptr, nullptr,
+                         [] { fork_count().fetch_add(1, std::memory_order_relaxed); });
+        return true;
+    }();
+    (void)counting;
+    return fork_count().load(std::memory_order_relaxed);
+}
+
+// One server's connection, shared by every thread of every queue object of the process that
+// talks to that server as one user; see "The idea" and "Time" above. Two roles, each held by one
+// thread at a time. The writer: a thread that hands in a call while nobody writes sends it at
+// once, with every call handed in meanwhile, and goes on while more come (flat combining: no call
+// waits for a reply before it is sent). The reader: a thread whose call is in flight reads the
+// replies in order and hands each to its call, until its own is answered; then it hands the role
+// to the owner of the oldest call still in flight, so that no caller serves the others for longer
+// than its own call takes. The connection is made by the writer, and dropped (every call in flight
+// failed) by the reader, once the writer has let go of it.
 class link {
   public:
     // `io_timeout`: the budget of the calls that bring none.
     explicit link(endpoint at, milliseconds io_timeout = std::chrono::seconds(5))
-        : at_(std::move(at)), io_timeout_(io_timeout) {}
+        : at_(std::move(at)), io_timeout_(io_timeout), generation_(fork_generation()) {}
     link(const link&) = delete;
     link& operator=(const link&) = delete;
 
@@ -417,13 +475,15 @@ class link {
         request r;
         r.cmds = cmds;
         r.b = b;
-        bool lead = false;
+        bool write = false;
         {
             std::lock_guard lk(m_);
+            if (generation_ != fork_generation()) forget_the_parent();
             handed_in_.push_back(&r);
-            lead = !std::exchange(busy_, true);
+            if (!writing_ && !dropping_) write = writing_ = true;
         }
-        if (lead || wait(r) == combined::lead) serve(r);
+        if (write) write_all();
+        if (wait(r) == combined::lead) read_until_answered(r);
         if (!r.failure.empty()) {
             const std::string msg = "delayq::redis: " + name_of(cmds.front()) + r.failure;
             if (r.unsent) throw unsent_error(msg);
@@ -444,10 +504,10 @@ class link {
     struct request : combined {
         std::span<const command> cmds;
         budget b;
-        std::vector<reply_ptr> replies;
-        std::string failure;  // the end of the error message; empty: it went through
+        std::vector<reply_ptr> replies;  // under m_ while in flight
+        std::string failure;             // the end of the error message; empty: it went through
         bool unsent = false;
-        bool answered = false;  // its replies (or its failure) are in; read by its own leader
+        bool answered = false;  // under m_
     };
     // A request written, and how many of its replies are still to come. Its caller may have
     // given up on it (r == nullptr): its replies are read and dropped.
@@ -458,66 +518,71 @@ class link {
     // Timed-out calls whose replies are still owed: beyond this many, the connection is dropped.
     static constexpr std::size_t most_owed = 4096;
 
-    // A follower's wait: for its answer, or for the lead. If its deadline passes while it is
-    // still handed in (not taken by a leader to be written, nor chosen to lead), it takes itself
-    // back: it was not sent. Once a leader has it, the leader answers it by its deadline.
+    // How a call waits: for its answer, or for the reader's role. If its deadline passes first,
+    // it gives up by itself wherever it is (handed in: it was not sent; in flight: its reply
+    // will be dropped), unless the reader's role is on its way to it; only while a writer has it
+    // in hand (between taking it and putting it in flight, microseconds) does it look again a
+    // moment later.
     combined::state wait(request& r) {
-        const combined::state s = r.await_until(r.b.deadline);
-        if (s != combined::waiting) return s;
-        {
-            std::lock_guard lk(m_);
-            const auto it = std::find(handed_in_.begin(), handed_in_.end(), &r);
-            if (chosen_ != &r && it != handed_in_.end()) {
+        for (auto until = r.b.deadline;; until = steady::now() + milliseconds(1)) {
+            const combined::state s = r.await_until(until);
+            if (s != combined::waiting) return s;
+            std::unique_lock lk(m_);
+            if (chosen_ == &r) {
+                lk.unlock();
+                return r.await();
+            }
+            if (const auto it = std::find(handed_in_.begin(), handed_in_.end(), &r);
+                it != handed_in_.end()) {
                 handed_in_.erase(it);
-                suspect_.store(true, std::memory_order_relaxed);
-                try {
-                    r.failure = r.b.timed_out() + " before it could be sent to " + at_.str() +
-                                " (calls before it were waiting for replies)";
-                } catch (...) {
-                    r.failure = ": timed out";
-                }
-                r.unsent = true;
+                give_up(r, true);
                 return combined::done;
             }
+            for (auto& f : in_flight_)
+                if (f.r == &r) {
+                    f.r = nullptr;
+                    give_up(r, false);
+                    return combined::done;
+                }
         }
-        return r.await();
     }
 
-    // The leader's loop, until `me` is answered; then it hands the lead on (or lets it go when
-    // nothing is left). Never throws: a failure goes to the requests it concerns.
-    void serve(request& me) noexcept {
-        std::vector<request*> fresh;  // handed in, not yet written
+    // Under m_: `r` ran out of time, before it was written (unsent) or after.
+    void give_up(request& r, bool unsent) noexcept {
+        suspect_.store(true, std::memory_order_relaxed);
+        std::string why;
+        try {
+            why = unsent ? r.b.timed_out() + " before it could be sent to " + at_.str()
+                         : " to " + at_.str() + r.b.timed_out();
+        } catch (...) {
+        }
+        r.replies.clear();
+        fail_one(r, why, unsent);
+    }
+
+    // The writer's role, taken by the caller: writes what is handed in, batch after batch, until
+    // nothing is left (or the reader is dropping the connection: it writes what is left then).
+    void write_all() noexcept {
+        std::vector<request*> batch;
         for (;;) {
             {
                 std::lock_guard lk(m_);
-                if (chosen_ == &me) chosen_ = nullptr;
-                fresh.swap(handed_in_);
-            }
-            if (!fresh.empty()) write(fresh);
-            if (me.answered) break;
-            read_next();  // `me` is in flight: there is a reply to wait for
-            if (me.answered) break;
-        }
-        request* next = nullptr;
-        {
-            std::lock_guard lk(m_);
-            for (const auto& f : in_flight_)
-                if (f.r != nullptr) {
-                    next = f.r;
-                    break;
+                if (dropping_ || handed_in_.empty()) {
+                    writing_ = false;
+                    cv_.notify_all();
+                    return;
                 }
-            if (next == nullptr && !handed_in_.empty()) next = handed_in_.front();
-            if (next != nullptr)
-                chosen_ = next;  // it no longer takes itself back: the lead is on its way
-            else
-                busy_ = false;
+                batch.swap(handed_in_);
+            }
+            write(batch);
+            batch.clear();
         }
-        if (next != nullptr) next->signal(combined::lead);
     }
 
-    // Writes `batch` in one go, and empties it: its requests are in flight now, or failed. Those
-    // whose deadline passed while they waited fail unsent; a connection is made if there is
-    // none. A failure to write drops the connection, and with it every request in flight on it.
+    // Writes `batch` in one go. Calls whose deadline passed while they waited fail unsent; a
+    // connection is made if there is none (a failure to connect fails the batch, unsent). The
+    // batch is put in flight before it is sent (its replies may come at once), and a reader is
+    // chosen if there is none.
     void write(std::vector<request*>& batch) noexcept {
         const auto now = steady::now();
         std::size_t kept = 0;
@@ -526,8 +591,8 @@ class link {
                 batch[kept++] = r;
                 continue;
             }
-            suspect_.store(true, std::memory_order_relaxed);
-            fail_one(*r, r->b.timed_out() + " before it could be sent to " + at_.str(), true);
+            std::lock_guard lk(m_);
+            give_up(*r, true);
         }
         batch.resize(kept);
         if (batch.empty()) return;
@@ -538,59 +603,145 @@ class link {
             connect_within =
                 std::max(connect_within, std::chrono::ceil<milliseconds>(r->b.deadline - now));
         }
-        const std::size_t before = in_flight_.size();
+        std::shared_ptr<connection> c = conn_;  // the writer's to set: no lock needed to read it
         try {
             for (request* r : batch) r->replies.reserve(r->cmds.size());
-            for (request* r : batch) in_flight_.push_back({r, r->cmds.size()});
-            if (conn_ == nullptr) conn_ = std::make_unique<connection>(at_, connect_within);
+            if (c == nullptr) {
+                c = std::make_shared<connection>(at_, connect_within);
+                std::lock_guard lk(m_);
+                conn_ = c;
+            }
+            out_.clear();
             for (request* r : batch)
-                for (command c : r->cmds) conn_->append(c);
-            conn_->flush(name_of(batch.front()->cmds.front()), until, &batch.front()->b);
-        } catch (const io_failure& e) {
-            in_flight_.resize(before);
-            // unsent: not a byte of the batch reached the server (no connection, or refused)
-            const bool unsent = e.unsent();
+                for (command cmd : r->cmds) connection::append(out_, cmd);
+        } catch (const io_failure& e) {  // no connection: nothing of the batch was sent
             std::string why;
             try {
-                why = conn_ == nullptr ? ": cannot connect to " + at_.str() + e.why() : e.why();
+                why = ": cannot connect to " + at_.str() + e.why();
             } catch (...) {  // no memory for the message: still a failure
             }
-            fail(batch, why, unsent);
-            drop(why);
+            std::lock_guard lk(m_);
+            suspect_.store(true, std::memory_order_relaxed);
+            for (request* r : batch) fail_one(*r, why, true);
             return;
         } catch (...) {
-            in_flight_.resize(before);
-            if (conn_ != nullptr) conn_->discard();
-            fail(batch, ": out of memory", true);
+            std::lock_guard lk(m_);
+            for (request* r : batch) fail_one(*r, ": out of memory", true);
             return;
         }
-        batch.clear();
+        request* reader = nullptr;
+        {
+            std::lock_guard lk(m_);
+            const std::size_t before = in_flight_.size();
+            try {
+                for (request* r : batch) in_flight_.push_back({r, r->cmds.size()});
+            } catch (...) {  // no room to track them: none is sent
+                in_flight_.resize(before);
+                for (request* r : batch) fail_one(*r, ": out of memory", true);
+                return;
+            }
+            if (!reading_) {
+                reading_ = true;
+                chosen_ = reader = batch.front();
+            }
+        }
+        if (reader != nullptr) reader->signal(combined::lead);
+        const connection::sent s = c->send_all(out_, until);
+        if (s.error == 0) return;
+        // Not all of it went: the connection is out of step with the server. Some of it did: the
+        // reader drops the connection, failing every call in flight. Nothing of the batch reached
+        // the server: its calls fail unsent (those still waiting), the reader chosen among them
+        // is no reader, and a connection that broke is dropped (by the reader, if calls before
+        // the batch are in flight, else here).
+        std::lock_guard lk(m_);
+        suspect_.store(true, std::memory_order_relaxed);
+        if (s.bytes == 0) {
+            std::string why;
+            try {
+                why = s.error == ETIMEDOUT ? "" : ": " + std::generic_category().message(s.error);
+            } catch (...) {
+            }
+            for (std::size_t i = in_flight_.size() - batch.size(); i < in_flight_.size(); ++i)
+                if (request* r = std::exchange(in_flight_[i].r, nullptr))
+                    fail_one(*r, why.empty() ? r->b.timed_out() + " sending to " + at_.str() : why,
+                             true);
+            in_flight_.resize(in_flight_.size() - batch.size());
+            if (reader != nullptr && chosen_ == reader) {
+                chosen_ = nullptr;
+                reading_ = false;
+            }
+            if (s.error == ETIMEDOUT) return;  // the server reads no more: not broken
+            if (!reading_) {  // nobody reads it: the next batch starts on a fresh one
+                conn_ = nullptr;
+                in_flight_.clear();  // replies owed to calls that gave up: none will come
+                return;
+            }
+        }
+        c->shut();  // wakes the reader: its read fails, and it drops the connection
     }
 
-    // Reads the next reply and hands it to its request, answering the request when it has all of
-    // them. Waits only until the earliest deadline of the requests in flight: those whose
-    // deadline passed then are given up (answered with the timeout; their replies will be read
-    // and dropped). A failure answers every request in flight: the connection is out of step
-    // with the server, and is dropped.
-    void read_next() noexcept {
-        assert(conn_ != nullptr && "a request is in flight only on a live connection");
-        auto until = steady::time_point::max();
+    // The reader's role, until `me` is answered: reads the next reply and hands it to its call,
+    // waiting no longer than the earliest deadline in flight (the calls whose deadline passed
+    // then fail; once none is left waiting, the connection is closed: the next call starts on a
+    // fresh one). A failure to read drops the connection, failing every call in flight on it.
+    void read_until_answered(request& me) noexcept {
+        std::unique_lock lk(m_);
+        if (chosen_ == &me) chosen_ = nullptr;
+        while (!me.answered) {
+            auto until = steady::time_point::max();
+            for (const auto& f : in_flight_)
+                if (f.r != nullptr) until = std::min(until, f.r->b.deadline);
+            const std::shared_ptr<connection> c = conn_;  // in flight: there is one
+            lk.unlock();
+            reply_ptr reply;
+            std::string failed;
+            try {
+                reply = c->read("a reply", until);
+            } catch (const io_failure& e) {
+                failed = e.why();
+            } catch (...) {
+                failed = ": out of memory";
+            }
+            lk.lock();
+            if (!failed.empty()) {
+                drop(lk, failed);
+                continue;
+            }
+            if (reply == nullptr) {
+                give_up_late(lk);
+                continue;
+            }
+            hand(std::move(reply));
+            if (c->broken()) drop(lk, ": connection lost");  // a protocol error: it was closed
+        }
+        // Replies that came with the last one go to their calls now, without a system call:
+        // handing the role on for them would wake a thread only to find its reply in memory.
+        while (!in_flight_.empty() && conn_ != nullptr && !conn_->broken()) {
+            reply_ptr reply;
+            try {
+                reply = conn_->buffered();
+            } catch (...) {  // a reply that cannot be read: the next reader meets it too
+                break;
+            }
+            if (reply == nullptr) break;
+            hand(std::move(reply));
+        }
+        // The role goes to the oldest call still in flight, or to nobody.
+        request* next = nullptr;
         for (const auto& f : in_flight_)
-            if (f.r != nullptr) until = std::min(until, f.r->b.deadline);
-        reply_ptr reply;
-        try {
-            reply = conn_->read("a reply", until);
-        } catch (const io_failure& e) {
-            drop(e.why());
-            return;
-        } catch (...) {
-            drop(": out of memory");
-            return;
-        }
-        if (reply == nullptr) {
-            give_up_late();
-            return;
-        }
+            if (f.r != nullptr) {
+                next = f.r;
+                break;
+            }
+        chosen_ = next;
+        reading_ = next != nullptr;
+        lk.unlock();
+        if (next != nullptr) next->signal(combined::lead);
+    }
+
+    // Under m_: the next reply goes to the oldest call in flight (dropped if it gave up), which is
+    // answered when it has all of its replies.
+    void hand(reply_ptr reply) noexcept {
         if (suspect_.load(std::memory_order_relaxed))
             suspect_.store(false, std::memory_order_relaxed);
         in_flight& f = in_flight_.front();
@@ -600,14 +751,12 @@ class link {
             in_flight_.pop_front();
             if (done != nullptr) answer(*done);
         }
-        if (conn_->broken()) drop(": connection lost");  // a protocol error: the server closed it
     }
 
-    // The earliest deadline in flight passed with no reply: the requests whose deadline passed
-    // fail, alone. Once no request is left waiting on the connection (or too many replies are
-    // owed), it is closed: the next call starts on a fresh one.
-    void give_up_late() noexcept {
-        suspect_.store(true, std::memory_order_relaxed);
+    // Under lk: the earliest deadline in flight passed with no reply. The calls whose deadline
+    // passed fail, alone; once none is left waiting (or too many replies are owed), the
+    // connection is closed.
+    void give_up_late(std::unique_lock<std::mutex>& lk) noexcept {
         const auto now = steady::now();
         bool waiting = false;
         for (auto& f : in_flight_) {
@@ -616,35 +765,48 @@ class link {
                 waiting = true;
                 continue;
             }
-            request* late = std::exchange(f.r, nullptr);
-            std::string why;
-            try {
-                why = " to " + at_.str() + late->b.timed_out();
-            } catch (...) {
-            }
-            fail_one(*late, why, false);
+            give_up(*std::exchange(f.r, nullptr), false);
         }
         if (!waiting || in_flight_.size() > most_owed)
-            drop(" to " + at_.str() + ": no reply (the server stopped answering)");
+            drop(lk, " to " + at_.str() + ": no reply (the server stopped answering)");
     }
 
-    // The connection failed: it is dropped, and every request in flight on it fails with `why`
-    // (the end of its error message; it is unknown whether the server ran it).
-    void drop(const std::string& why) noexcept {
+    // Under lk, by the reader: the connection is out of step or dead. Once the writer has let go
+    // of it (woken by the shutdown if it waits to send), it is closed, and every call in flight
+    // on it fails with `why` (it is unknown whether the server ran it). The calls handed in
+    // meanwhile are then written by this thread, on a fresh connection.
+    void drop(std::unique_lock<std::mutex>& lk, const std::string& why) noexcept {
         suspect_.store(true, std::memory_order_relaxed);
-        conn_.reset();
+        if (conn_ != nullptr) conn_->shut();
+        dropping_ = true;
+        cv_.wait(lk, [&] { return !writing_; });
+        std::shared_ptr<connection> dead = std::move(conn_);  // the writer let go: ours to drop
+        conn_ = nullptr;
         for (const auto& f : in_flight_)
             if (f.r != nullptr) fail_one(*f.r, why, false);
         in_flight_.clear();
+        dropping_ = false;
+        const bool write = !handed_in_.empty();
+        if (write) writing_ = true;
+        lk.unlock();
+        dead.reset();
+        if (write) write_all();
+        lk.lock();
     }
 
-    // Fails every request of `rs` with `why`, answers it, and empties `rs`.
-    static void fail(std::vector<request*>& rs, const std::string& why, bool unsent) noexcept {
-        for (request* r : rs) fail_one(*r, why, unsent);
-        rs.clear();
+    // Under m_, in a child process after fork(): the connection and the calls are the parent's.
+    // The child's descriptor of the socket is closed (the parent's stays open) and nothing of the
+    // parent's calls is touched: their threads are not in this process.
+    void forget_the_parent() noexcept {
+        conn_ = nullptr;
+        in_flight_.clear();
+        handed_in_.clear();
+        writing_ = reading_ = dropping_ = false;
+        chosen_ = nullptr;
+        generation_ = fork_generation();
     }
 
-    // Fails `r` with `why` (the end of its error message) and answers it.
+    // Under m_: fails `r` with `why` (the end of its error message) and answers it.
     static void fail_one(request& r, const std::string& why, bool unsent) noexcept {
         try {
             r.failure = why.empty() ? ": failed" : why;
@@ -656,8 +818,8 @@ class link {
         answer(r);
     }
 
-    // Tells r's thread it is done (the leader's own request: nobody waits, and no harm). Not a
-    // word more about r afterwards: its thread may return and destroy it at once.
+    // Under m_: tells r's thread it is done. Not a word more about r afterwards: its thread may
+    // return and destroy it as soon as m_ is let go.
     static void answer(request& r) noexcept {
         r.answered = true;
         r.signal(combined::done);
@@ -666,14 +828,27 @@ class link {
     endpoint at_;
     milliseconds io_timeout_;
     std::mutex m_;
-    std::vector<request*> handed_in_;  // under m_
-    bool busy_ = false;                // under m_: a leader is at work
-    request* chosen_ = nullptr;        // under m_: handed the lead, not serving yet
+    std::condition_variable cv_;        // the writer let go (for a drop)
+    std::vector<request*> handed_in_;   // under m_: not written yet
+    std::deque<in_flight> in_flight_;   // under m_: written, oldest first
+    std::shared_ptr<connection> conn_;  // under m_; set by the writer, dropped by the reader
+    bool writing_ = false;              // under m_: a thread has the writer's role
+    bool reading_ = false;       // under m_: a thread has the reader's role (or it is on its way)
+    bool dropping_ = false;      // under m_: the reader waits to drop the connection
+    request* chosen_ = nullptr;  // under m_: handed the reader's role, not reading yet
+    unsigned generation_;        // under m_: the fork generation it was last used in
     std::atomic<bool> suspect_{false};
-    // The leader's alone (handed on with the lead):
-    std::deque<in_flight> in_flight_;  // written, oldest first
-    std::unique_ptr<connection> conn_;
+    std::string out_;  // the writer's: the commands of a batch, in RESP
 };
+
+// The link of this process to `at` (server and user), made on first use and shared by every queue
+// object that talks to it; it goes when its last user does (shared_in_process.hpp).
+inline std::shared_ptr<link> shared_link(const endpoint& at) {
+    std::string key = at.host;
+    for (const std::string& part : {std::to_string(at.port), at.user, at.password})
+        (key += '\0') += part;
+    return shared_in_process<link>(key, [&] { return std::make_shared<link>(at); });
+}
 
 // A connection subscribed to one channel: where a queue object's waiting consumer listens for
 // "the next due time is now earlier" messages. One thread at a time.

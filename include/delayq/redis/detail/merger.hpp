@@ -22,12 +22,9 @@
 //
 // Sharing. Every queue object of the process that uses the same shard of the same queue on the
 // same server as the same user, with the same options, shares one merger for it
-// (shared_in_process(), keyed by all of those): a user who gives each thread its own object gets
+// (shared_in_process.hpp, keyed by all of those): a user who gives each thread its own object gets
 // the merging that one shared object gets. A child process after fork() gets mergers of its own.
 #pragma once
-
-#include <sys/types.h>
-#include <unistd.h>
 
 #include <cstddef>
 #include <memory>
@@ -37,6 +34,7 @@
 #include <vector>
 
 #include "connection.hpp"
+#include "shared_in_process.hpp"
 
 namespace delayq::redis::detail {
 
@@ -119,40 +117,5 @@ class merger {
     std::size_t on_way_ = 0;  // under m_: calls being sent (each by the thread of its first call)
     std::size_t depth_, most_;
 };
-
-// The one `T` of this process for `key`, made by `make()` on first use and shared by everyone who
-// asks with that key while anyone holds it; it goes when its last holder does. A child process
-// after fork() gets its own: the parent's may be in the middle of a call sent by a thread that the
-// child does not have (the table knows the process it served last by its id, which a child never
-// shares with its parent).
-template <class T, class Make>
-std::shared_ptr<T> shared_in_process(const std::string& key, Make make) {
-    struct table {
-        std::mutex m;
-        pid_t pid = 0;
-        std::vector<std::pair<std::string, std::weak_ptr<T>>> items;
-    };
-    static table* const t = new table;  // never destroyed: objects may outlive static destruction
-    const pid_t pid = ::getpid();
-    std::lock_guard lk(t->m);
-    if (t->pid != pid) {  // the parent's
-        t->items.clear();
-        t->pid = pid;
-    }
-    std::shared_ptr<T> found;
-    for (auto it = t->items.begin(); it != t->items.end();) {
-        std::shared_ptr<T> item = it->second.lock();
-        if (item == nullptr) {  // its last holder is gone
-            it = t->items.erase(it);
-            continue;
-        }
-        if (it->first == key) found = std::move(item);
-        ++it;
-    }
-    if (found != nullptr) return found;
-    std::shared_ptr<T> made = make();
-    t->items.emplace_back(key, made);
-    return made;
-}
 
 }  // namespace delayq::redis::detail

@@ -1,0 +1,58 @@
+// One object per key for the whole process: what the queue objects of a process share. Part of
+// <delayq/redis/delay_queue.hpp>.
+//
+// The idea. Two queue objects of one process that talk to the same server as the same user gain
+// nothing from a connection each, and lose the batching that one shared connection gives their
+// threads' calls (connection.hpp); likewise for the calls of one queue shard that can go as one
+// script call (merger.hpp). So such things are made once per process and key, on first use, and
+// held by every object that asks with that key: a table of weak pointers, so that the thing goes
+// when its last holder does, whatever order the holders go in, and the table never keeps one
+// alive. A child process after fork() gets things of its own: the parent's may be in the middle of
+// a call sent by a thread that the child does not have, on a socket the parent still uses (the
+// table knows the process it served last by its id, which a child never shares with its parent).
+#pragma once
+
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace delayq::redis::detail {
+
+// The one `T` of this process for `key`, made by `make()` (a shared_ptr<T>) on first use and
+// shared by everyone who asks with that key while anyone holds it.
+template <class T, class Make>
+std::shared_ptr<T> shared_in_process(const std::string& key, Make make) {
+    struct table {
+        std::mutex m;
+        pid_t pid = 0;
+        std::vector<std::pair<std::string, std::weak_ptr<T>>> items;
+    };
+    static table* const t = new table;  // never destroyed: objects may outlive static destruction
+    const pid_t pid = ::getpid();
+    std::lock_guard lk(t->m);
+    if (t->pid != pid) {  // the parent's
+        t->items.clear();
+        t->pid = pid;
+    }
+    std::shared_ptr<T> found;
+    for (auto it = t->items.begin(); it != t->items.end();) {
+        std::shared_ptr<T> item = it->second.lock();
+        if (item == nullptr) {  // its last holder is gone
+            it = t->items.erase(it);
+            continue;
+        }
+        if (it->first == key) found = std::move(item);
+        ++it;
+    }
+    if (found != nullptr) return found;
+    std::shared_ptr<T> made = make();
+    t->items.emplace_back(key, made);
+    return made;
+}
+
+}  // namespace delayq::redis::detail
