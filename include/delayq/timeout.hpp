@@ -84,13 +84,13 @@ class timeout {
     /// Moves the task, if it is still pending(), to run once `delay` (saturating; <= 0: due now,
     /// at the next pass) has passed on Clock; keeps the task and this handle. O(1) (a task in the
     /// tick under way: O(log n) of that tick), no allocation but, on a hierarchical wheel, a level
-    /// that a deadline farther than any before needs. Returns whether it was pending: false, changing nothing, once a one-shot task ran or
-    /// runs (it stops being pending when handed to run), a periodic task's last run is over, or
-    /// the task was cancelled. A periodic task's next run moves, and its later runs follow from
-    /// there; a periodic task is pending during its runs, so a reschedule() during one (from the
-    /// task itself too) returns true and sets when the next run is due (a burst's missed runs
-    /// that were still to come in that pass are dropped). Thread-safe, like cancel(). Throws
-    /// std::bad_alloc (then nothing changed).
+    /// that a deadline farther than any before needs. Returns whether it was pending: false,
+    /// changing nothing, once a one-shot task ran or runs (it stops being pending when handed to
+    /// run), a periodic task's last run is over, or the task was cancelled. A periodic task's next
+    /// run moves, and its later runs follow from there; a periodic task is pending during its runs,
+    /// so a reschedule() during one (from the task itself too) returns true and sets when the next
+    /// run is due (a burst's missed runs that were still to come in that pass are dropped).
+    /// Thread-safe, like cancel(). Throws std::bad_alloc (then nothing changed).
     template <class Rep, class Period>
     bool reschedule(std::chrono::duration<Rep, Period> delay) {
         return reschedule_at(detail::deadline_after<Clock>(delay));
