@@ -12,9 +12,12 @@
 // each process does and logs). The queues run with lease 500 ms and max_attempts 3.
 //
 //   delayq_chaos run [--backend NAME|all] [--seconds S] [--round R] [--seed N] [--dir D] [--keep]
+//                    [--server-kills]
 //       S seconds of chaos per backend (default 20), in rounds of R seconds (default 10), each on
-//       a new store. Exit status 0: no violation; 1: violations (printed with their events, the
-//       logs kept under D); 2: the harness itself failed.
+//       a new store. --server-kills: once a round, the store's server (Redis, PostgreSQL; SQLite
+//       has none) is killed with SIGKILL and started again on the same data. Exit status 0: no
+//       violation; 1: violations (printed with their events, the logs kept under D); 2: the harness
+//       itself failed.
 //   delayq_chaos check ROUND_DIR      judge a kept round again
 //   delayq_chaos worker ...           one process of a round (started by run)
 #include <fcntl.h>
@@ -31,6 +34,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <random>
 #include <sstream>
@@ -97,6 +101,7 @@ struct run_options {
     unsigned long long seed = 0;
     std::string dir;
     bool keep = false;
+    bool server_kills = false;  // kill -9 the server once a round, and start it again
     queue_settings qs;
 };
 
@@ -112,15 +117,18 @@ struct child {
 
 class orchestrator {
   public:
+    // kill_server: kills the store's server and starts it again (once a round, at a random
+    // moment of its middle half); empty: the store has no server to kill, or --server-kills is off.
     orchestrator(std::string self, const run_options& o, std::string backend, std::string locator,
-                 std::string dir)
+                 std::string dir, std::function<void()> kill_server)
         : self_(std::move(self)),
           o_(o),
           backend_(std::move(backend)),
           locator_(std::move(locator)),
           dir_(std::move(dir)),
           log_(dir_ + "/logs/orchestrator.log"),
-          rng_(o.seed ^ std::hash<std::string>{}(dir_)) {}
+          rng_(o.seed ^ std::hash<std::string>{}(dir_)),
+          kill_server_(std::move(kill_server)) {}
 
     // The round: everyone at once, chaos for `seconds`, everyone killed, the drain.
     void run(double seconds) {
@@ -139,8 +147,19 @@ class orchestrator {
         const auto end = std::chrono::steady_clock::now() +
                          std::chrono::milliseconds(static_cast<long long>(seconds * 1000));
         auto next_kill = std::chrono::steady_clock::now() + std::chrono::milliseconds(pause());
+        const long long ms = static_cast<long long>(seconds * 1000);
+        auto server_kill = std::chrono::steady_clock::now() +
+                           std::chrono::milliseconds(
+                               std::uniform_int_distribution<long long>(ms / 4, ms * 3 / 4)(rng_));
         while (std::chrono::steady_clock::now() < end) {
             const auto t = std::chrono::steady_clock::now();
+            if (kill_server_ && t >= server_kill) {
+                // The judge excuses the calls that fail meanwhile (chaos_check.hpp).
+                log_.write(line("server-kill"));
+                kill_server_();
+                log_.write(line("server-up"));
+                server_kill = end;
+            }
             reap(true);
             for (auto& c : children_) {
                 if (c.pid < 0 && t >= c.restart) c.pid = start(c, -1);
@@ -344,6 +363,7 @@ class orchestrator {
     std::string backend_, locator_, dir_;
     log_writer log_;
     std::mt19937_64 rng_;
+    std::function<void()> kill_server_;
     std::vector<child> children_;
 };
 
@@ -359,9 +379,12 @@ std::size_t run_backend(const std::string& self, const run_options& o, const std
         const auto began = std::chrono::steady_clock::now();
         std::size_t found = 0;
         try {
-            typename B::store st(dir);
+            typename B::store st(dir, o.server_kills);
+            std::function<void()> kill_server;
+            if constexpr (requires { st.kill_server(); })
+                if (o.server_kills) kill_server = [&st] { st.kill_server(); };
             {
-                orchestrator orch(self, o, B::name, st.locator(), dir);
+                orchestrator orch(self, o, B::name, st.locator(), dir, std::move(kill_server));
                 orch.run(o.seconds / rounds);
             }
             st.inspect().save(dir + "/final.txt");
@@ -462,7 +485,7 @@ int work(const std::string& backend, worker_args a, int go_fd) {
 int usage() {
     std::fprintf(stderr,
                  "usage: delayq_chaos run [--backend NAME|all] [--seconds S] [--round R] "
-                 "[--seed N] [--dir D] [--keep]\n"
+                 "[--seed N] [--dir D] [--keep] [--server-kills]\n"
                  "       delayq_chaos check ROUND_DIR\n");
     return 2;
 }
@@ -478,7 +501,7 @@ int main(int argc, char** argv) {
     std::vector<std::string> rest;
     for (int i = 2; i < argc; ++i) {
         const std::string a = argv[i];
-        if (a == "--keep") {
+        if (a == "--keep" || a == "--server-kills") {
             opt[a] = "1";
         } else if (a.rfind("--", 0) == 0 && i + 1 < argc) {
             opt[a] = argv[++i];
@@ -500,6 +523,7 @@ int main(int argc, char** argv) {
             o.seed = std::stoull(get("--seed", std::to_string(std::random_device{}())));
             o.dir = get("--dir", "");
             o.keep = opt.count("--keep") != 0;
+            o.server_kills = opt.count("--server-kills") != 0;
             if (o.seconds <= 0 || o.round <= 0) return usage();
             return run(self, o);
         }

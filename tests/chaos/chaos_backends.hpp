@@ -4,10 +4,12 @@
 //   using queue = Q;                         // satisfies delayq::job_queue
 //   static constexpr const char* name;       // what --backend names
 //   class store {                            // a fresh store for one round, made by the
-//     explicit store(const std::string& dir);   orchestrator: a new file path (not created: the
-//     std::string locator() const;              workers race to create it), a new server; the
-//     final_state inspect();                    locator is one word the workers open it by;
-//   };                                          inspect() reads what is left once all are gone
+//     store(const std::string& dir,             orchestrator: a new file path (not created: the
+//           bool server_kills);                 workers race to create it), a new server; the
+//     std::string locator() const;              locator is one word the workers open it by;
+//     final_state inspect();                    inspect() reads what is left once all are gone;
+//     void kill_server();                       optional: kill -9 of the server and a start
+//   };                                          again on the same data (--server-kills)
 //   static std::unique_ptr<Q> open(const std::string& locator, const queue_settings&);
 //
 // and joins `backends` at the bottom. A backend whose library is not built is left out by its
@@ -55,7 +57,8 @@ struct sqlite_backend {
 
     class store {
       public:
-        explicit store(const std::string& dir) : path_(dir + "/queue.db") {}
+        // No server: a store whose server the chaos kills (--server-kills) has kill_server().
+        store(const std::string& dir, bool) : path_(dir + "/queue.db") {}
         std::string locator() const { return path_; }
 
         // Through SQLite itself, once no queue has the file open: the jobs left, the dead
@@ -124,11 +127,17 @@ struct redis_backend {
     static constexpr const char* name = "redis";
 
     // A new redis-server for each round (tests/redis/redis_server.hpp: AOF on, killed with the
-    // orchestrator); the queue is "chaos".
+    // orchestrator); the queue is "chaos". With server kills, the AOF is fsynced before every
+    // reply (appendfsync always, what a deployment that must not lose a returned put runs).
     class store {
       public:
-        explicit store(const std::string&) {}
+        store(const std::string&, bool server_kills)
+            : server_(server_kills ? std::vector<std::string>{"--appendfsync", "always"}
+                                   : std::vector<std::string>{}) {}
         std::string locator() const { return std::to_string(server_.port()) + "/chaos"; }
+
+        /// kill -9 of the server, then a start on the same port, reading its AOF back.
+        void kill_server() { server_.restart(); }
 
         // The queue's keys, whatever their layout version: `dq:<v>:{chaos}:events` holds every
         // queued job (waiting or leased), `...:dead` the dead letters (no attempts recorded).
@@ -177,11 +186,24 @@ struct postgres_backend {
 
     // A new PostgreSQL server for each round (tests/postgres/pg_server.hpp: initdb in a temporary
     // directory, Debian's default settings, killed with the orchestrator); the queue is "chaos",
-    // its tables created by whichever worker comes first. The locator is the port.
+    // its tables created by whichever worker comes first. The locator is the port, and with
+    // server kills "/durable": leases, acks and nacks then wait for the disk (durable_leases),
+    // since by default a server crash may undo the last of them (docs/postgres.md, "Durability"):
+    // a redelivery with its attempt uncounted, an acked job handed out again, which the check
+    // would report.
     class store {
       public:
-        explicit store(const std::string&) {}
-        std::string locator() const { return std::to_string(server_.port()); }
+        store(const std::string&, bool server_kills) : durable_(server_kills) {}
+        std::string locator() const {
+            return std::to_string(server_.port()) + (durable_ ? "/durable" : "");
+        }
+
+        /// kill -9 of the postmaster and its backends, then a start on the same data folder and
+        /// port (crash recovery from the WAL).
+        void kill_server() {
+            server_.kill9();
+            server_.start();
+        }
 
         // The rows left in the queue's tables, read through libpq.
         final_state inspect() const {
@@ -215,11 +237,14 @@ struct postgres_backend {
 
       private:
         delayq_pg_test::pg_server server_;
+        bool durable_;
     };
 
     static std::unique_ptr<queue> open(const std::string& locator, const queue_settings& qs) {
         delayq::postgres::options o;
-        o.conninfo = "host=127.0.0.1 port=" + locator + " user=postgres dbname=postgres";
+        const std::string port = locator.substr(0, locator.find('/'));
+        o.conninfo = "host=127.0.0.1 port=" + port + " user=postgres dbname=postgres";
+        o.durable_leases = locator.find("/durable") != std::string::npos;
         o.name = "chaos";
         o.lease = qs.lease;
         o.max_attempts = qs.max_attempts;

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <algorithm>
+#include <climits>
 #include <cstddef>
 #include <cstdio>
 #include <fstream>
@@ -148,7 +149,30 @@ inline report check(const std::vector<std::vector<event>>& logs, const final_sta
         r.violations.push_back({std::move(kind), std::move(id), std::move(what), std::move(ev)});
     };
 
+    // Server kills (--server-kills): the orchestrator's "server-kill" and "server-up" lines. A
+    // call that fails while the server is down, or within a call's timeout (+ 2 s) after it is up
+    // again, is what a caller must expect and retry, and so is each process's first failure after
+    // a kill (a connection that broke with the server fails the call that first uses it, however
+    // late). Such a failure is no violation; its call counts as one of unknown outcome, like any
+    // other failed call.
+    std::vector<std::pair<long long, long long>> downs;  // [kill, up + grace], CLOCK_MONOTONIC
+    const long long grace = (cs.call_timeout_ms + 2'000) * 1'000'000LL;
+    for (const auto& log : logs)
+        for (const auto& e : log) {
+            if (e.kind == "server-kill") downs.emplace_back(e.mono, LLONG_MAX);
+            if (e.kind == "server-up" && !downs.empty()) downs.back().second = e.mono + grace;
+        }
+    std::sort(downs.begin(), downs.end());
+
     for (const auto& log : logs) {
+        std::set<std::size_t> excused;  // the kills whose first failure in this process was excused
+        const auto after_kill = [&](const event& e) {
+            // Whether e failed because of a server kill (see above).
+            std::size_t k = downs.size();
+            while (k > 0 && downs[k - 1].first > e.mono) --k;
+            if (k == 0) return false;
+            return e.mono <= downs[k - 1].second || excused.insert(k - 1).second;
+        };
         // Calls begun in this process and not yet ended, by what names them.
         std::map<std::string, call> puts, cancels, acks, nacks;
         std::map<std::string, const event*> takes;  // seq -> take-begin
@@ -246,8 +270,15 @@ inline report check(const std::vector<std::vector<event>>& logs, const final_sta
                 r.counts["kills (SIGKILL)"]++;
             } else if (k == "stop") {
                 r.counts["stops (SIGTERM)"]++;
+            } else if (k == "server-kill") {
+                r.counts["server kills (SIGKILL)"]++;
             }
-            if (k.size() > 5 && k.compare(k.size() - 5, 5, "-fail") == 0) failures.push_back(&e);
+            if (k.size() > 5 && k.compare(k.size() - 5, 5, "-fail") == 0) {
+                if (after_kill(e))
+                    r.counts["calls failed by a server kill"]++;
+                else
+                    failures.push_back(&e);
+            }
         }
         // What the process was in the middle of when it died.
         for (auto& [key, c] : puts) jobs[key].puts.push_back(c);

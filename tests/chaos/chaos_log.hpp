@@ -28,6 +28,8 @@
 //   drain-end COMPLETE [DEAD]                     the drainer saw the queue empty (1; then
 //                                                 dead_size() too) or gave up (0)
 //   kill NAME PID | stop NAME PID | crash NAME WHAT      the orchestrator's own log
+//   server-kill | server-up                       the orchestrator's too: the store's server
+//                                                 killed with SIGKILL / started again
 #pragma once
 
 #include <fcntl.h>

@@ -303,6 +303,40 @@ TEST_CASE("chaos check: failures, crashes, phantoms and the store's integrity") 
     CHECK(kinds({}, bad).count("integrity") == 1);
 }
 
+TEST_CASE("chaos check: calls that fail because the server was killed are no violation") {
+    // The orchestrator killed the server at 100 ms and had it up again at 300; a call's timeout is
+    // 10 s, so failures until 12.3 s are the kill's, and so is each process's first one after.
+    log_builder o(0);
+    o(100, "server-kill")(300, "server-up");
+    SECTION("while the server is down, and within a call's timeout after") {
+        log_builder p(1);
+        p(120, "put-begin a 0 " + ns_at(0) + " after:0")(
+            130, "put-fail a delayq::redis::error connection refused")(5'000, "open-begin")(
+            5'010, "open-fail - delayq::redis::error connection reset");
+        CHECK(kinds({o, p}, empty_end()) == none);  // the put that threw is not lost either
+    }
+    SECTION("a process's first failure after the kill, however late; not its second") {
+        log_builder p(1);
+        p(20'000, "open-begin")(20'010, "open-fail - delayq::postgres::connection_error gone");
+        CHECK(kinds({o, p}, empty_end()) == none);
+        p(21'000, "open-begin")(21'010, "open-fail - delayq::postgres::connection_error gone");
+        CHECK(kinds({o, p}, empty_end()) == std::multiset<std::string>{"call-failed"});
+    }
+    SECTION("before the kill") {
+        log_builder p(1);
+        p(50, "open-begin")(60, "open-fail - delayq::redis::error refused");
+        CHECK(kinds({o, p}, empty_end()) == std::multiset<std::string>{"call-failed"});
+    }
+    SECTION("an ack that returned true still settles its job across the kill") {
+        log_builder c(1);
+        c(20, "take-begin 0 1 100")(30, "take-end 0 1")(30, job(0, "a", 1, 7, 0, 1030))(
+            40, "ack-begin a 7")(50, "ack-end a 7 1");
+        log_builder d(2);
+        d(400, "take-begin 0 1 100")(410, "take-end 0 1")(410, job(0, "a", 2, 8, 0, 1410));
+        CHECK(kinds({o, producer("a"), c, d}, empty_end()).count("acked-came-back") == 1);
+    }
+}
+
 TEST_CASE("chaos check: fencing tokens use all 64 bits") {
     log_builder c1(1), c2(2);
     c1(20, "take-begin 0 1 100")(30, "take-end 0 1")(
