@@ -110,12 +110,17 @@ struct figures {
     double jobs_per_s = 0, server_us = 0, client_us = 0;  // CPU per job, µs
 };
 
+// --durable-leases 0: leases, acks and nacks do not wait for the disk (the default, 1, waits, as
+// every commit of pg-boss and graphile-worker does; docs/postgres.md, "Durability").
+bool durable_leases = delayq::postgres::options{}.durable_leases;
+
 delayq::postgres::options queue_options(const delayq_pg_test::pg_server& srv,
                                         const std::string& name) {
     delayq::postgres::options o;
     o.conninfo = srv.conninfo();
     o.name = name;
     o.connections = 8;  // 4 producers and 4 consumers share the object
+    o.durable_leases = durable_leases;
     return o;
 }
 
@@ -499,10 +504,13 @@ int main(int argc, char** argv) {
             cfg.wakes = std::stoi(v);
         else if (a == "--only")
             cfg.only = v;
+        else if (a == "--durable-leases")
+            durable_leases = v == "1";
         else {
             std::fprintf(stderr,
                          "usage: bench_postgres [--jobs N] [--batch-jobs N] [--repeat R] "
-                         "[--idle-seconds S] [--wakes N] [--only e2e|delayq|idle|wake|tx]\n");
+                         "[--idle-seconds S] [--wakes N] [--only e2e|delayq|idle|wake|tx] "
+                         "[--durable-leases 0|1]\n");
             return 2;
         }
     }

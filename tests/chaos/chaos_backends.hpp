@@ -186,17 +186,11 @@ struct postgres_backend {
 
     // A new PostgreSQL server for each round (tests/postgres/pg_server.hpp: initdb in a temporary
     // directory, Debian's default settings, killed with the orchestrator); the queue is "chaos",
-    // its tables created by whichever worker comes first. The locator is the port, and with
-    // server kills "/durable": leases, acks and nacks then wait for the disk (durable_leases),
-    // since by default a server crash may undo the last of them (docs/postgres.md, "Durability"):
-    // a redelivery with its attempt uncounted, an acked job handed out again, which the check
-    // would report.
+    // its tables created by whichever worker comes first. The locator is the port.
     class store {
       public:
-        store(const std::string&, bool server_kills) : durable_(server_kills) {}
-        std::string locator() const {
-            return std::to_string(server_.port()) + (durable_ ? "/durable" : "");
-        }
+        store(const std::string&, bool) {}
+        std::string locator() const { return std::to_string(server_.port()); }
 
         /// kill -9 of the postmaster and its backends, then a start on the same data folder and
         /// port (crash recovery from the WAL).
@@ -237,14 +231,11 @@ struct postgres_backend {
 
       private:
         delayq_pg_test::pg_server server_;
-        bool durable_;
     };
 
     static std::unique_ptr<queue> open(const std::string& locator, const queue_settings& qs) {
         delayq::postgres::options o;
-        const std::string port = locator.substr(0, locator.find('/'));
-        o.conninfo = "host=127.0.0.1 port=" + port + " user=postgres dbname=postgres";
-        o.durable_leases = locator.find("/durable") != std::string::npos;
+        o.conninfo = "host=127.0.0.1 port=" + locator + " user=postgres dbname=postgres";
         o.name = "chaos";
         o.lease = qs.lease;
         o.max_attempts = qs.max_attempts;

@@ -203,6 +203,55 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "postgres: a lease and an ack that returned outlive a crash of the server: the attempt stays "
+    "counted and the acked job stays gone",
+    "[postgres][restart]") {
+    // kill -9 right after the calls return: a commit that returned before its WAL reached the
+    // disk would be undone by the crash (the job dead after one delivery comes back with
+    // attempts 1, the acked one comes back at all).
+    delayq_pg_test::pg_server srv;
+    auto o = opts("crash-after-lease", srv);
+    o.max_attempts = 1;
+    o.lease = 300ms;
+    o.io_timeout = 2s;
+    pg::delay_queue q(o);
+    int undone = 0;
+    std::string what;
+    for (int round = 0; round < 3; ++round) {
+        const std::string a = "a" + std::to_string(round), b = "b" + std::to_string(round);
+        REQUIRE(q.put_after(a, "x", 0ms));
+        REQUIRE(q.put_after(b, "x", 0ms));
+        auto first = q.take(5s);
+        auto second = q.take(5s);
+        REQUIRE(first);
+        REQUIRE(second);
+        REQUIRE(q.ack(*second));  // `first` is left to its lease, its one attempt used
+        srv.kill9();
+        srv.start();
+        std::this_thread::sleep_for(o.lease + 100ms);
+        std::optional<delayq::job> again;
+        for (int i = 0; i < 50; ++i) {
+            try {
+                again = q.take(500ms);
+                break;
+            } catch (const pg::connection_error&) {
+                std::this_thread::sleep_for(100ms);
+            }
+        }
+        if (again) {
+            ++undone;
+            what += "round " + std::to_string(round) + ": " + again->id +
+                    " handed out again, attempts " + std::to_string(again->attempts) + "; ";
+            q.ack(*again);
+        }
+    }
+    INFO(what);
+    CHECK(undone == 0);
+    CHECK(q.size() == 0);
+    CHECK(q.dead_size() == 3);
+}
+
+TEST_CASE(
     "postgres: a failover to a promoted standby: calls fail with connection_error, then work "
     "against the new primary, nothing acknowledged lost, no lease honoured twice",
     "[postgres][failover]") {
@@ -263,9 +312,9 @@ TEST_CASE(
     REQUIRE(put);
     CHECK(q.size() == 21);  // every put that returned, on the new primary
 
-    // The lease committed without waiting for the standby (durable_leases is false): it holds
-    // on the new primary and fences the job, or it was lost and the job comes again with another
-    // token. Never both.
+    // The lease's commit waited for the standby (durable_leases, the default), so it holds on the
+    // new primary and fences the job; with durable_leases false it may have been lost, and the
+    // job comes again with another token. Either way, never both.
     std::set<std::string> seen;
     bool again = false;
     while (auto j = q.take(0ms)) {

@@ -84,12 +84,13 @@ struct options {
     /// Connections the object's calls share at most (> 0); a call waits for a free one. A take
     /// that waits holds one more, which only listens.
     std::size_t connections = 4;
-    /// A take's lease, an ack and a nack wait for the server's disk before they return. False
-    /// (the default): they commit with synchronous_commit off, on disk within the server's
-    /// wal_writer_delay (200 ms by default); a crash of the server (not of a consumer) may undo
-    /// the last of them, which only means a redelivery, its attempt not counted. Puts, cancels
-    /// and reschedules always wait. See "Durability" in docs/postgres.md.
-    bool durable_leases = false;
+    /// A take's lease, an ack and a nack wait for the server's disk before they return (the
+    /// default), as puts, cancels and reschedules always do: a crash of the server undoes
+    /// nothing that returned. False: they commit with synchronous_commit off, on disk within the
+    /// server's wal_writer_delay (200 ms by default), for less server CPU; a crash of the server
+    /// (not of a consumer) may then undo the last of them: a job handed out again, even one
+    /// whose ack returned true, its attempt not counted. See "Durability" in docs/postgres.md.
+    bool durable_leases = true;
 };
 
 /// A server or connection problem. `what()` names what the call was doing and carries the
