@@ -16,9 +16,11 @@
 #include <chrono>
 #include <cstdlib>
 #include <delayq/redis/delay_queue.hpp>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -189,6 +191,8 @@ TEST_CASE(
 
     constexpr int threads = 8;
     std::array<std::string, threads> messages;
+    std::array<const void*, threads> thrown{};     // each caller's exception object
+    std::array<std::exception_ptr, threads> held;  // keeps them alive: no address reused
     std::array<std::chrono::milliseconds, threads> took{};
     std::atomic<int> ready{0};
     std::vector<std::thread> ts;
@@ -202,10 +206,18 @@ TEST_CASE(
                 q.put_after("t" + std::to_string(t), "", 1h);
             } catch (const delayq::redis::error& e) {
                 messages[static_cast<std::size_t>(t)] = e.what();
+                thrown[static_cast<std::size_t>(t)] = &e;
+                held[static_cast<std::size_t>(t)] = std::current_exception();
             }
             took[static_cast<std::size_t>(t)] = since(start);
         });
     for (auto& t : ts) t.join();
+    // Each caller catches an exception object of its own: callers that shared one read it
+    // (what()) while another's last reference destroyed it (ThreadSanitizer saw it: a merged
+    // call's failure, and the reason a slot map reload failed, which every caller waiting for
+    // that reload rethrew). Kept alive, distinct objects have distinct addresses.
+    std::set<const void*> distinct(thrown.begin(), thrown.end());
+    CHECK(distinct.size() == threads);
     // Calls merged into one script call (calls of one queue shard handed in at about the same
     // time) fail with the error of the call that carried them, which names the wait of the
     // oldest of them: a message says no more than the longest of these calls waited.

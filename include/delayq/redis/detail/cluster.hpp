@@ -262,8 +262,9 @@ class router {
             if (mode_ == mode::single) return {&node_at(seed_), nullptr, false};
             node* n = mode_ == mode::cluster ? slots_[slot] : nullptr;
             const bool usable = n != nullptr && !n->l->suspect();
-            if (loads_ != seen) {  // reloaded since this call came: take what it found
-                if (mode_ == mode::unknown) return {nullptr, last_why_, last_retry_};
+            if (loads_ != seen) {            // reloaded since this call came: take what it found
+                if (mode_ == mode::unknown)  // each waiter its own copy (copy_of says why)
+                    return {nullptr, copy_of(last_why_), last_retry_};
                 return {n, nullptr, false};
             }
             if (usable && !reload_) return {n, nullptr, false};

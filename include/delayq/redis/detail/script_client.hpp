@@ -364,28 +364,6 @@ class script_client {
         }
     }
 
-    // A copy of the exception in `e`, for one of the calls a merged call failed: each caller gets
-    // its own exception object, made before it is woken, since callers that shared one would read
-    // it (what()) while another destroys it (the last reference's release is a synchronization
-    // that ThreadSanitizer does not see). These are what a script call throws.
-    static std::exception_ptr copy_of(const std::exception_ptr& e) noexcept {
-        try {
-            std::rethrow_exception(e);
-        } catch (const layout_error& x) {
-            return std::make_exception_ptr(x);
-        } catch (const unsent_error& x) {
-            return std::make_exception_ptr(x);
-        } catch (const io_failure& x) {
-            return std::make_exception_ptr(x);
-        } catch (const error& x) {
-            return std::make_exception_ptr(x);
-        } catch (const std::bad_alloc& x) {
-            return std::make_exception_ptr(x);
-        } catch (...) {
-            return std::current_exception();  // nothing else is thrown there
-        }
-    }
-
     // The put script, now, unmerged.
     std::vector<bool> put_now(std::size_t s, std::span<const std::string_view> args,
                               const budget& b) {
