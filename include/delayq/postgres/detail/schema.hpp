@@ -138,10 +138,11 @@ inline constexpr const char* now_cte =
 // crash of the server may undo the last of them, which means a redelivery; it never undoes a put
 // or a cancel, whose commits wait, and whose flush carries every earlier commit with it.
 inline std::string lease_now_cte(bool durable) {
-    if (durable) return now_cte;
-    return "t AS (SELECT floor(c.ms)::bigint AS now, ceil(c.ms)::bigint AS up, "
-           "set_config('synchronous_commit', 'off', true) AS async FROM (SELECT "
-           "extract(epoch FROM clock_timestamp()) * 1000 AS ms) c)";
+    std::string cte = now_cte;
+    if (!durable)  // one more column of t, so that the clock is read as now_cte reads it
+        cte.insert(cte.find(" FROM (SELECT"),
+                   ", set_config('synchronous_commit', 'off', true) AS async");
+    return cte;
 }
 
 inline std::string max_ms_sql() {

@@ -54,7 +54,6 @@
 #include <hiredis.h>  // hiredis 1.0's pkg-config file points inside include/hiredis
 #endif
 #include <poll.h>
-#include <pthread.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/types.h>
@@ -460,23 +459,6 @@ struct combined {
     state st = waiting;
 };
 
-// Forks of this process so far, counted in the child (pthread_atfork): a link made, or last
-// connected, in an earlier generation belongs to the parent.
-inline std::atomic<unsigned>& fork_count() noexcept {
-    static std::atomic<unsigned> n{0};
-    return n;
-}
-
-inline unsigned fork_generation() noexcept {
-    static const bool counting = [] {
-        ::pthread_atfork(nullptr, nullptr,
-                         [] { fork_count().fetch_add(1, std::memory_order_relaxed); });
-        return true;
-    }();
-    (void)counting;
-    return fork_count().load(std::memory_order_relaxed);
-}
-
 // One server's connection, shared by every thread of every queue object of the process that
 // talks to that server as one user; see "The idea" and "Time" above. Two roles, each held by one
 // thread at a time. The writer: a thread that hands in a call while nobody writes sends it at
@@ -595,7 +577,6 @@ class link {
     // The writer's role, taken by the caller: writes what is handed in, batch after batch, until
     // nothing is left (or the reader is dropping the connection: it writes what is left then).
     void write_all() noexcept {
-        std::vector<request*> batch;
         for (;;) {
             {
                 std::lock_guard lk(m_);
@@ -604,10 +585,10 @@ class link {
                     cv_.notify_all();
                     return;
                 }
-                batch.swap(handed_in_);
+                batch_.swap(handed_in_);  // the two arrays trade places, each keeping its room
             }
-            write(batch);
-            batch.clear();
+            write(batch_);
+            batch_.clear();
         }
     }
 
@@ -833,6 +814,7 @@ class link {
         conn_ = nullptr;
         in_flight_.clear();
         handed_in_.clear();
+        batch_.clear();  // a writer of the parent's may have been between its swap and its clear
         writing_ = reading_ = dropping_ = false;
         chosen_ = nullptr;
         generation_ = fork_generation();
@@ -870,7 +852,8 @@ class link {
     request* chosen_ = nullptr;  // under m_: handed the reader's role, not reading yet
     unsigned generation_;        // under m_: the fork generation it was last used in
     std::atomic<bool> suspect_{false};
-    std::string out_;  // the writer's: the commands of a batch, in RESP
+    std::vector<request*> batch_;  // the writer's: the batch it writes
+    std::string out_;              // the writer's: the commands of a batch, in RESP
 };
 
 // The link of this process to `at` (server and user), made on first use and shared by every queue

@@ -33,7 +33,6 @@
 #include <initializer_list>
 #include <memory>
 #include <mutex>
-#include <new>
 #include <span>
 #include <string>
 #include <string_view>

@@ -9,12 +9,12 @@
 // when its last holder does, whatever order the holders go in, and the table never keeps one
 // alive. A child process after fork() gets things of its own: the parent's may be in the middle of
 // a call sent by a thread that the child does not have, on a socket the parent still uses (the
-// table knows the process it served last by its id, which a child never shares with its parent).
+// table knows the fork generation it served last, fork_generation(), which the link asks too).
 #pragma once
 
-#include <sys/types.h>
-#include <unistd.h>
+#include <pthread.h>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -23,21 +23,38 @@
 
 namespace delayq::redis::detail {
 
+// Forks of this process so far, counted in the child (pthread_atfork): what was made, or last
+// used, in an earlier generation belongs to the parent.
+inline std::atomic<unsigned>& fork_count() noexcept {
+    static std::atomic<unsigned> n{0};
+    return n;
+}
+
+inline unsigned fork_generation() noexcept {
+    static const bool counting = [] {
+        ::pthread_atfork(nullptr, nullptr,
+                         [] { fork_count().fetch_add(1, std::memory_order_relaxed); });
+        return true;
+    }();
+    (void)counting;
+    return fork_count().load(std::memory_order_relaxed);
+}
+
 // The one `T` of this process for `key`, made by `make()` (a shared_ptr<T>) on first use and
 // shared by everyone who asks with that key while anyone holds it.
 template <class T, class Make>
 std::shared_ptr<T> shared_in_process(const std::string& key, Make make) {
     struct table {
         std::mutex m;
-        pid_t pid = 0;
+        unsigned generation = 0;
         std::vector<std::pair<std::string, std::weak_ptr<T>>> items;
     };
     static table* const t = new table;  // never destroyed: objects may outlive static destruction
-    const pid_t pid = ::getpid();
+    const unsigned generation = fork_generation();
     std::lock_guard lk(t->m);
-    if (t->pid != pid) {  // the parent's
+    if (t->generation != generation) {  // the parent's
         t->items.clear();
-        t->pid = pid;
+        t->generation = generation;
     }
     std::shared_ptr<T> found;
     for (auto it = t->items.begin(); it != t->items.end();) {
