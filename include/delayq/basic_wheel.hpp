@@ -19,6 +19,7 @@
 // the worker is detail/wheel_driver.hpp. The guarantees each wheel adds to the system it comes
 // from (Netty's HashedWheelTimer, Kafka's TimingWheel) are at the top of hashed_wheel_timer.hpp
 // and hierarchical_timing_wheel.hpp.
+#include "detail/config.hpp"  // first: below C++20, one clear error
 #pragma once
 
 #include <chrono>

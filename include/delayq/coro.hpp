@@ -44,6 +44,7 @@
 // on_error, alive). With an executor the coroutine resumes, and throws, wherever the executor
 // runs it; name one when a coroutine would destroy that timer (it must not, resumed inline inside
 // the timer's stop() or destructor).
+#include "detail/config.hpp"  // first: below C++20, one clear error
 #pragma once
 
 #include <atomic>

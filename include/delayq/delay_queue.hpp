@@ -33,6 +33,7 @@
 //   nothing is lost or reordered. A sleeping leader waits for the clock to reach the head's
 //   deadline (manual_clock's `set()` wakes it to look). The limits of `take_for()`/`take_until()`
 //   are points on the clock (`take_for`: now + d at the call), so a step back lengthens them.
+#include "detail/config.hpp"  // first: below C++20, one clear error
 #pragma once
 
 #include <algorithm>

@@ -4,6 +4,7 @@
 // for pointer-likes (raw pointers, unique_ptr, shared_ptr, reference_wrapper), the deadline of
 // what they point to. `Delayed<T, Clock>` is every T for which that yields a Clock time point.
 // `delayed<V, Clock>` gives a deadline to a value that has none.
+#include "detail/config.hpp"  // first: below C++20, one clear error
 #pragma once
 
 #include <chrono>

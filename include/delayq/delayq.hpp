@@ -1,5 +1,6 @@
 // delayq: delay queues and timers for C++20. This header brings in every in-process part;
 // the Redis backend is <delayq/redis/delay_queue.hpp>.
+#include "detail/config.hpp"  // first: below C++20, one clear error
 #pragma once
 
 /// \file

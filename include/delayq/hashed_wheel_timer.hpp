@@ -38,6 +38,7 @@
 //
 // The worker sets PR_SET_TIMERSLACK to 1 ns on Linux, so it wakes within microseconds of a
 // deadline instead of up to 50 µs late.
+#include "detail/config.hpp"  // first: below C++20, one clear error
 #pragma once
 
 #include <chrono>

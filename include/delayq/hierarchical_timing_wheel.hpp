@@ -28,6 +28,7 @@
 //   inside a pass (the levels and the queue's room are made when a task first needs them, and a
 //   periodic task's for all its later runs when it is scheduled);
 // - no malloc per schedule for a callable up to 216 bytes: 48 B per timer with an 8-byte capture.
+#include "detail/config.hpp"  // first: below C++20, one clear error
 #pragma once
 
 #include <chrono>

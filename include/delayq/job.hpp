@@ -1,6 +1,7 @@
 // The vocabulary that the durable job queues share, whatever holds their jobs (a Redis server, an
 // SQLite file): one delivery of a job, one request of a batched put, and the base of every
 // backend's error family. Nothing here depends on a backend.
+#include "detail/config.hpp"  // first: below C++20, one clear error
 #pragma once
 
 #include <chrono>

@@ -15,6 +15,7 @@
 // - With max_attempts N > 0, a job whose N-th delivery is nacked or whose N-th lease ends moves to
 //   the dead letters (dead_size()) instead of waiting again.
 // - size() counts the queued jobs: waiting plus leased.
+#include "detail/config.hpp"  // first: below C++20, one clear error
 #pragma once
 
 #include <chrono>

@@ -8,6 +8,7 @@
 // waiter is asleep (the notification reaches it).
 //
 // The clock is global (static now(), as chrono requires): call reset() at the start of each test.
+#include "detail/config.hpp"  // first: below C++20, one clear error
 #pragma once
 
 #include <atomic>

@@ -1,4 +1,5 @@
 // missed_tick: what a periodic task (schedule_every) does after a run that came late.
+#include "detail/config.hpp"  // first: below C++20, one clear error
 #pragma once
 
 #include <cstdint>

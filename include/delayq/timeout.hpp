@@ -4,6 +4,7 @@
 // reference count; the core outlives every node a handle holds (detail/timer_node.hpp), so a handle
 // stays valid (and cancel() stays safe) after the timer is stopped or destroyed. A
 // default-constructed handle refers to no task.
+#include "detail/config.hpp"  // first: below C++20, one clear error
 #pragma once
 
 #include <chrono>

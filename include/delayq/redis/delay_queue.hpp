@@ -24,6 +24,7 @@
 //   detail/waiting.hpp        how threads wait for due jobs without polling: one reader on the
 //                             subscription, the others asleep until there is work for them
 //   queue.hpp                 delay_queue and sharded_delay_queue, which tie those together
+#include "../detail/config.hpp"  // first: below C++20, one clear error
 #pragma once
 
 #include "queue.hpp"

@@ -40,6 +40,7 @@
 // system clock. The leader sleeps on the steady clock, at most foreign_changes at a time, so a
 // clock stepped forward hands out what became due within foreign_changes, and a clock stepped back
 // holds jobs until it reaches their due times again.
+#include "../detail/config.hpp"  // first: below C++20, one clear error
 #pragma once
 
 #include <sys/stat.h>
