@@ -29,21 +29,40 @@
 // A put in the caller's transaction. put_in_transaction() runs one statement on the caller's own
 // connection, inside the caller's BEGIN: the job is a row of that transaction, there when it
 // commits and never otherwise, and its NOTIFY is delivered at that commit (a rolled-back
-// transaction wakes nobody). It always notifies: the object cannot look after the caller's
-// commit, so it cannot tell whether a consumer must be woken.
+// transaction wakes nobody). It notifies whenever it inserted: the object cannot look after the
+// caller's commit, so it cannot tell whether a consumer must be woken. Except with notify::none:
+// PostgreSQL cannot PREPARE a transaction that ran NOTIFY, so a transaction of a two-phase commit
+// puts without one, and wake_consumers() sends it after COMMIT PREPARED. The queue's name goes as
+// bytes that the server reads as UTF-8, since a text parameter is read in the caller's
+// client_encoding (the queue's own connections speak UTF-8).
 //
 // Connections. The object holds a small pool of connections (options::connections) that its
 // calls share, and the listening one once a take has waited. A connection that breaks, or misses
 // io_timeout, is dropped: the call fails with connection_error and the next call connects
 // afresh. Nothing is lost by that: a put that failed may have been applied, and retrying it
 // returns false while the job is queued; an ack that failed may have been applied, and a lease is
-// fenced by its token, so a job is never settled twice.
+// fenced by its token, so a job is never settled twice. A connection that died while idle (a
+// restart, a terminated backend) is replaced before anything is sent on it, the listening one
+// too (once per take), so the caller does not see it.
+//
+// Time limits. Every call returns or fails within io_timeout plus one connect (a take: its
+// max_wait plus that), whatever the server does, and a call that failed leaves nothing running
+// on the server that can change the queue afterwards. The call's io_timeout starts when it
+// starts: its wait for a free pooled connection counts (budget, acquire()), and a connect it
+// makes (itself within io_timeout, host by host: detail/connection.hpp, "Many hosts") moves its
+// deadline once. Each statement carries the server's own limit (statement_timeout), which ends
+// before the call's deadline, so a stalled server (a lock held by a migration) aborts the
+// statement itself, before its commit, and says so: not a claim that leases a job to nobody
+// once the lock goes, nor a put applied after it threw, nor a backend left waiting for every
+// retry (detail/connection.hpp, "Fencing", says why this and not a cancel request).
+#include "../detail/config.hpp"  // first: below C++20, one clear error
 #pragma once
 
 #include <libpq-fe.h>
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -74,11 +93,19 @@ struct options {
     /// The server: a libpq connection string ("host=... port=... dbname=... user=...") or URI
     /// ("postgresql://..."); empty: libpq's defaults and PG* environment variables.
     std::string conninfo;
-    std::string name;               ///< the queue; non-empty, at most 200 bytes
-    std::string schema = "delayq";  ///< the schema of the tables: [a-z_][a-z0-9_]*, <= 63 bytes
+    /// The queue: 1 to 200 bytes of UTF-8 (any character but NUL), the same on every connection
+    /// whatever its client_encoding; the database's encoding must hold its characters (a UTF8
+    /// database holds them all).
+    std::string name;
+    /// The schema of the tables: 1 to 63 ASCII letters, digits and `_`, not beginning with `pg_`
+    /// (PostgreSQL keeps those for itself), taken as written (quoted: `user` or `Jobs` is fine).
+    std::string schema = "delayq";
     /// How long a taken job is invisible to other consumers before it is delivered again (> 0).
     std::chrono::milliseconds lease = std::chrono::seconds(30);
-    /// The limit of one call's exchange with the server, and of a connect (> 0).
+    /// The limit of one call (> 0): its wait for a free connection and its exchange with the
+    /// server; a connect the call makes has io_timeout of its own (for all the conninfo's
+    /// hosts: each gets connect_timeout if the conninfo gives one, else an equal share). The
+    /// server's own limit on each statement (statement_timeout) ends a little before it.
     std::chrono::milliseconds io_timeout = std::chrono::seconds(5);
     unsigned max_attempts = 0;  ///< 0: redeliver forever; else dead-letter after this many
     /// Connections the object's calls share at most (> 0); a call waits for a free one. A take
@@ -108,8 +135,9 @@ class error : public queue_error {
     std::string sqlstate_;
 };
 /// The connection could not be made, broke, or the server did not answer within io_timeout (or
-/// is shutting down, restarting, or not yet accepting connections). The call may have been
-/// applied; retrying it is safe (see "Connections" above).
+/// is shutting down, restarting, or not yet accepting connections), or no pooled connection was
+/// free within io_timeout, or the server stopped the statement at its limit (SQLSTATE 57014:
+/// not applied). The call may have been applied; retrying it is safe (see "Connections" above).
 class connection_error : public error {
   public:
     using error::error;  ///< as error's
@@ -130,6 +158,16 @@ class server_version_error : public error {
     using error::error;  ///< as error's
 };
 
+/// Whether a put in the caller's transaction wakes the waiting consumers when that transaction
+/// commits (see delay_queue::put_in_transaction).
+enum class notify {
+    at_commit,  ///< NOTIFY, delivered at the caller's commit (the default)
+    /// No NOTIFY, so that the transaction may be PREPAREd (two-phase commit: PostgreSQL refuses to
+    /// prepare a transaction that ran NOTIFY). The consumers learn of the job when they are woken
+    /// otherwise: call delay_queue::wake_consumers() once the transaction committed.
+    none
+};
+
 /// A durable delay queue on a PostgreSQL server; see docs/postgres.md. Every member may be
 /// called from many threads at once, and many processes may share one queue.
 class delay_queue {
@@ -142,18 +180,19 @@ class delay_queue {
     explicit delay_queue(options o)
         : opt_(checked(std::move(o))),
           channel_(channel_of(opt_.schema, opt_.name)),
-          sql_{detail::put_sql(opt_.schema),
-               detail::put_many_sql(opt_.schema),
-               detail::cancel_sql(opt_.schema),
-               detail::reschedule_sql(opt_.schema),
-               detail::claim_sql(opt_.schema, opt_.durable_leases, opt_.max_attempts > 0),
-               detail::ack_sql(opt_.schema, opt_.durable_leases),
-               detail::ack_many_sql(opt_.schema, opt_.durable_leases),
-               detail::nack_sql(opt_.schema, opt_.durable_leases),
-               detail::size_sql(opt_.schema),
-               detail::dead_size_sql(opt_.schema),
-               detail::wake_sql(opt_.schema)},
-          put_in_transaction_sql_(detail::put_in_transaction_sql(opt_.schema)) {
+          sql_{detail::put_sql(quoted_schema()),
+               detail::put_many_sql(quoted_schema()),
+               detail::cancel_sql(quoted_schema()),
+               detail::reschedule_sql(quoted_schema()),
+               detail::claim_sql(quoted_schema(), opt_.durable_leases, opt_.max_attempts > 0),
+               detail::ack_sql(quoted_schema(), opt_.durable_leases),
+               detail::ack_many_sql(quoted_schema(), opt_.durable_leases),
+               detail::nack_sql(quoted_schema(), opt_.durable_leases),
+               detail::size_sql(quoted_schema()),
+               detail::dead_size_sql(quoted_schema()),
+               detail::wake_sql(quoted_schema())},
+          put_in_transaction_sql_{detail::put_in_transaction_sql(quoted_schema(), true),
+                                  detail::put_in_transaction_sql(quoted_schema(), false)} {
         // One connection now: the server is there, new enough, and holds the tables.
         auto c = acquire();
         release(std::move(c));
@@ -184,23 +223,43 @@ class delay_queue {
     }
 
     /// put() inside the caller's transaction: `conn` is the application's own connection, inside
-    /// its BEGIN. The job exists exactly when that transaction commits, and the consumers are
-    /// woken then; a rollback leaves no job and wakes nobody. One round trip on `conn`. False if
-    /// `id` is already queued (as the transaction sees it). Throws std::invalid_argument when
-    /// `conn` is not inside a transaction block; an error of this family aborts the caller's
-    /// transaction, as any failed statement does.
+    /// its BEGIN, with any client_encoding. The job exists exactly when that transaction commits,
+    /// and the consumers are woken then; a rollback leaves no job and wakes nobody. One round trip
+    /// on `conn`. False if `id` is already queued (as the transaction sees it). Throws
+    /// std::invalid_argument when `conn` is not inside a transaction block; an error of this
+    /// family aborts the caller's transaction, as any failed statement does.
+    ///
+    /// Two-phase commit: the wake-up is a NOTIFY, and PostgreSQL refuses to PREPARE TRANSACTION
+    /// a transaction that ran NOTIFY (the PREPARE fails and the whole transaction, the
+    /// application's own writes too, is rolled back). A transaction to be prepared puts with
+    /// notify::none, and calls wake_consumers() after COMMIT PREPARED.
     bool put_in_transaction(PGconn* conn, std::string_view id, std::string_view payload,
-                            std::chrono::system_clock::time_point deadline) {
+                            std::chrono::system_clock::time_point deadline,
+                            notify n = notify::at_commit) {
         check_id(id);
-        return run_put_in(conn, id, payload, delayq::detail::to_ms(deadline), false);
+        return run_put_in(conn, id, payload, delayq::detail::to_ms(deadline), false, n);
     }
 
     /// put_after() inside the caller's transaction (see put_in_transaction): due `delay` after
     /// the statement runs, by the server's clock.
     bool put_after_in_transaction(PGconn* conn, std::string_view id, std::string_view payload,
-                                  std::chrono::milliseconds delay) {
+                                  std::chrono::milliseconds delay, notify n = notify::at_commit) {
         check_id(id);
-        return run_put_in(conn, id, payload, delayq::detail::clamp_delay(delay), true);
+        return run_put_in(conn, id, payload, delayq::detail::clamp_delay(delay), true, n);
+    }
+
+    /// Wakes the consumers of the queue, in every process, to look for due jobs at once: after a
+    /// transaction that put jobs with notify::none committed (COMMIT PREPARED). One NOTIFY, on a
+    /// connection of the object's; the same as `NOTIFY <channel()>` on any connection.
+    void wake_consumers() {
+        conn_ptr c = acquire();
+        try {
+            (void)c->exec_simple("NOTIFY " + channel_, "wake_consumers");
+        } catch (...) {
+            release(std::move(c));
+            throw;
+        }
+        release(std::move(c));
     }
 
     /// put_after for many jobs, in one statement. Element i of the result is what put_after would
@@ -350,7 +409,9 @@ class delay_queue {
 
     [[noreturn]] static void raise(detail::problem p, const std::string& what,
                                    const std::string& sqlstate) {
-        const std::string m = "delayq::postgres: " + what;
+        std::string m = "delayq::postgres: " + what;
+        if (sqlstate == "26000")  // a statement the connection prepared is not there
+            m += std::string(" (") + detail::pooler_message + ")";
         switch (p) {
             case detail::problem::connection:
                 throw connection_error(m, sqlstate);
@@ -373,13 +434,21 @@ class delay_queue {
         check(!o.name.empty(), "options.name is empty");
         check(o.name.size() <= 200, "options.name is longer than 200 bytes");
         check(o.name.find('\0') == std::string::npos, "options.name contains a NUL byte");
+        check(valid_utf8(o.name),
+              "options.name is not valid UTF-8 (a queue's name is text: UTF-8, any character "
+              "but NUL)");
         const auto ident = [](const std::string& s) {
-            if (s.empty() || s.size() > 63 || (s[0] >= '0' && s[0] <= '9')) return false;
+            if (s.empty() || s.size() > 63) return false;
             return std::all_of(s.begin(), s.end(), [](char c) {
-                return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+                return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                       c == '_';
             });
         };
-        check(ident(o.schema), "options.schema must match [a-z_][a-z0-9_]* (at most 63 bytes)");
+        check(ident(o.schema),
+              "options.schema must be 1 to 63 ASCII letters, digits and _ (taken as written)");
+        check(!(o.schema.size() >= 3 && (o.schema[0] | 0x20) == 'p' &&
+                (o.schema[1] | 0x20) == 'g' && o.schema[2] == '_'),
+              "options.schema must not begin with pg_: PostgreSQL keeps those names for itself");
         check(o.lease > milliseconds::zero(), "options.lease must be > 0");
         check(o.lease.count() <= delayq::detail::max_ms, "options.lease is too long");
         check(o.io_timeout > milliseconds::zero(), "options.io_timeout must be > 0");
@@ -389,6 +458,41 @@ class delay_queue {
         check(o.conninfo.find('\0') == std::string::npos, "options.conninfo contains a NUL byte");
         return o;
     }
+
+    // Whether `s` is UTF-8 as PostgreSQL reads it: no overlong forms, no UTF-16 surrogates,
+    // nothing past U+10FFFF.
+    static bool valid_utf8(std::string_view s) noexcept {
+        for (std::size_t i = 0; i < s.size();) {
+            const auto b = [&](std::size_t k) { return static_cast<unsigned char>(s[i + k]); };
+            const unsigned char c = b(0);
+            std::size_t n;
+            unsigned char lo = 0x80, hi = 0xbf;  // the second byte's range
+            if (c < 0x80) {
+                ++i;
+                continue;
+            } else if (c >= 0xc2 && c <= 0xdf) {
+                n = 2;
+            } else if (c >= 0xe0 && c <= 0xef) {
+                n = 3;
+                if (c == 0xe0) lo = 0xa0;  // overlong
+                if (c == 0xed) hi = 0x9f;  // surrogates
+            } else if (c >= 0xf0 && c <= 0xf4) {
+                n = 4;
+                if (c == 0xf0) lo = 0x90;  // overlong
+                if (c == 0xf4) hi = 0x8f;  // past U+10FFFF
+            } else {
+                return false;
+            }
+            if (s.size() - i < n || b(1) < lo || b(1) > hi) return false;
+            for (std::size_t k = 2; k < n; ++k)
+                if (b(k) < 0x80 || b(k) > 0xbf) return false;
+            i += n;
+        }
+        return true;
+    }
+
+    // The schema as an identifier in the statements: quoted.
+    std::string quoted_schema() const { return detail::quote_ident(opt_.schema); }
 
     static void check_id(std::string_view id) {
         if (id.empty())
@@ -420,21 +524,49 @@ class delay_queue {
         return out;
     }
 
-    // A connection of the pool, connected, checked and prepared if it is new.
+    // The time one call has (see "Time limits" at the top of this file): io_timeout from its
+    // start for its exchanges with the server, its wait for a pooled connection included, plus
+    // the time of the first connect it makes (itself at most io_timeout). A second connect in the
+    // same call has only what is left.
+    struct budget {
+        steady::time_point deadline;
+        bool connected = false;  // a connect's time was added
+    };
+    budget call_budget() const {
+        return {delayq::detail::saturating_add(steady::now(), opt_.io_timeout)};
+    }
+
+    // A connection of the pool, connected, checked and prepared if it is new; its exchanges end
+    // by the budget's deadline. The wait for a free one counts against the budget.
     conn_ptr acquire() {
+        budget b = call_budget();
+        return acquire(b);
+    }
+    conn_ptr acquire(budget& b) {
         {
             std::unique_lock lk(pool_m_);
-            pool_cv_.wait(lk, [&] { return !idle_.empty() || open_ < opt_.connections; });
+            if (!pool_cv_.wait_until(lk, b.deadline,
+                                     [&] { return !idle_.empty() || open_ < opt_.connections; }))
+                raise(detail::problem::connection,
+                      "waiting for a connection: all " + std::to_string(opt_.connections) +
+                          " of the object's connections stayed busy for io_timeout (" +
+                          std::to_string(opt_.io_timeout.count()) + " ms)",
+                      "");
             while (!idle_.empty()) {
                 conn_ptr c = std::move(idle_.back());
                 idle_.pop_back();
-                if (c->alive()) return c;
+                if (c->alive()) {
+                    c->set_deadline(b.deadline);
+                    return c;
+                }
                 --open_;  // closed while idle (a restart): connect afresh instead of failing
             }
             ++open_;
         }
         try {
-            return connect(true);
+            auto c = connect(true, b);
+            c->set_deadline(b.deadline);
+            return c;
         } catch (...) {
             std::lock_guard lk(pool_m_);
             --open_;
@@ -453,8 +585,26 @@ class delay_queue {
         pool_cv_.notify_one();
     }
 
+    // A new connection, within io_timeout (or what is left of `b` if the call connected
+    // already); the call's deadline moves by the time it took.
     conn_ptr connect(bool prepare) {
-        auto c = std::make_unique<detail::connection>(opt_.conninfo, opt_.io_timeout, &raise);
+        budget b = call_budget();
+        return connect(prepare, b);
+    }
+    conn_ptr connect(bool prepare, budget& b) {
+        const auto start = steady::now();
+        auto c = std::make_unique<detail::connection>(
+            opt_.conninfo, opt_.io_timeout,
+            b.connected ? b.deadline : delayq::detail::saturating_add(start, opt_.io_timeout),
+            &raise, &last_host_);
+        struct extend {  // however the connect ends: the call has had its connect
+            budget& b;
+            steady::time_point start;
+            ~extend() {
+                if (!b.connected) b.deadline += steady::now() - start;
+                b.connected = true;
+            }
+        } e{b, start};
         detail::check_server_version(c->server_version(), &raise);
         if (!prepare) return c;
         {
@@ -464,7 +614,16 @@ class delay_queue {
                 schema_checked_ = true;
             }
         }
-        c->exec_simple(detail::session_sql, "setting up a connection");
+        const long long pid = detail::set_up_session(*c);
+        if (pid != PQbackendPID(c->get())) {
+            // Something between speaks for the server: a pooler. Once per object, the probe for
+            // one that does not keep a session per connection (detail/schema.hpp).
+            std::lock_guard lk(schema_m_);
+            if (!pooler_checked_) {
+                detail::check_own_session(*connect(false), pid, &raise);
+                pooler_checked_ = true;
+            }
+        }
         for (int i = 0; i < st_count; ++i) c->prepare(name_of(i), sql_[i], types_of(i));
         return c;
     }
@@ -472,8 +631,8 @@ class delay_queue {
     // Runs `f` with a pooled connection, which goes back to the pool (or is dropped, if it broke)
     // however `f` ends.
     template <class F>
-    auto with_connection(F f) {
-        conn_ptr c = acquire();
+    auto with_connection(F f, budget& b) {
+        conn_ptr c = acquire(b);
         struct give_back {
             delay_queue& q;
             conn_ptr& c;
@@ -484,17 +643,24 @@ class delay_queue {
 
     // Runs statement `st` on a pooled connection.
     detail::result run(int st, const detail::params& p, const char* doing) {
-        return with_connection(
-            [&](detail::connection& c) { return c.exec(name_of(st), p, doing); });
+        budget b = call_budget();
+        return run(st, p, doing, b);
+    }
+    detail::result run(int st, const detail::params& p, const char* doing, budget& b) {
+        return with_connection([&](detail::connection& c) { return c.exec(name_of(st), p, doing); },
+                               b);
     }
 
     // Runs statement `st`, then the wake-up with `wake` in a transaction of its own, in one
     // round trip on a pooled connection; returns `st`'s result.
     detail::result run_then(int st, const detail::params& p, const detail::params& wake,
                             const char* doing) {
-        return with_connection([&](detail::connection& c) {
-            return c.exec_then(name_of(st), p, name_of(st_wake), wake, doing).first;
-        });
+        budget b = call_budget();
+        return with_connection(
+            [&](detail::connection& c) {
+                return c.exec_then(name_of(st), p, name_of(st_wake), wake, doing).first;
+            },
+            b);
     }
 
     // The wake-up's parameters for one job.
@@ -512,7 +678,7 @@ class delay_queue {
     }
 
     bool run_put_in(PGconn* conn, std::string_view id, std::string_view payload, long long at,
-                    bool delay) {
+                    bool delay, notify n) {
         if (conn == nullptr)
             throw std::invalid_argument("delayq::postgres::delay_queue: the connection is null");
         switch (PQtransactionStatus(conn)) {
@@ -535,13 +701,18 @@ class delay_queue {
                 raise(detail::problem::connection, "put_in_transaction: the connection is broken",
                       "");
         }
+        // The name as bytes, read as UTF-8 by the server: a text parameter would be read in the
+        // caller's client_encoding, and a name that is not ASCII would name another queue.
         detail::params p;
-        p.text(opt_.name).bytes(id).bytes(payload).int8(at).boolean(delay).text(channel_);
+        p.bytes(opt_.name).bytes(id).bytes(payload).int8(at).boolean(delay);
+        const bool notifies = n != notify::none;
+        if (notifies) p.text(channel_);
         const auto v = p.pointers();
         // The caller's connection, as the caller set it up (blocking or not, its own timeouts):
         // one unnamed statement, parsed, bound and run in one round trip.
-        PGresult* r = PQexecParams(conn, put_in_transaction_sql_.c_str(), p.count(), p.types(),
-                                   v.values.data(), v.lengths.data(), v.formats.data(), 1);
+        PGresult* r =
+            PQexecParams(conn, put_in_transaction_sql_[notifies ? 0 : 1].c_str(), p.count(),
+                         p.types(), v.values.data(), v.lengths.data(), v.formats.data(), 1);
         if (r == nullptr || PQresultStatus(r) != PGRES_TUPLES_OK) {
             // A failed statement aborts the caller's transaction, as any other would.
             const char* state = r ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : nullptr;
@@ -572,13 +743,13 @@ class delay_queue {
         steady::time_point seen;        // when the answer came
     };
 
-    claimed claim(std::size_t want) {
+    claimed claim(std::size_t want, budget& b) {
         detail::params p;
         p.text(opt_.name)
             .int8(static_cast<long long>(want))
             .int8(opt_.lease.count())
             .int8(opt_.max_attempts);
-        const auto r = run(st_claim, p, "take");
+        const auto r = run(st_claim, p, "take", b);
         claimed out;
         out.seen = steady::now();
         for (int i = 0; i < r.rows(); ++i) {
@@ -621,15 +792,26 @@ class delay_queue {
     // The leader's: makes sure the listening connection is there and well, and takes in what it
     // received. Forgets what the object knew (known_) when notifications came or may have been
     // missed (a connection made anew).
-    void listen_and_drain(std::unique_lock<std::mutex>& lk) {
-        bool forget;
+    // A listening connection that died while idle (a restart, a terminated backend) is
+    // replaced within the budget `b`: nothing was sent on it, so the caller need not know; the
+    // second death within one take (`relistened`) is the caller's business.
+    void listen_and_drain(std::unique_lock<std::mutex>& lk, budget& b, bool& relistened) {
+        bool forget = true;
         {
             unlocked u(lk);
             if (listener_ && listener_->alive(true)) {
-                forget = listener_->wait_notification(steady::time_point::min());
+                try {
+                    forget = listener_->wait_notification(steady::time_point::min());
+                } catch (const connection_error&) {
+                    if (relistened) throw;
+                    relistened = true;
+                    listener_.reset();
+                }
             } else {
                 listener_.reset();
-                auto c = connect(false);
+            }
+            if (!listener_) {
+                auto c = connect(false, b);
                 c->exec_simple("LISTEN " + channel_, "take (LISTEN)");
                 listener_ = std::move(c);
                 forget = true;
@@ -641,7 +823,7 @@ class delay_queue {
     // The leader's claim, for its own request and every other waiting one (up to max_take jobs):
     // the jobs go to the leader first, then to the others in the order they came, each up to
     // what it asked for. Learns when the next claim is due (known_, until_).
-    void claim_for_all(std::unique_lock<std::mutex>& lk, request& own) {
+    void claim_for_all(std::unique_lock<std::mutex>& lk, request& own, budget& b) {
         std::vector<request*> batch{&own};
         std::size_t total = own.want;
         for (request* r : pending_)
@@ -654,7 +836,7 @@ class delay_queue {
         claimed c;
         try {
             unlocked u(lk);
-            c = claim(asked);
+            c = claim(asked, b);
         } catch (...) {
             // Every take the claim was for learns of the failure, at once.
             for (request* r : batch) {
@@ -712,7 +894,8 @@ class delay_queue {
     // come sends nothing. A take that waits no time claims by itself.
     std::vector<job> take_jobs(std::size_t want, milliseconds max_wait) {
         if (max_wait <= milliseconds::zero()) {
-            claimed c = claim(want);
+            budget b = call_budget();
+            claimed c = claim(want, b);
             if (!c.jobs.empty()) {  // the object wakes when these leases end, as for its own
                 std::lock_guard lk(m_);
                 until_ = std::min(until_, delayq::detail::saturating_add(c.seen, opt_.lease));
@@ -736,6 +919,7 @@ class delay_queue {
                 }
             }
         } guard{*this, own};
+        bool relistened = false;  // the listening connection died once in this take
         for (;;) {
             if (own.done) {
                 if (own.error) std::rethrow_exception(own.error);
@@ -755,9 +939,12 @@ class delay_queue {
                 leading_ = true;
                 guard.leads = true;
             }
-            listen_and_drain(lk);
+            // Each round (listen, claim) has a budget of its own: a take returns or fails within
+            // max_wait plus io_timeout plus a connect.
+            budget b = call_budget();
+            listen_and_drain(lk, b, relistened);
             if (!known_ || steady::now() >= until_) {
-                claim_for_all(lk, own);
+                claim_for_all(lk, own, b);
                 continue;
             }
             if (steady::now() >= limit) return {};
@@ -765,7 +952,16 @@ class delay_queue {
             bool notified;
             {
                 unlocked u(lk);
-                notified = listener_->wait_notification(until);
+                try {
+                    notified = listener_->wait_notification(until);
+                } catch (const connection_error&) {
+                    // Died while the take waited: the next round listens afresh (once per take)
+                    // and claims, for a notification may have been missed meanwhile.
+                    if (relistened) throw;
+                    relistened = true;
+                    listener_.reset();
+                    notified = true;
+                }
             }
             if (notified) known_ = false;
         }
@@ -774,15 +970,18 @@ class delay_queue {
     options opt_;
     std::string channel_;
     std::string sql_[st_count];
-    std::string put_in_transaction_sql_;
+    std::string put_in_transaction_sql_[2];  // notifying, not notifying
 
     std::mutex pool_m_;
     std::condition_variable pool_cv_;
     std::vector<conn_ptr> idle_;  // connected and prepared, free
     std::size_t open_ = 0;        // connections that exist, idle or in use
 
+    std::atomic<std::size_t> last_host_{0};  // of the conninfo's hosts, the one that answered last
+
     std::mutex schema_m_;
     bool schema_checked_ = false;
+    bool pooler_checked_ = false;  // the probe for a pooler ran (or was not needed)
 
     // The waiting takes (see take_jobs).
     std::mutex m_;

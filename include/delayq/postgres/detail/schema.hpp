@@ -28,6 +28,12 @@
 // value that a crash or a failover handed out again (a sequence may repeat values whose
 // transaction was lost) still differs from the lost lease's token but for a 1 in 65 536 chance.
 //
+// Names. The schema is any name of ASCII letters, digits and `_` (delay_queue checks it), always
+// written quoted ("user", "Order" and "group" are schemas like any other; case is kept); the
+// statement builders below take it quoted (quote_ident). The queue's name is text: the queue's own
+// connections speak UTF-8 (session_sql), and the put on the caller's connection sends the name as
+// bytes that the server reads as UTF-8, whatever the caller's client_encoding.
+//
 // Creation and upgrades. The first object to connect to a database without the schema creates it
 // in one transaction, under a transaction-level advisory lock, so that processes starting at once
 // all succeed with one schema. An object that finds another version refuses to run
@@ -59,9 +65,17 @@ inline void check_server_version(int version, raise_fn raise) {
               "");
 }
 
-// The SQL that creates version 1 in schema `s` (an identifier already checked).
-inline std::string create_sql(const std::string& s) {
-    return "CREATE SCHEMA IF NOT EXISTS " + s + ";" + "CREATE TABLE IF NOT EXISTS " + s +
+// `schema` as an SQL identifier: quoted, so that reserved words and capitals are names like any
+// other. The caller has checked that it holds only ASCII letters, digits and `_`.
+inline std::string quote_ident(const std::string& schema) {
+    return '"' + schema + '"';
+}
+
+// The SQL that creates version 1 in schema `s` (quoted), and the schema itself unless
+// `schema_exists` (CREATE SCHEMA needs CREATE on the database even when the schema is there).
+inline std::string create_sql(const std::string& s, bool schema_exists) {
+    return (schema_exists ? std::string() : "CREATE SCHEMA IF NOT EXISTS " + s + ";") +
+           "CREATE TABLE IF NOT EXISTS " + s +
            ".meta(name text PRIMARY KEY, value bigint NOT NULL);" + "CREATE TABLE IF NOT EXISTS " +
            s +
            ".jobs(queue text NOT NULL, id bytea NOT NULL, payload bytea NOT NULL,"
@@ -76,29 +90,74 @@ inline std::string create_sql(const std::string& s) {
            ") ON CONFLICT (name) DO NOTHING;";
 }
 
-// The schema's version, or -1 when it (or its meta table) does not exist.
-inline long long read_version(connection& c, const std::string& s) {
-    try {
-        result r = c.exec_simple("SELECT value::text FROM " + s + ".meta WHERE name = 'version'",
-                                 "reading the schema");
-        if (r.rows() == 0) return 0;       // a meta table without a version: not ours
-        return std::stoll(r.bytes(0, 0));  // simple protocol: text
-    } catch (const std::exception&) {
-        if (c.broken()) throw;
-        // 42P01 (no such table) or 3F000 (no such schema): not created yet. Any other
-        // problem (a refused privilege) comes again, typed, from the creation below.
-        return -1;
-    }
+// The version in schema `schema`'s meta table (0: a meta table without one, not ours). Throws
+// the server's error, typed, when it cannot be read.
+inline long long read_version(connection& c, const std::string& schema) {
+    result r = c.exec_simple(
+        "SELECT value::text FROM " + quote_ident(schema) + ".meta WHERE name = 'version'",
+        "reading the schema");
+    if (r.rows() == 0) return 0;       // a meta table without a version: not ours
+    return std::stoll(r.bytes(0, 0));  // simple protocol: text
 }
 
-// Makes sure schema `s` holds version 1 of the tables, creating them if needed.
-inline void ensure_schema(connection& c, const std::string& s, raise_fn raise) {
-    long long v = read_version(c, s);
-    if (v < 0) {
-        c.exec_simple("BEGIN; SELECT pg_advisory_xact_lock(" + std::to_string(schema_lock_key) +
-                          ");" + create_sql(s) + "COMMIT;",
-                      "creating the queue's tables");
-        v = read_version(c, s);
+// What the catalogs say of schema `schema` and its meta table, and what the role may do with
+// them: a query of pg_catalog, which every role may read.
+struct schema_state {
+    bool exists = false, usage = false;      // the schema; USAGE on it
+    bool meta = false, meta_select = false;  // its meta table; SELECT on it
+    std::string role;                        // current_user
+};
+inline schema_state probe_schema(connection& c, const std::string& schema) {
+    // `schema` holds only letters, digits and `_`: it needs no escaping in a literal.
+    const result r = c.exec_simple(
+        "SELECT n.oid IS NOT NULL, coalesce(has_schema_privilege(n.oid, 'USAGE'), false), m.oid "
+        "IS NOT NULL, coalesce(has_table_privilege(m.oid, 'SELECT'), false), current_user FROM "
+        "(SELECT 1) o LEFT JOIN pg_catalog.pg_namespace n ON n.nspname = '" +
+            schema +
+            "' LEFT JOIN pg_catalog.pg_class m ON m.relnamespace = n.oid AND m.relname = 'meta'",
+        "reading the catalogs");
+    schema_state st;
+    st.exists = r.bytes(0, 0) == "t";
+    st.usage = r.bytes(0, 1) == "t";
+    st.meta = r.bytes(0, 2) == "t";
+    st.meta_select = r.bytes(0, 3) == "t";
+    st.role = r.bytes(0, 4);
+    return st;
+}
+
+// Makes sure schema `schema` (unquoted) holds version 1 of the tables, creating them if needed.
+// A privilege that is missing is named: the schema's USAGE, the meta table's SELECT, or what the
+// creation needs.
+inline void ensure_schema(connection& c, const std::string& schema, raise_fn raise) {
+    const std::string s = quote_ident(schema);
+    long long v = -1;
+    try {
+        v = read_version(c, schema);
+    } catch (const std::exception&) {
+        if (c.broken()) throw;
+        // Not created yet (42P01, 3F000), or not readable: the catalogs tell which.
+        const schema_state st = probe_schema(c, schema);
+        if (st.exists && !st.usage)
+            raise(problem::permission,
+                  "role " + st.role + " lacks USAGE on schema " + s + ", which holds the queue (" +
+                      "GRANT USAGE ON SCHEMA " + s + " TO " + st.role + ")",
+                  "42501");
+        if (st.meta && !st.meta_select)
+            raise(problem::permission,
+                  "role " + st.role + " lacks SELECT on table " + s + ".meta, which holds the " +
+                      "version of the queue's tables (GRANT SELECT ON " + s + ".meta TO " +
+                      st.role + ")",
+                  "42501");
+        // There and readable: made by another process since the read failed (read it again),
+        // or the failure was something else (which the second read throws again).
+        if (!st.meta)
+            c.exec_simple("BEGIN; SELECT pg_advisory_xact_lock(" + std::to_string(schema_lock_key) +
+                              ");" + create_sql(s, st.exists) + "COMMIT;",
+                          st.exists ? "creating the queue's tables in the existing schema (needs "
+                                      "CREATE on the schema)"
+                                    : "creating the queue's schema and tables (needs CREATE on the "
+                                      "database, or the schema created ahead with CREATE on it)");
+        v = read_version(c, schema);
     }
     if (v != schema_version)
         raise(problem::schema_version,
@@ -119,10 +178,39 @@ inline void ensure_schema(connection& c, const std::string& s, raise_fn raise) {
 // join it may reorder), the planner may not fall back to reading the table (no sequential or bitmap
 // scans), each statement is planned once per connection (generic plans: a custom plan of the claim
 // costs more than running it), and JIT compilation, which a penalized plan's cost would trigger, is
-// off.
+// off. And the connection speaks UTF-8, whatever PGCLIENTENCODING or the conninfo say: the queue's
+// name is text, and its bytes must mean the same on every connection.
 inline constexpr const char* session_sql =
     "SET plan_cache_mode = force_generic_plan; SET jit = off; SET enable_seqscan = off; "
-    "SET enable_bitmapscan = off";
+    "SET enable_bitmapscan = off; SET client_encoding = 'UTF8'";
+
+// What the queue says when its connections do not each have a server session of their own.
+inline constexpr const char* pooler_message =
+    "a connection pooler in transaction or statement mode (e.g. pgbouncer pool_mode=transaction) "
+    "sits between the queue and the server: its connections do not keep a server session of "
+    "their own, so LISTEN and the connection's settings do not hold; connect to the server, or "
+    "through a pooler in session mode (see \"Connection poolers\" in docs/postgres.md)";
+
+// Sets a new connection of the queue up (session_sql), in one round trip; returns the server
+// process that answered (pg_backend_pid()). Where it is not the process the connection was
+// given at connect (PQbackendPID), something between speaks for the server: a pooler.
+inline long long set_up_session(connection& c) {
+    const result r = c.exec_simple(std::string(session_sql) + "; SELECT pg_backend_pid()",
+                                   "setting up a connection");
+    return std::stoll(r.bytes(0, 0));  // simple protocol: text
+}
+
+// The probe for a pooler that does not give each connection a session of its own, run once by an
+// object whose connection `c` is answered by server process `pid` that is not the one libpq was
+// given: `other`, a second connection made just now, asks which server process answers it. With
+// no pooler, or one in session mode, it is another process, since `c` holds `pid` for as long as
+// it lives. A pooler in transaction or statement mode gave `pid` back to its pool when `c`'s last
+// statement ended, and hands out the most recently freed server connection first (pgbouncer's
+// default, server_round_robin = 0): `other` is answered by `pid`.
+inline void check_own_session(connection& other, long long pid, raise_fn raise) {
+    const result r = other.exec_simple("SELECT pg_backend_pid()", "looking for a pooler");
+    if (std::stoll(r.bytes(0, 0)) == pid) raise(problem::other, pooler_message, "");
+}
 
 // The server's clock, read once, in ms since 1970: `now` rounded down, to judge what is due (a
 // job due at `at` is handed out once now >= at: never early), and `up` rounded up, to add a delay
@@ -149,13 +237,12 @@ inline std::string max_ms_sql() {
     return "99999999999999";  // delayq::detail::max_ms
 }
 
-// The insert of one job: $1 queue, $2 id, $3 payload, $4 due (ms) or delay, $5 whether $4 is a
-// delay. Inserts nothing when the id is queued.
-inline std::string insert_one_sql(const std::string& s) {
-    return "INSERT INTO " + s +
-           ".jobs(queue, id, payload, at) SELECT $1, $2, $3, least(CASE WHEN $5 THEN t.up ELSE "
-           "0 END + $4, " +
-           max_ms_sql() + ") FROM t ON CONFLICT DO NOTHING";
+// The insert of one job: $1 queue (text; or `queue`, an expression of $1), $2 id, $3 payload, $4
+// due (ms) or delay, $5 whether $4 is a delay. Inserts nothing when the id is queued.
+inline std::string insert_one_sql(const std::string& s, const char* queue = "$1") {
+    return "INSERT INTO " + s + ".jobs(queue, id, payload, at) SELECT " + queue +
+           ", $2, $3, least(CASE WHEN $5 THEN t.up ELSE 0 END + $4, " + max_ms_sql() +
+           ") FROM t ON CONFLICT DO NOTHING";
 }
 
 // put: insert_one_sql's parameters; the wake-up (wake_sql) follows in a transaction of its own.
@@ -163,11 +250,16 @@ inline std::string put_sql(const std::string& s) {
     return "WITH " + std::string(now_cte) + " " + insert_one_sql(s);
 }
 
-// The put in the caller's transaction: put_sql's parameters and $6 the channel. It notifies
-// whenever it inserted, at the caller's commit (see the top of delay_queue.hpp). Returns
-// (inserted, notified).
-inline std::string put_in_transaction_sql(const std::string& s) {
-    return "WITH " + std::string(now_cte) + ", i AS (" + insert_one_sql(s) +
+// The put in the caller's transaction: put_sql's parameters, but $1 the queue's name as bytea
+// in UTF-8 (the caller's connection may have any client_encoding, which a text parameter would be
+// read in), and with `notify` $6 the channel. With `notify` it notifies whenever it inserted, at
+// the caller's commit (see the top of delay_queue.hpp). Returns (inserted, notified).
+inline std::string put_in_transaction_sql(const std::string& s, bool notify) {
+    const std::string insert = insert_one_sql(s, "convert_from($1, 'UTF8')");
+    if (!notify)
+        return "WITH " + std::string(now_cte) + ", i AS (" + insert +
+               " RETURNING 1) SELECT (SELECT count(*) FROM i), 0::bigint";
+    return "WITH " + std::string(now_cte) + ", i AS (" + insert +
            " RETURNING 1), n AS (SELECT pg_notify($6, '') FROM i) SELECT (SELECT count(*) FROM "
            "i), (SELECT count(*) FROM n)";
 }
@@ -231,7 +323,7 @@ inline std::string bury_sql(const std::string& s, const char* from) {
            "excluded.attempts, died = excluded.died";
 }
 
-// The fencing token of a new lease.
+// The fencing token of a new lease (`s` quoted, and free of `'`: a literal as it is).
 inline std::string token_sql(const std::string& s) {
     return "nextval('" + s + ".tokens') * 65536 + floor(random() * 65536)::bigint";
 }

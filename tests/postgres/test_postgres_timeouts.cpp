@@ -1,0 +1,369 @@
+// delayq::postgres::delay_queue under a server that does not answer: a first host that is silent
+// (a dead machine, not a refused port), a stalled server (another session holds the queue's table
+// locked, as a migration does), and connections that died while idle. The rule every case checks:
+// a call returns or fails within io_timeout plus one connect, and a call that failed leaves
+// nothing running on the server that changes the queue afterwards.
+#include <fcntl.h>
+#include <libpq-fe.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <delayq/postgres/delay_queue.hpp>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "catch.hpp"
+#include "expect_error.hpp"
+#include "pg_fixture.hpp"
+
+using namespace std::chrono_literals;
+using delayq_pg_test::fresh_name;
+using delayq_pg_test::opts;
+using delayq_pg_test::server;
+namespace pg = delayq::postgres;
+using steady = std::chrono::steady_clock;
+
+namespace {
+
+// A TCP port on 127.0.0.1 that completes the handshake (the kernel does, from the listen backlog)
+// and never says a word: what a client sees of a server whose machine hangs.
+struct silent_host {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    int port = 0;
+    silent_host() {
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        socklen_t len = sizeof a;
+        REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+        REQUIRE(::listen(fd, 64) == 0);
+        REQUIRE(::fcntl(fd, F_SETFL, O_NONBLOCK) == 0);  // for connections(); accept only
+        REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+        port = ntohs(a.sin_port);
+    }
+    ~silent_host() { ::close(fd); }
+    // The connections made to it so far (each taken off the backlog and closed).
+    int connections() {
+        int n = 0;
+        for (int c; (c = ::accept4(fd, nullptr, nullptr, SOCK_NONBLOCK)) >= 0 || errno == EINTR;)
+            if (c >= 0) {
+                ::close(c);
+                ++n;
+            }
+        return n;
+    }
+    silent_host(const silent_host&) = delete;
+    silent_host& operator=(const silent_host&) = delete;
+};
+
+// A session of the test's own on the shared server: the one that holds the lock.
+struct session {
+    PGconn* c = PQconnectdb(server().conninfo().c_str());
+    session() { REQUIRE(PQstatus(c) == CONNECTION_OK); }
+    ~session() { PQfinish(c); }
+    session(const session&) = delete;
+    session& operator=(const session&) = delete;
+    void exec(const std::string& sql) {
+        PGresult* r = PQexec(c, sql.c_str());
+        const auto st = PQresultStatus(r);
+        const std::string err = PQresultErrorMessage(r);
+        PQclear(r);
+        INFO(sql << ": " << err);
+        REQUIRE((st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK));
+    }
+    // ACCESS EXCLUSIVE on the jobs table until unlock(): every statement of every queue waits.
+    void lock() {
+        exec("BEGIN");
+        exec("LOCK TABLE delayq.jobs IN ACCESS EXCLUSIVE MODE");
+    }
+    void unlock() { exec("ROLLBACK"); }
+};
+
+double seconds_since(steady::time_point t) {
+    return std::chrono::duration<double>(steady::now() - t).count();
+}
+
+// Backends of the server with this application_name: all of them, and those running a statement.
+int backends(const std::string& app, bool active_only) {
+    return std::stoi(
+        server().query("SELECT count(*) FROM pg_stat_activity WHERE application_name = '" + app +
+                       "'" + (active_only ? " AND state = 'active'" : "")));
+}
+
+// Waits up to `limit` for `pred`; whether it held.
+template <class Pred>
+bool eventually(Pred pred, std::chrono::milliseconds limit) {
+    const auto until = steady::now() + limit;
+    for (;;) {
+        if (pred()) return true;
+        if (steady::now() >= until) return false;
+        std::this_thread::sleep_for(20ms);
+    }
+}
+
+// The job's row as the server has it: "attempts/leased", or "none".
+std::string row_of(const std::string& queue, const std::string& id) {
+    const auto s = server().query(
+        "SELECT attempts::text || '/' || (token <> 0)::text FROM delayq.jobs WHERE queue = '" +
+        queue + "' AND id = '" + id + "'::bytea");
+    return s.empty() ? "none" : s;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "postgres: a first host that never answers: the queue reaches the second within the "
+    "per-host limit",
+    "[postgres][timeouts][failover]") {
+    silent_host dead;
+    const std::string hosts = "host=127.0.0.1,127.0.0.1 port=" + std::to_string(dead.port) + "," +
+                              std::to_string(server().port()) +
+                              " user=postgres dbname=postgres target_session_attrs=read-write";
+    SECTION("connect_timeout in the conninfo is each host's limit") {
+        auto o = opts(fresh_name("silent"));
+        o.conninfo = hosts + " connect_timeout=2";
+        o.io_timeout = 6s;
+        const auto start = steady::now();
+        std::optional<pg::delay_queue> q;
+        try {
+            q.emplace(o);
+        } catch (const std::exception& e) {
+            FAIL("threw after " << seconds_since(start) << " s: " << e.what());
+        }
+        const double took = seconds_since(start);
+        INFO("connected in " << took << " s");
+        CHECK(took < 5.0);  // 2 s for the silent host; 6 s (io_timeout) would be the bug
+        CHECK(q->put_after("a", "x", 0ms));
+        auto j = q->take(5s);  // a listening connection too
+        REQUIRE(j);
+        CHECK(q->ack(*j));
+        // The object's later connects try first the host that answered: the silent one was
+        // tried once, by the first connect.
+        CHECK(dead.connections() == 1);
+    }
+    SECTION("without connect_timeout, each host gets a share of io_timeout") {
+        auto o = opts(fresh_name("silent"));
+        o.conninfo = hosts;
+        o.io_timeout = 3s;
+        const auto start = steady::now();
+        try {
+            pg::delay_queue q(o);
+            CHECK(q.size() == 0);
+        } catch (const std::exception& e) {
+            FAIL("threw after " << seconds_since(start) << " s: " << e.what());
+        }
+    }
+    SECTION("every host silent: connection_error naming the hosts, within io_timeout") {
+        silent_host dead2;
+        auto o = opts(fresh_name("silent"));
+        o.conninfo = "host=127.0.0.1,127.0.0.1 port=" + std::to_string(dead.port) + "," +
+                     std::to_string(dead2.port) + " user=postgres dbname=postgres";
+        o.io_timeout = 1s;
+        const auto start = steady::now();
+        const auto m =
+            delayq::test::message_of<pg::connection_error>([&] { pg::delay_queue q(o); });
+        INFO(m);
+        CHECK(seconds_since(start) < 3.0);  // 1 s; seconds more would be broken
+        CHECK(delayq::test::contains(m, std::to_string(dead2.port)));
+    }
+}
+
+TEST_CASE(
+    "postgres: a stalled server: every call fails within io_timeout plus a connect, leaves no "
+    "statement running, and a put that threw is never applied",
+    "[postgres][timeouts][stall]") {
+    const std::string name = fresh_name("stall");
+    const std::string app = "dq-stall-" + std::to_string(::getpid());
+    auto o = opts(name);
+    o.conninfo += " application_name=" + app;
+    o.io_timeout = 500ms;
+    o.connections = 4;
+    pg::delay_queue q(o);
+    REQUIRE(q.size() == 0);
+
+    session locker;
+    locker.lock();
+    constexpr int n = 24;
+    std::vector<double> took(n);
+    std::atomic<int> failed{0}, other{0};
+    std::vector<std::thread> ts;
+    for (int i = 0; i < n; ++i)
+        ts.emplace_back([&, i] {
+            const auto start = steady::now();
+            try {
+                q.put_after("s" + std::to_string(i), "x", 0ms);
+                ++other;  // returned: the lock let it through?
+            } catch (const pg::connection_error&) {
+                ++failed;
+            } catch (...) {
+                ++other;
+            }
+            took[static_cast<std::size_t>(i)] = seconds_since(start);
+        });
+    for (auto& t : ts) t.join();
+    const double slowest = *std::max_element(took.begin(), took.end());
+    INFO("slowest call " << slowest << " s");
+    CHECK(failed == n);
+    CHECK(other == 0);
+    // io_timeout 0.5 s plus a connect (0.5 s at most); 1.5 s more for a loaded machine.
+    CHECK(slowest < 2.5);
+
+    // While the lock is still held: nothing of the queue's runs on the server, and the object
+    // holds no more backends than its connections and a listener.
+    const bool idle = eventually([&] { return backends(app, true) == 0; }, 3s);
+    INFO("active backends: " << backends(app, true) << ", all: " << backends(app, false));
+    CHECK(idle);
+    CHECK(eventually([&] { return backends(app, false) <= 5; }, 3s));
+
+    locker.unlock();
+    std::this_thread::sleep_for(300ms);  // a put left waiting would commit now
+    CHECK(q.size() == 0);
+    CHECK(q.put_after("s0", "x", 0ms));  // not queued: the failed put was not applied
+}
+
+TEST_CASE(
+    "postgres: a take that timed out in a stall leases nothing afterwards: the job is handed "
+    "out, not dead-lettered",
+    "[postgres][timeouts][stall]") {
+    const std::string name = fresh_name("stall-take");
+    auto o = opts(name);
+    o.io_timeout = 500ms;
+    o.lease = 500ms;
+    o.max_attempts = 2;
+    pg::delay_queue q(o);
+    REQUIRE(q.put_after("job", "x", 0ms));
+    for (int round = 0; round < 2; ++round) {
+        INFO("stall " << round);
+        {
+            session locker;
+            locker.lock();
+            const auto start = steady::now();
+            if (round == 0)
+                CHECK_THROWS_AS(q.take(0ms), pg::connection_error);  // claims by itself
+            else
+                CHECK_THROWS_AS(q.take(300ms), pg::connection_error);  // the leader's claim
+            CHECK(seconds_since(start) < 2.5);
+            locker.unlock();
+        }
+        std::this_thread::sleep_for(300ms);  // a claim left waiting would lease the job now
+        CHECK(row_of(name, "job") == "0/false");
+    }
+    std::this_thread::sleep_for(o.lease + 200ms);  // a lease granted to nobody would end
+    auto j = q.take(2s);
+    REQUIRE(j);  // handed out, its first delivery
+    CHECK(j->attempts == 1u);
+    CHECK(q.ack(*j));
+    CHECK(q.dead_size() == 0);
+}
+
+TEST_CASE("postgres: a connection that died while idle is replaced: the next call works",
+          "[postgres][timeouts][idle]") {
+    // Terminates the listening backend of `app` and waits until it is gone (a take that waits
+    // may have listened anew by then, on another backend).
+    const auto terminate_listener = [](const std::string& app) {
+        const std::string pid =
+            server().query("SELECT pid FROM pg_stat_activity WHERE application_name = '" + app +
+                           "' AND query LIKE 'LISTEN%'");
+        REQUIRE(!pid.empty());
+        REQUIRE(server().query("SELECT pg_terminate_backend(" + pid + ")") == "t");
+        REQUIRE(eventually(
+            [&] {
+                return server().query("SELECT count(*) FROM pg_stat_activity WHERE pid = " + pid) ==
+                       "0";
+            },
+            5s));
+    };
+    SECTION("the listening connection terminated between takes") {
+        const std::string app = "dq-idle-" + std::to_string(::getpid()) + "-1";
+        auto o = opts(fresh_name("idle"));
+        o.conninfo += " application_name=" + app;
+        o.io_timeout = 2s;
+        pg::delay_queue q(o);
+        CHECK_FALSE(q.take(100ms));  // listens
+        terminate_listener(app);
+        REQUIRE(q.put_after("a", "x", 0ms));
+        std::optional<delayq::job> j;
+        try {
+            j = q.take(2s);
+        } catch (const std::exception& e) {
+            FAIL("the take threw: " << e.what());
+        }
+        REQUIRE(j);
+        CHECK(q.ack(*j));
+    }
+    SECTION("the listening connection terminated while a take waits") {
+        const std::string app = "dq-idle-" + std::to_string(::getpid()) + "-2";
+        auto o = opts(fresh_name("idle"));
+        o.conninfo += " application_name=" + app;
+        o.io_timeout = 2s;
+        pg::delay_queue q(o);
+        pg::delay_queue producer(opts(o.name));
+        std::optional<delayq::job> j;
+        std::string threw;
+        std::jthread taker([&] {
+            try {
+                j = q.take(10s);
+            } catch (const std::exception& e) {
+                threw = e.what();
+            }
+        });
+        REQUIRE(eventually(
+            [&] {
+                return server().query(
+                           "SELECT count(*) FROM pg_stat_activity WHERE "
+                           "application_name = '" +
+                           app + "' AND query LIKE 'LISTEN%'") == "1";
+            },
+            5s));
+        std::this_thread::sleep_for(100ms);
+        terminate_listener(app);
+        REQUIRE(producer.put_after("b", "x", 0ms));
+        taker.join();
+        CHECK(threw == "");
+        REQUIRE(j);
+        CHECK(q.ack(*j));
+    }
+    SECTION("the pooled connections terminated while idle") {
+        const std::string app = "dq-idle-" + std::to_string(::getpid()) + "-3";
+        auto o = opts(fresh_name("idle"));
+        o.conninfo += " application_name=" + app;
+        o.io_timeout = 2s;
+        pg::delay_queue q(o);
+        REQUIRE(q.size() == 0);
+        REQUIRE(server().query("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                               "WHERE application_name = '" +
+                               app + "'") == "1");
+        REQUIRE(eventually([&] { return backends(app, false) == 0; }, 5s));
+        try {
+            CHECK(q.put_after("d", "x", 0ms));
+            CHECK(q.size() == 1);
+        } catch (const std::exception& e) {
+            FAIL("a call after the terminate threw: " << e.what());
+        }
+    }
+    SECTION("a fast restart of the server") {
+        // The process's server: a restart keeps its port, and no other case runs meanwhile.
+        auto o = opts(fresh_name("idle"));
+        o.io_timeout = 2s;
+        pg::delay_queue q(o);
+        CHECK_FALSE(q.take(100ms));  // a pooled connection and a listening one, idle now
+        server().stop();             // SIGINT: a fast shutdown; the backends say goodbye
+        server().start();
+        try {
+            CHECK(q.size() == 0);
+            REQUIRE(q.put_after("c", "x", 0ms));
+            auto j = q.take(2s);
+            REQUIRE(j);
+            CHECK(q.ack(*j));
+        } catch (const std::exception& e) {
+            FAIL("a call after the restart threw: " << e.what());
+        }
+    }
+}
