@@ -12,12 +12,16 @@
 // each process does and logs). The queues run with lease 500 ms and max_attempts 3.
 //
 //   delayq_chaos run [--backend NAME|all] [--seconds S] [--round R] [--seed N] [--dir D] [--keep]
-//                    [--server-kills]
+//                    [--server-kills] [--server-stalls] [--connection-kills] [--timeout MS]
 //       S seconds of chaos per backend (default 20), in rounds of R seconds (default 10), each on
 //       a new store. --server-kills: once a round, the store's server (Redis, PostgreSQL; SQLite
-//       has none) is killed with SIGKILL and started again on the same data. Exit status 0: no
-//       violation; 1: violations (printed with their events, the logs kept under D); 2: the harness
-//       itself failed.
+//       has none) is killed with SIGKILL and started again on the same data. --server-stalls:
+//       once a round the store stalls for 1-4 s (PostgreSQL: its tables locked; Redis: the server
+//       stopped; SQLite: the file's write lock held). --connection-kills: twice a round every
+//       client connection is killed (Redis, PostgreSQL). --timeout: the queues' io_timeout /
+//       busy_timeout (default 10000 ms, 2000 ms with stalls or connection kills). Exit status 0:
+//       no violation; 1: violations (printed with their events, the logs kept under D); 2: the
+//       harness itself failed.
 //   delayq_chaos check ROUND_DIR      judge a kept round again
 //   delayq_chaos worker ...           one process of a round (started by run)
 #include <fcntl.h>
@@ -28,6 +32,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -57,22 +62,32 @@ namespace fs = std::filesystem;
 
 // ---- judging a round's directory ---------------------------------------------------------------
 
+// What the timing rule allows a call beyond its timeout and one connect: a loaded 2-core machine
+// (the scheduler, the log's fdatasync) can hold a process up for a while.
+constexpr long long slack_ms = 2'000;
+
 // settings.txt of a round: what the checker must know of how it ran.
 void save_settings(const std::string& dir, const queue_settings& qs) {
     std::ofstream out(dir + "/settings.txt");
+    // A call may make one connect within its time, and the queues connect within io_timeout.
     out << "max_attempts " << qs.max_attempts << "\ncall_timeout_ms " << qs.call_timeout.count()
-        << "\nlease_ms " << qs.lease.count() << '\n';
+        << "\nconnect_ms " << qs.call_timeout.count() << "\nslack_ms " << slack_ms << "\nlease_ms "
+        << qs.lease.count() << '\n';
 }
 
 check_settings load_settings(const std::string& dir) {
     check_settings cs;
+    bool connect = false;
     std::ifstream in(dir + "/settings.txt");
     for (std::string k; in >> k;) {
         long long v = 0;
         in >> v;
         if (k == "max_attempts") cs.max_attempts = static_cast<unsigned>(v);
         if (k == "call_timeout_ms") cs.call_timeout_ms = v;
+        if (k == "connect_ms") cs.connect_ms = v, connect = true;
+        if (k == "slack_ms") cs.slack_ms = v;
     }
+    if (!connect) cs.connect_ms = cs.call_timeout_ms;
     return cs;
 }
 
@@ -101,8 +116,19 @@ struct run_options {
     unsigned long long seed = 0;
     std::string dir;
     bool keep = false;
-    bool server_kills = false;  // kill -9 the server once a round, and start it again
+    bool server_kills = false;      // kill -9 the server once a round, and start it again
+    bool server_stalls = false;     // stall the store for 1-4 s once a round
+    bool connection_kills = false;  // kill every client connection twice a round
     queue_settings qs;
+};
+
+// What the orchestrator does to the store besides killing processes; an empty function: the
+// store has no such thing, or the option is off.
+struct faults {
+    std::function<void()> kill_server;                     // --server-kills
+    std::function<void(std::chrono::milliseconds)> stall;  // --server-stalls
+    std::string stall_how;
+    std::function<long long()> kill_connections;  // --connection-kills
 };
 
 struct child {
@@ -117,10 +143,13 @@ struct child {
 
 class orchestrator {
   public:
-    // kill_server: kills the store's server and starts it again (once a round, at a random
-    // moment of its middle half); empty: the store has no server to kill, or --server-kills is off.
+    // f: what it does to the store: a server kill (once a round, at a random moment of its
+    // middle half), a stall (once a round, 1-4 s, begun in its middle three quarters) and
+    // connection kills (twice a round, in its middle three quarters). They never overlap: one
+    // whose moment comes during another, or less than 0.3-1 s after its end, waits (the round goes
+    // on until all are done).
     orchestrator(std::string self, const run_options& o, std::string backend, std::string locator,
-                 std::string dir, std::function<void()> kill_server)
+                 std::string dir, faults f)
         : self_(std::move(self)),
           o_(o),
           backend_(std::move(backend)),
@@ -128,7 +157,7 @@ class orchestrator {
           dir_(std::move(dir)),
           log_(dir_ + "/logs/orchestrator.log"),
           rng_(o.seed ^ std::hash<std::string>{}(dir_)),
-          kill_server_(std::move(kill_server)) {}
+          f_(std::move(f)) {}
 
     // The round: everyone at once, chaos for `seconds`, everyone killed, the drain.
     void run(double seconds) {
@@ -148,17 +177,69 @@ class orchestrator {
                          std::chrono::milliseconds(static_cast<long long>(seconds * 1000));
         auto next_kill = std::chrono::steady_clock::now() + std::chrono::milliseconds(pause());
         const long long ms = static_cast<long long>(seconds * 1000);
-        auto server_kill = std::chrono::steady_clock::now() +
-                           std::chrono::milliseconds(
-                               std::uniform_int_distribution<long long>(ms / 4, ms * 3 / 4)(rng_));
-        while (std::chrono::steady_clock::now() < end) {
+        const auto began = std::chrono::steady_clock::now();
+        const auto at = [&](long long lo, long long hi) {
+            return began + std::chrono::milliseconds(
+                               std::uniform_int_distribution<long long>(lo, hi)(rng_));
+        };
+        using time_point = std::chrono::steady_clock::time_point;
+        std::vector<time_point> server_kills, stalls, connection_kills;  // still to come
+        if (f_.kill_server) server_kills.push_back(at(ms / 4, ms * 3 / 4));
+        if (f_.stall) stalls.push_back(at(ms / 8, ms * 7 / 8));
+        if (f_.kill_connections)
+            for (int i = 0; i < 2; ++i) connection_kills.push_back(at(ms / 8, ms * 7 / 8));
+        std::jthread stall;  // the stall in progress (joined at the latest when run() ends)
+        std::atomic<bool> stalling{false};
+        // No fault begins before then: each finds the processes back at work after the last.
+        time_point quiet{};
+        const auto gap = [&] {
+            return std::chrono::milliseconds(
+                std::uniform_int_distribution<long long>(300, 1000)(rng_));
+        };
+        const auto due = [](std::vector<time_point>& v, time_point t) {
+            const auto it = std::find_if(v.begin(), v.end(), [&](auto x) { return x <= t; });
+            if (it == v.end()) return false;
+            v.erase(it);
+            return true;
+        };
+        while (std::chrono::steady_clock::now() < end || stalling || !server_kills.empty() ||
+               !stalls.empty() || !connection_kills.empty()) {
             const auto t = std::chrono::steady_clock::now();
-            if (kill_server_ && t >= server_kill) {
-                // The judge excuses the calls that fail meanwhile (chaos_check.hpp).
+            if (!stalling && stall.joinable()) {
+                stall.join();
+                quiet = std::chrono::steady_clock::now() + gap();
+            }
+            // The judge excuses the calls that fail meanwhile (chaos_check.hpp).
+            if (!stalling && t >= quiet && due(server_kills, t)) {
                 log_.write(line("server-kill"));
-                kill_server_();
+                f_.kill_server();
                 log_.write(line("server-up"));
-                server_kill = end;
+                quiet = std::chrono::steady_clock::now() + gap();
+            }
+            if (!stalling && t >= quiet && due(connection_kills, t)) {
+                log_.write(line("connection-kill"));
+                try {
+                    log_.write(line("connection-kill-end") << f_.kill_connections());
+                } catch (const std::exception& e) {
+                    log_.write(line("connection-kill-error") << e.what());
+                }
+                quiet = std::chrono::steady_clock::now() + gap();
+            }
+            if (!stalling && t >= quiet && due(stalls, t)) {
+                const auto d = std::chrono::milliseconds(
+                    std::uniform_int_distribution<long long>(1'000, 4'000)(rng_));
+                log_.write(line("stall-begin")
+                           << f_.stall_how << static_cast<long long>(d.count()));
+                stalling = true;
+                stall = std::jthread([this, d, &stalling] {
+                    try {
+                        f_.stall(d);
+                        log_.write(line("stall-end"));
+                    } catch (const std::exception& e) {
+                        log_.write(line("stall-error") << e.what());
+                    }
+                    stalling = false;
+                });
             }
             reap(true);
             for (auto& c : children_) {
@@ -192,6 +273,7 @@ class orchestrator {
             }
             std::this_thread::sleep_for(std::chrono::milliseconds(5));
         }
+        if (stall.joinable()) stall.join();
         for (auto& c : children_)
             if (c.pid > 0) {
                 c.killed = true;
@@ -214,30 +296,15 @@ class orchestrator {
     pid_t start(const child& c, int go_fd) {
         const std::string seed = std::to_string(o_.seed ^ std::hash<std::string>{}(dir_ + name(c)) ^
                                                 static_cast<unsigned long long>(c.incarnation));
-        std::vector<std::string> args{self_,
-                                      "worker",
-                                      "--backend",
-                                      backend_,
-                                      "--role",
-                                      c.role,
-                                      "--index",
-                                      std::to_string(c.index),
-                                      "--incarnation",
-                                      std::to_string(c.incarnation),
-                                      "--at",
-                                      locator_,
-                                      "--logs",
-                                      dir_ + "/logs",
-                                      "--seed",
-                                      seed,
-                                      "--lease",
-                                      std::to_string(o_.qs.lease.count()),
-                                      "--max-attempts",
-                                      std::to_string(o_.qs.max_attempts),
-                                      "--timeout",
-                                      std::to_string(o_.qs.call_timeout.count()),
-                                      "--go-fd",
-                                      std::to_string(go_fd)};
+        std::vector<std::string> args{
+            self_, "worker", "--backend", backend_, "--role", c.role, "--index",
+            std::to_string(c.index), "--incarnation", std::to_string(c.incarnation), "--at",
+            locator_, "--logs", dir_ + "/logs", "--seed", seed, "--lease",
+            std::to_string(o_.qs.lease.count()), "--max-attempts",
+            std::to_string(o_.qs.max_attempts), "--timeout",
+            std::to_string(o_.qs.call_timeout.count()), "--threads",
+            // Two consumers run two threads over one queue object.
+            c.role == "consumer" && c.index < 2 ? "2" : "1", "--go-fd", std::to_string(go_fd)};
         std::vector<char*> argv;
         for (auto& a : args) argv.push_back(a.data());
         argv.push_back(nullptr);
@@ -363,7 +430,7 @@ class orchestrator {
     std::string backend_, locator_, dir_;
     log_writer log_;
     std::mt19937_64 rng_;
-    std::function<void()> kill_server_;
+    faults f_;
     std::vector<child> children_;
 };
 
@@ -380,11 +447,19 @@ std::size_t run_backend(const std::string& self, const run_options& o, const std
         std::size_t found = 0;
         try {
             typename B::store st(dir, o.server_kills);
-            std::function<void()> kill_server;
+            faults f;
             if constexpr (requires { st.kill_server(); })
-                if (o.server_kills) kill_server = [&st] { st.kill_server(); };
+                if (o.server_kills) f.kill_server = [&st] { st.kill_server(); };
+            if constexpr (requires { st.stall(std::chrono::milliseconds{}); })
+                if (o.server_stalls) {
+                    f.stall = [&st](std::chrono::milliseconds d) { st.stall(d); };
+                    f.stall_how = B::store::stall_how;
+                }
+            if constexpr (requires { st.kill_connections(); })
+                if (o.connection_kills)
+                    f.kill_connections = [&st] { return st.kill_connections(); };
             {
-                orchestrator orch(self, o, B::name, st.locator(), dir, std::move(kill_server));
+                orchestrator orch(self, o, B::name, st.locator(), dir, std::move(f));
                 orch.run(o.seconds / rounds);
             }
             st.inspect().save(dir + "/final.txt");
@@ -416,8 +491,12 @@ int run(const std::string& self, const run_options& o) {
         if (!::mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed");
         base = pattern;
     }
-    std::printf("delayq_chaos: seed %llu, %.0f s per backend in rounds of %.0f s, logs under %s\n",
-                o.seed, o.seconds, o.round, base.c_str());
+    std::printf(
+        "delayq_chaos: seed %llu, %.0f s per backend in rounds of %.0f s, timeout %lld ms"
+        "%s%s%s, logs under %s\n",
+        o.seed, o.seconds, o.round, static_cast<long long>(o.qs.call_timeout.count()),
+        o.server_kills ? ", server kills" : "", o.server_stalls ? ", stalls" : "",
+        o.connection_kills ? ", connection kills" : "", base.c_str());
     std::fflush(stdout);
     std::size_t total = 0;
     bool matched = false, harness_failed = false;
@@ -485,7 +564,8 @@ int work(const std::string& backend, worker_args a, int go_fd) {
 int usage() {
     std::fprintf(stderr,
                  "usage: delayq_chaos run [--backend NAME|all] [--seconds S] [--round R] "
-                 "[--seed N] [--dir D] [--keep] [--server-kills]\n"
+                 "[--seed N] [--dir D] [--keep] [--server-kills] [--server-stalls]\n"
+                 "                        [--connection-kills] [--timeout MS]\n"
                  "       delayq_chaos check ROUND_DIR\n");
     return 2;
 }
@@ -501,7 +581,8 @@ int main(int argc, char** argv) {
     std::vector<std::string> rest;
     for (int i = 2; i < argc; ++i) {
         const std::string a = argv[i];
-        if (a == "--keep" || a == "--server-kills") {
+        if (a == "--keep" || a == "--server-kills" || a == "--server-stalls" ||
+            a == "--connection-kills") {
             opt[a] = "1";
         } else if (a.rfind("--", 0) == 0 && i + 1 < argc) {
             opt[a] = argv[++i];
@@ -524,6 +605,14 @@ int main(int argc, char** argv) {
             o.dir = get("--dir", "");
             o.keep = opt.count("--keep") != 0;
             o.server_kills = opt.count("--server-kills") != 0;
+            o.server_stalls = opt.count("--server-stalls") != 0;
+            o.connection_kills = opt.count("--connection-kills") != 0;
+            // Timeouts shorter than most stalls, so that calls fail in them (and must fail in
+            // time); not 1 s: 9 processes opening a new queue at once on a loaded 2-core machine
+            // can take that long.
+            o.qs.call_timeout = std::chrono::milliseconds(std::stoll(
+                get("--timeout", o.server_stalls || o.connection_kills ? "2000" : "10000")));
+            if (o.qs.call_timeout.count() <= 0) return usage();
             if (o.seconds <= 0 || o.round <= 0) return usage();
             return run(self, o);
         }
@@ -539,6 +628,7 @@ int main(int argc, char** argv) {
             a.qs.lease = std::chrono::milliseconds(std::stoll(get("--lease", "500")));
             a.qs.max_attempts = static_cast<unsigned>(std::stoul(get("--max-attempts", "3")));
             a.qs.call_timeout = std::chrono::milliseconds(std::stoll(get("--timeout", "10000")));
+            a.threads = std::max(1, std::stoi(get("--threads", "1")));
             return work(get("--backend", ""), a, std::stoi(get("--go-fd", "-1")));
         }
     } catch (const std::exception& e) {

@@ -9,16 +9,26 @@
 //     std::string locator() const;              locator is one word the workers open it by;
 //     final_state inspect();                    inspect() reads what is left once all are gone;
 //     void kill_server();                       optional: kill -9 of the server and a start
-//   };                                          again on the same data (--server-kills)
+//                                               again on the same data (--server-kills);
+//     static constexpr const char* stall_how;   optional: the store held up for `d`, then free
+//     void stall(std::chrono::milliseconds d);  again (--server-stalls; run on a thread of its
+//                                               own, never beside kill_server or
+//                                               kill_connections; throws if it cannot);
+//     long long kill_connections();             optional: every client connection killed, the
+//   };                                          number killed (--connection-kills)
 //   static std::unique_ptr<Q> open(const std::string& locator, const queue_settings&);
 //
 // and joins `backends` at the bottom. A backend whose library is not built is left out by its
 // DELAYQ_CHAOS_<NAME> macro (tests/chaos/CMakeLists.txt).
 #pragma once
 
+#include <signal.h>
+
 #include <chrono>
 #include <memory>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <tuple>
 
 #include "chaos_check.hpp"
@@ -60,6 +70,27 @@ struct sqlite_backend {
         // No server: a store whose server the chaos kills (--server-kills) has kill_server().
         store(const std::string& dir, bool) : path_(dir + "/queue.db") {}
         std::string locator() const { return path_; }
+
+        // No server to stall either: the analogue is another process (the orchestrator) holding
+        // the file's write lock, BEGIN EXCLUSIVE, for `d`. Every write waits (up to busy_timeout);
+        // readers go on (WAL). SQLite has no connections to kill.
+        static constexpr const char* stall_how = "begin-exclusive";
+        void stall(std::chrono::milliseconds d) const {
+            sqlite3* db = nullptr;
+            const auto fail = [&](const std::string& what) {
+                const std::string m = what + ": " + sqlite3_errmsg(db);
+                sqlite3_close(db);
+                throw std::runtime_error(m);
+            };
+            if (sqlite3_open_v2(path_.c_str(), &db, SQLITE_OPEN_READWRITE, nullptr) != SQLITE_OK)
+                fail("cannot open the file");
+            sqlite3_busy_timeout(db, 10'000);
+            if (sqlite3_exec(db, "BEGIN EXCLUSIVE", nullptr, nullptr, nullptr) != SQLITE_OK)
+                fail("BEGIN EXCLUSIVE");
+            std::this_thread::sleep_for(d);
+            if (sqlite3_exec(db, "COMMIT", nullptr, nullptr, nullptr) != SQLITE_OK) fail("COMMIT");
+            sqlite3_close(db);
+        }
 
         // Through SQLite itself, once no queue has the file open: the jobs left, the dead
         // letters with their attempts, and `PRAGMA integrity_check`.
@@ -139,6 +170,32 @@ struct redis_backend {
         /// kill -9 of the server, then a start on the same port, reading its AOF back.
         void kill_server() { server_.restart(); }
 
+        /// The server stopped (SIGSTOP) for `d`, then continued (SIGCONT): connections stay
+        /// open, the kernel still accepts new ones, nothing answers.
+        static constexpr const char* stall_how = "sigstop";
+        void stall(std::chrono::milliseconds d) const {
+            const pid_t pid = server_.pid();
+            if (pid <= 0 || ::kill(pid, SIGSTOP) != 0)
+                throw std::runtime_error("cannot stop the redis-server");
+            std::this_thread::sleep_for(d);
+            ::kill(pid, SIGCONT);
+        }
+
+        /// CLIENT KILL of every normal and pub/sub connection but the harness's own.
+        long long kill_connections() const {
+            long long n = 0;
+            for (const auto& cmd :
+                 {std::vector<std::string>{"CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"},
+                  std::vector<std::string>{"CLIENT", "KILL", "TYPE", "pubsub"}}) {
+                auto r = server_.command(cmd);
+                if (r->type != REDIS_REPLY_INTEGER)
+                    throw std::runtime_error("CLIENT KILL: " +
+                                             (r->str ? std::string(r->str, r->len) : "no count"));
+                n += r->integer;
+            }
+            return n;
+        }
+
         // The queue's keys, whatever their layout version: `dq:<v>:{chaos}:events` holds every
         // queued job (waiting or leased), `...:dead` the dead letters (no attempts recorded).
         final_state inspect() const {
@@ -197,6 +254,61 @@ struct postgres_backend {
         void kill_server() {
             server_.kill9();
             server_.start();
+        }
+
+        /// What a migration does: another connection takes the queue's tables in ACCESS
+        /// EXCLUSIVE mode, holds them for `d` and commits. Every statement on them waits.
+        static constexpr const char* stall_how = "lock-table";
+        void stall(std::chrono::milliseconds d) const {
+            PGconn* c = PQconnectdb(server_.conninfo().c_str());
+            const auto exec = [&](const char* sql) {
+                PGresult* r = PQexec(c, sql);
+                const bool ok = PQresultStatus(r) == PGRES_COMMAND_OK;
+                PQclear(r);
+                if (!ok) {
+                    const std::string m = std::string(sql) + ": " + PQerrorMessage(c);
+                    PQfinish(c);
+                    throw std::runtime_error(m);
+                }
+            };
+            if (PQstatus(c) != CONNECTION_OK) {
+                const std::string m = std::string("cannot connect: ") + PQerrorMessage(c);
+                PQfinish(c);
+                throw std::runtime_error(m);
+            }
+            exec("SET lock_timeout = '10s'");
+            exec("BEGIN");
+            exec("LOCK TABLE delayq.jobs, delayq.dead IN ACCESS EXCLUSIVE MODE");
+            std::this_thread::sleep_for(d);
+            exec("COMMIT");
+            PQfinish(c);
+        }
+
+        /// pg_terminate_backend() of every client backend of the queue's database but the
+        /// harness's own.
+        long long kill_connections() const {
+            PGconn* c = PQconnectdb(server_.conninfo().c_str());
+            // "PID ... is not a PostgreSQL backend process": one that ended meanwhile.
+            PQsetNoticeProcessor(
+                c, [](void*, const char*) {}, nullptr);
+            std::string out, err;
+            if (PQstatus(c) != CONNECTION_OK) {
+                err = PQerrorMessage(c);
+            } else {
+                PGresult* r =
+                    PQexec(c,
+                           "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM "
+                           "pg_stat_activity WHERE pid <> pg_backend_pid() AND datname = "
+                           "current_database() AND backend_type = 'client backend'");
+                if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1)
+                    out = PQgetvalue(r, 0, 0);
+                else
+                    err = PQresultErrorMessage(r);
+                PQclear(r);
+            }
+            PQfinish(c);
+            if (!err.empty()) throw std::runtime_error("pg_terminate_backend: " + err);
+            return std::stoll(out);
         }
 
         // The rows left in the queue's tables, read through libpq.

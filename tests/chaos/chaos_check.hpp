@@ -15,6 +15,9 @@
 //   the job's due time proves the store handed it out early.
 // - Ids are never put twice (each process incarnation makes its own), so every event of an id is
 //   about one job.
+// - A call's time runs from the `@` stamp of its end or fail line (taken right before the call) to
+//   that line's own stamp (taken right after it, before the line is written): nothing but the
+//   scheduler stands between the stamps and the call, and the slack allows for that.
 #pragma once
 
 #include <algorithm>
@@ -70,7 +73,14 @@ struct final_state {
 /// What the processes were run with.
 struct check_settings {
     unsigned max_attempts = 0;
-    long long call_timeout_ms = 10'000;  ///< busy_timeout / io_timeout: a call returns by then
+    /// busy_timeout / io_timeout, for a process whose start line does not say its own.
+    long long call_timeout_ms = 10'000;
+    /// One connect: a call that found its connection broken may make one within its time, as
+    /// the queues allow (the Redis and Postgres queues connect within io_timeout).
+    long long connect_ms = 10'000;
+    /// For a loaded machine: the scheduler, the log's own fdatasync, a page fault.
+    long long slack_ms = 2'000;
+    bool timing = true;  ///< the timing rule (late-failure, late-return) on
 };
 
 /// One broken promise and the events that show it.
@@ -131,48 +141,100 @@ inline report check(const std::vector<std::vector<event>>& logs, const final_sta
     std::map<std::string, detail::history> jobs;
     long long open_takes = 0;  // takes a process died in, or that threw: deliveries nobody logged
     const event* drain_end = nullptr;  // the drainer's "drain-end 1 DEAD"
-    std::vector<const event*> crashes, failures, slow;
+    std::vector<const event*> crashes, failures;
+    std::vector<std::pair<const event*, const event*>> late;  // the begin and end of a late call
+    long long over_max = LLONG_MIN;    // the longest a call ran over its timeout (+ its wait), ns
+    const event* over_call = nullptr;  // the end of that call
     long long off_min = 0, off_max = 0;
     bool any = false;
-    const long long budget = (cs.call_timeout_ms + 20'000) * 1'000'000LL;
+    const long long allowance = (cs.connect_ms + cs.slack_ms) * 1'000'000LL;
 
     // One report per kind and job (a job that never dies would otherwise fill the report), but
     // every failed call and crash.
     std::set<std::string> reported;
     const auto add = [&](std::string kind, std::string id, std::string what,
                          std::vector<const event*> ev) {
-        if (kind != "call-failed" && kind != "slow-call" && kind != "process-crashed" &&
-            !id.empty() && !reported.insert(kind + ' ' + id).second)
+        if (kind != "call-failed" && kind != "late-failure" && kind != "late-return" &&
+            kind != "process-crashed" && !id.empty() && !reported.insert(kind + ' ' + id).second)
             return;
         std::sort(ev.begin(), ev.end(),
                   [](const event* a, const event* b) { return a->mono < b->mono; });
         r.violations.push_back({std::move(kind), std::move(id), std::move(what), std::move(ev)});
     };
 
-    // Server kills (--server-kills): the orchestrator's "server-kill" and "server-up" lines. A
-    // call that fails while the server is down, or within a call's timeout (+ 2 s) after it is up
-    // again, is what a caller must expect and retry, and so is each process's first failure after
-    // a kill (a connection that broke with the server fails the call that first uses it, however
-    // late). Such a failure is no violation; its call counts as one of unknown outcome, like any
-    // other failed call.
-    std::vector<std::pair<long long, long long>> downs;  // [kill, up + grace], CLOCK_MONOTONIC
-    const long long grace = (cs.call_timeout_ms + 2'000) * 1'000'000LL;
+    // Disturbances of the store, from the orchestrator's log: server kills (--server-kills,
+    // "server-kill" to "server-up"), stalls (--server-stalls, "stall-begin" to "stall-end") and
+    // connection kills (--connection-kills, "connection-kill" to "connection-kill-end"). A call
+    // that fails from a disturbance's start to the latest moment a call that was running at its
+    // end may fail (its end + timeout + one connect + slack) is what a caller must expect and
+    // retry; so is each process's first failure after a kill of the server or of the
+    // connections (a connection that broke fails the call that first uses it, however late).
+    // Such a failure is no violation; its call counts as one of unknown outcome, like any other
+    // failed call. How long it took is still judged (below).
+    struct disturbance {
+        long long from = 0, to = LLONG_MAX;  // CLOCK_MONOTONIC
+        const char* what = "";
+        bool breaks = false;  // breaks connections: each process's first failure after is excused
+    };
+    std::vector<disturbance> troubles;
+    const long long grace = cs.call_timeout_ms * 1'000'000LL + allowance;
     for (const auto& log : logs)
         for (const auto& e : log) {
-            if (e.kind == "server-kill") downs.emplace_back(e.mono, LLONG_MAX);
-            if (e.kind == "server-up" && !downs.empty()) downs.back().second = e.mono + grace;
+            const auto close = [&](const char* what) {
+                for (auto it = troubles.rbegin(); it != troubles.rend(); ++it)
+                    if (std::string(it->what) == what) {
+                        if (it->to == LLONG_MAX) it->to = e.mono + grace;
+                        return;
+                    }
+            };
+            if (e.kind == "server-kill")
+                troubles.push_back({e.mono, LLONG_MAX, "server kill", true});
+            if (e.kind == "server-up") close("server kill");
+            if (e.kind == "stall-begin") troubles.push_back({e.mono, LLONG_MAX, "stall", false});
+            if (e.kind == "stall-end" || e.kind == "stall-error") close("stall");
+            if (e.kind == "connection-kill")
+                troubles.push_back({e.mono, LLONG_MAX, "connection kill", true});
+            if (e.kind == "connection-kill-end" || e.kind == "connection-kill-error")
+                close("connection kill");
+            if (e.kind == "stall-error" || e.kind == "connection-kill-error")
+                r.notes.push_back("the orchestrator: " + e.text);
         }
-    std::sort(downs.begin(), downs.end());
+    std::sort(troubles.begin(), troubles.end(),
+              [](const auto& a, const auto& b) { return a.from < b.from; });
 
     for (const auto& log : logs) {
         std::set<std::size_t> excused;  // the kills whose first failure in this process was excused
-        const auto after_kill = [&](const event& e) {
-            // Whether e failed because of a server kill (see above).
-            std::size_t k = downs.size();
-            while (k > 0 && downs[k - 1].first > e.mono) --k;
-            if (k == 0) return false;
-            return e.mono <= downs[k - 1].second || excused.insert(k - 1).second;
+        // What disturbance e failed because of (see above), or null.
+        const auto excuse = [&](const event& e) -> const char* {
+            const char* during = nullptr;
+            for (const auto& t : troubles)
+                if (t.from <= e.mono && e.mono <= t.to) during = t.what;
+            if (during) return during;
+            for (std::size_t k = troubles.size(); k-- > 0;)
+                if (troubles[k].breaks && troubles[k].from <= e.mono)
+                    return excused.insert(k).second ? troubles[k].what : nullptr;
+            return nullptr;
         };
+        // This process's calls' timeout (its start line), and the calls already timed: the lines
+        // of one put_many or ack_many share their stamps, and are one call.
+        long long timeout = cs.call_timeout_ms * 1'000'000LL;
+        std::set<long long> timed;
+        // Times the call from `b` (its begin line) to `e` (its end or fail line); `wait`: what a
+        // take may wait on top of its timeout, ns.
+        const auto time_call = [&](const event* b, const event& e, long long wait) {
+            if (!timed.insert(e.mono).second) return;
+            const long long start = e.call_start() != 0 ? e.call_start() : b->mono;
+            const long long over = e.mono - start - timeout - wait;
+            r.counts["calls"]++;
+            if (e.kind.ends_with("-fail")) r.counts["failed calls"]++;
+            if (over > over_max) over_max = over, over_call = &e;
+            if (over > allowance) {
+                r.counts["late calls"]++;
+                if (cs.timing) late.emplace_back(b, &e);
+            }
+        };
+        const event* opening = nullptr;  // an open-begin not yet ended
+        const event* sizing = nullptr;   // a size-begin not yet ended
         // Calls begun in this process and not yet ended, by what names them.
         std::map<std::string, call> puts, cancels, acks, nacks;
         std::map<std::string, const event*> takes;  // seq -> take-begin
@@ -189,7 +251,7 @@ inline report check(const std::vector<std::vector<event>>& logs, const final_sta
             c.end = &e;
             c.failed = failed;
             if (!failed) c.result = static_cast<int>(e.num(at));
-            if (e.mono - c.begin->mono > budget) slow.push_back(&e);
+            time_call(c.begin, e, 0);
             into.push_back(c);
         };
         for (const auto& e : log) {
@@ -197,6 +259,7 @@ inline report check(const std::vector<std::vector<event>>& logs, const final_sta
             off_min = std::min(off_min, e.real - e.mono);
             off_max = std::max(off_max, e.real - e.mono);
             const std::string& k = e.kind;
+            if (k == "start" && e.num(4) > 0) timeout = e.num(4) * 1'000'000LL;
             if (k != "job" && job_lines_due > 0) {
                 // The process died in the middle of writing a take's lines (a write cut short by
                 // SIGKILL): deliveries that no line names, as from a take it died in.
@@ -236,8 +299,7 @@ inline report check(const std::vector<std::vector<event>>& logs, const final_sta
             } else if (k == "take-end" || k == "take-fail") {
                 auto it = takes.find(e.at(0));
                 if (it != takes.end()) {
-                    if (e.mono - it->second->mono > budget + it->second->num(2) * 1'000'000LL)
-                        slow.push_back(&e);
+                    time_call(it->second, e, std::max(0LL, it->second->num(2)) * 1'000'000LL);
                     if (k == "take-fail") {
                         ++open_takes;
                         takes.erase(it);
@@ -272,10 +334,25 @@ inline report check(const std::vector<std::vector<event>>& logs, const final_sta
                 r.counts["stops (SIGTERM)"]++;
             } else if (k == "server-kill") {
                 r.counts["server kills (SIGKILL)"]++;
+            } else if (k == "stall-begin") {
+                r.counts["stalls"]++;
+            } else if (k == "connection-kill-end") {
+                r.counts["connection kills"]++;
+                r.counts["connections killed"] += e.num(0);
+            } else if (k == "open-begin") {
+                opening = &e;
+            } else if ((k == "open-end" || k == "open-fail") && opening != nullptr) {
+                time_call(opening, e, 0);
+                opening = nullptr;
+            } else if (k == "size-begin") {
+                sizing = &e;
+            } else if ((k == "size-end" || k == "size-fail") && sizing != nullptr) {
+                time_call(sizing, e, 0);
+                sizing = nullptr;
             }
             if (k.size() > 5 && k.compare(k.size() - 5, 5, "-fail") == 0) {
-                if (after_kill(e))
-                    r.counts["calls failed by a server kill"]++;
+                if (const char* why = excuse(e))
+                    r.counts[std::string("calls failed by a ") + why]++;
                 else
                     failures.push_back(&e);
             }
@@ -290,8 +367,21 @@ inline report check(const std::vector<std::vector<event>>& logs, const final_sta
     r.counts["takes a process died in or that threw"] = open_takes;
 
     for (const event* e : failures) add("call-failed", e->at(0), "a call threw", {e});
-    for (const event* e : slow)
-        add("slow-call", e->at(0), "a call took longer than its timeout + 20 s", {e});
+    for (const auto& [b, e] : late) {
+        const long long took = e->mono - (e->call_start() != 0 ? e->call_start() : b->mono);
+        const bool failed = e->kind.ends_with("-fail");
+        add(failed ? "late-failure" : "late-return", e->at(0),
+            std::string(failed ? "failed" : "returned") + " after " +
+                std::to_string(took / 1'000'000) +
+                " ms: longer than its timeout (plus its wait) + one connect (" +
+                std::to_string(cs.connect_ms) + " ms) + " + std::to_string(cs.slack_ms) + " ms",
+            {b, e});
+    }
+    if (over_max != LLONG_MIN) {
+        r.counts["max call time over its timeout, ms"] = std::max(0LL, over_max / 1'000'000);
+        if (over_max > 0)
+            r.notes.push_back("the call longest over its timeout ended with: " + over_call->text);
+    }
     for (const event* e : crashes) add("process-crashed", e->at(0), "a process died unasked", {e});
     if (!end.read)
         add("store-unreadable", "", "the store's state at the end could not be read", {});

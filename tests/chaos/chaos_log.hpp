@@ -12,7 +12,9 @@
 //
 // The kinds and their fields (ids never contain spaces; a message is the rest of its line):
 //
-//   start ROLE INDEX INCARNATION PID             the process began
+//   start ROLE INDEX INCARNATION PID TIMEOUT_MS THREAD
+//                                                 the process (or its thread THREAD > 0) began;
+//                                                 its calls' timeout (io_timeout, busy_timeout)
 //   open-begin | open-end | close                 a queue object constructed / destroyed
 //   put-begin ID POISON DUE_NS HOW                about to put ID; POISON 0/1; DUE_NS: the time
 //                                                 (realtime ns) before which it must not run
@@ -24,12 +26,25 @@
 //   ack-begin ID TOKEN | ack-end ID TOKEN 0|1
 //   nack-begin ID TOKEN RETRY_MS | nack-end ID TOKEN 0|1
 //   die ID                                        a poison job: the process ends itself now
-//   <call>-fail ... CLASS MESSAGE                 a call threw (open, put, cancel, take, ack, nack)
+//   size-begin - | size-end - N                   size() (an opener's, the drainer's)
+//   <call>-fail ... CLASS MESSAGE                 a call threw (open, put, cancel, take, ack, nack,
+//                                                 size)
 //   drain-end COMPLETE [DEAD]                     the drainer saw the queue empty (1; then
 //                                                 dead_size() too) or gave up (0)
 //   kill NAME PID | stop NAME PID | crash NAME WHAT      the orchestrator's own log
 //   server-kill | server-up                       the orchestrator's too: the store's server
 //                                                 killed with SIGKILL / started again
+//   stall-begin HOW MS | stall-end                the store stalled for MS ms (HOW: lock-table,
+//   stall-error MESSAGE                           sigstop, begin-exclusive) / free again / the
+//                                                 stall could not be made
+//   connection-kill | connection-kill-end N       every client connection killed (N of them)
+//   connection-kill-error MESSAGE                 the kill could not be made
+//
+// Every "-end" and "-fail" line of a call (open, put, cancel, take, ack, nack, size) carries the
+// moment the call itself began, `@MONO` (CLOCK_MONOTONIC ns, read after its "-begin" line was
+// durable): the last field of an "-end" line, the field before CLASS of a "-fail" line. The
+// judge times the call from there to the line's own stamp (a line without it: from the "-begin"
+// line's stamp).
 #pragma once
 
 #include <fcntl.h>
@@ -58,6 +73,11 @@ inline long long clock_ns(clockid_t id) {
     timespec ts{};
     ::clock_gettime(id, &ts);
     return static_cast<long long>(ts.tv_sec) * 1'000'000'000LL + ts.tv_nsec;
+}
+
+/// The `@MONO` field of a call's "-end" or "-fail" line: the moment the call began.
+inline std::string began(const stamp& s) {
+    return '@' + std::to_string(s.mono);
 }
 
 inline stamp now() {
@@ -151,6 +171,14 @@ struct event {
     long long num(std::size_t i) const {
         const std::string& s = at(i);
         return s.empty() ? 0 : std::stoll(s);
+    }
+    /// The `@MONO` field (the moment the call began) among the first fields, or 0.
+    long long call_start() const {
+        for (std::size_t i = 0; i < f.size() && i < 4; ++i)
+            if (f[i].size() > 1 && f[i][0] == '@' &&
+                f[i].find_first_not_of("0123456789", 1) == std::string::npos)
+                return std::stoll(f[i].substr(1));
+        return 0;
     }
     /// Field i as an unsigned 64-bit number (a fencing token may use all 64 bits).
     unsigned long long unum(std::size_t i) const {

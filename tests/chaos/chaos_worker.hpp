@@ -6,7 +6,10 @@
 //              job in 30 is poison (payload "poison")
 //   consumer   take / take_many (waiting or not); a poison job ends the process at once, after
 //              its take is logged (_exit or SIGKILL to itself); the others are acked (some twice,
-//              some after their lease ended), acked in batches, nacked, or left to their lease
+//              some after their lease ended), acked in batches, nacked, or left to their lease.
+//              With --threads N, N threads do so over one queue object (its connections shared
+//              as a multi-threaded service shares them), each thread with a log of its own
+//              (consumer-I.J.tK.log for K > 0), so the judge sees each thread as a process
 //   canceller  reads the other processes' logs and cancels ids at random: leased ones, due ones
 //              no take has named yet (what a consumer may keep for its next take), waiting ones,
 //              and old ones (most already gone)
@@ -21,6 +24,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -52,6 +56,7 @@ struct worker_args {
     unsigned long long seed = 1;
     queue_settings qs;
     long long drain_ms = 30'000;  ///< drainer: give up after this long
+    int threads = 1;              ///< consumer: threads over its one queue object
 };
 
 /// A poison job's consumer ends with this status (or SIGKILL); a failed open with open_failed.
@@ -60,7 +65,8 @@ inline constexpr int open_failed = 3;
 
 /// Set by SIGTERM: the worker finishes the call it is in, closes its queue and exits with 0, as a
 /// process stopped for a deploy does (closing is when SQLite may checkpoint and remove the WAL).
-inline volatile std::sig_atomic_t stop_requested = 0;
+inline std::atomic<int> stop_requested{0};
+static_assert(std::atomic<int>::is_always_lock_free);  // set by a signal handler
 
 /// The exception's dynamic type, demangled (delayq::sqlite::busy_error, ...).
 inline std::string class_of(const std::exception& e) {
@@ -79,18 +85,38 @@ class worker {
     using ms = std::chrono::milliseconds;
 
   public:
-    explicit worker(worker_args a)
+    /// The process's worker (its main thread); `thread` > 0: another thread of a consumer, over
+    /// the queue object `q`, with a log of its own.
+    explicit worker(worker_args a, int thread = 0, std::shared_ptr<queue> q = nullptr)
         : a_(std::move(a)),
-          name_(a_.role + "-" + std::to_string(a_.index) + "." + std::to_string(a_.incarnation)),
+          name_(a_.role + "-" + std::to_string(a_.index) + "." + std::to_string(a_.incarnation) +
+                (thread > 0 ? ".t" + std::to_string(thread) : "")),
           log_(a_.log_dir + "/" + name_ + ".log"),
-          rng_(a_.seed) {
-        log_.write(line("start") << a_.role << a_.index << a_.incarnation << ::getpid());
+          rng_(a_.seed ^ (0x9e3779b97f4a7c15ULL * static_cast<unsigned long long>(thread))),
+          q_(std::move(q)) {
+        log_.write(line("start") << a_.role << a_.index << a_.incarnation << ::getpid()
+                                 << static_cast<long long>(a_.qs.call_timeout.count()) << thread);
     }
 
     int run() {
         if (a_.role == "opener") return open_and_close();
         if (!open()) return open_failed;
         if (a_.role == "drainer") return drain();
+        if (a_.role == "consumer" && a_.threads > 1) {
+            std::vector<std::unique_ptr<worker>> others;
+            std::vector<std::thread> ts;
+            for (int t = 1; t < a_.threads; ++t) {
+                others.push_back(std::make_unique<worker>(a_, t, q_));
+                ts.emplace_back([w = others.back().get()] {
+                    while (!stop_requested) w->consume();
+                });
+            }
+            while (!stop_requested) consume();
+            for (auto& t : ts) t.join();
+            others.clear();  // their share of the queue object: close() destroys it
+            close();
+            return 0;
+        }
         while (!stop_requested) {
             if (a_.role == "producer")
                 produce();
@@ -116,13 +142,14 @@ class worker {
     // file, and should reach SQLite at the same moment.
     bool open() {
         log_.write(now(), {line("open-begin")}, opens_++ > 0);
+        const stamp c = now();
         try {
             q_ = B::open(a_.locator, a_.qs);
         } catch (const std::exception& e) {
-            log_.write(line("open-fail") << "-" << class_of(e) << e.what());
+            log_.write(line("open-fail") << "-" << began(c) << class_of(e) << e.what());
             return false;
         }
-        log_.write(line("open-end"));
+        log_.write(line("open-end") << began(c));
         return true;
     }
 
@@ -193,16 +220,18 @@ class worker {
         }
         log_.write(s, begins);
         std::vector<line> ends;
+        const stamp c = now();
         try {
             const std::vector<bool> ok = q_->put_many(rs);
             const stamp e = now();
             for (std::size_t i = 0; i < n; ++i)
-                ends.push_back(line("put-end") << ids[i] << (i < ok.size() && ok[i] ? 1 : 0));
+                ends.push_back(line("put-end")
+                               << ids[i] << (i < ok.size() && ok[i] ? 1 : 0) << began(c));
             log_.write(e, ends);
         } catch (const std::exception& x) {
             const stamp e = now();
             for (std::size_t i = 0; i < n; ++i)
-                ends.push_back(line("put-fail") << ids[i] << class_of(x) << x.what());
+                ends.push_back(line("put-fail") << ids[i] << began(c) << class_of(x) << x.what());
             log_.write(e, ends);
         }
     }
@@ -211,12 +240,13 @@ class worker {
 
     template <class F>
     void put_one(const std::string& id, bool, F&& f) {
+        const stamp c = now();
         try {
             const bool ok = f();
             const stamp e = now();
-            log_.write(e, line("put-end") << id << (ok ? 1 : 0));
+            log_.write(e, line("put-end") << id << (ok ? 1 : 0) << began(c));
         } catch (const std::exception& x) {
-            log_.write(line("put-fail") << id << class_of(x) << x.what());
+            log_.write(line("put-fail") << id << began(c) << class_of(x) << x.what());
         }
     }
 
@@ -227,6 +257,7 @@ class worker {
         const long long seq = takes_++;
         log_.write(line("take-begin") << seq << static_cast<long long>(want) << wait);
         std::vector<job> js;
+        const stamp c = now();
         try {
             if (want == 1) {
                 if (auto j = q_->take(ms(wait))) js.push_back(std::move(*j));
@@ -234,12 +265,12 @@ class worker {
                 js = q_->take_many(want, ms(wait));
             }
         } catch (const std::exception& x) {
-            log_.write(line("take-fail") << seq << class_of(x) << x.what());
+            log_.write(line("take-fail") << seq << began(c) << class_of(x) << x.what());
             return {};
         }
         const stamp e = now();
         std::vector<line> ls;
-        ls.push_back(line("take-end") << seq << static_cast<long long>(js.size()));
+        ls.push_back(line("take-end") << seq << static_cast<long long>(js.size()) << began(c));
         for (const auto& j : js)
             ls.push_back(line("job") << seq << std::string_view(j.id) << j.attempts
                                      << static_cast<unsigned long long>(j.token) << ns(j.deadline)
@@ -255,17 +286,18 @@ class worker {
     bool ack(const job& j) {
         log_.write(line("ack-begin")
                    << std::string_view(j.id) << static_cast<unsigned long long>(j.token));
+        const stamp c = now();
         try {
             const bool ok = q_->ack(j);
             const stamp e = now();
             log_.write(e, line("ack-end")
                               << std::string_view(j.id) << static_cast<unsigned long long>(j.token)
-                              << (ok ? 1 : 0));
+                              << (ok ? 1 : 0) << began(c));
             return ok;
         } catch (const std::exception& x) {
             log_.write(line("ack-fail")
                        << std::string_view(j.id) << static_cast<unsigned long long>(j.token)
-                       << class_of(x) << x.what());
+                       << began(c) << class_of(x) << x.what());
             return false;
         }
     }
@@ -278,20 +310,21 @@ class worker {
                              << std::string_view(j.id) << static_cast<unsigned long long>(j.token));
         log_.write(now(), begins);
         std::vector<line> ends;
+        const stamp c = now();
         try {
             const std::vector<bool> ok = q_->ack_many(js);
             const stamp e = now();
             for (std::size_t i = 0; i < js.size(); ++i)
                 ends.push_back(line("ack-end") << std::string_view(js[i].id)
                                                << static_cast<unsigned long long>(js[i].token)
-                                               << (i < ok.size() && ok[i] ? 1 : 0));
+                                               << (i < ok.size() && ok[i] ? 1 : 0) << began(c));
             log_.write(e, ends);
         } catch (const std::exception& x) {
             const stamp e = now();
             for (const auto& j : js)
                 ends.push_back(line("ack-fail")
                                << std::string_view(j.id) << static_cast<unsigned long long>(j.token)
-                               << class_of(x) << x.what());
+                               << began(c) << class_of(x) << x.what());
             log_.write(e, ends);
         }
     }
@@ -299,16 +332,17 @@ class worker {
     void nack(const job& j, long long retry) {
         log_.write(line("nack-begin")
                    << std::string_view(j.id) << static_cast<unsigned long long>(j.token) << retry);
+        const stamp c = now();
         try {
             const bool ok = q_->nack(j, ms(retry));
             const stamp e = now();
             log_.write(e, line("nack-end")
                               << std::string_view(j.id) << static_cast<unsigned long long>(j.token)
-                              << (ok ? 1 : 0));
+                              << (ok ? 1 : 0) << began(c));
         } catch (const std::exception& x) {
             log_.write(line("nack-fail")
                        << std::string_view(j.id) << static_cast<unsigned long long>(j.token)
-                       << class_of(x) << x.what());
+                       << began(c) << class_of(x) << x.what());
         }
     }
 
@@ -441,13 +475,14 @@ class worker {
         const auto id = pick(v);
         if (!id) return;
         log_.write(line("cancel-begin") << *id);
+        const stamp c = now();
         try {
             const bool ok = q_->cancel(*id);
             const stamp e = now();
-            log_.write(e, line("cancel-end") << *id << (ok ? 1 : 0));
+            log_.write(e, line("cancel-end") << *id << (ok ? 1 : 0) << began(c));
             if (ok) v.gone.insert(*id);
         } catch (const std::exception& x) {
-            log_.write(line("cancel-fail") << *id << class_of(x) << x.what());
+            log_.write(line("cancel-fail") << *id << began(c) << class_of(x) << x.what());
         }
     }
 
@@ -467,14 +502,26 @@ class worker {
                                                 << ("after:" + std::to_string(d)));
                 put_one(id, poison, [&] { return q_->put_after(id, payload(poison), ms(d)); });
             }
-            try {
-                (void)q_->size();
-            } catch (const std::exception& x) {
-                log_.write(line("size-fail") << "-" << class_of(x) << x.what());
-            }
+            (void)size();
             close();
         }
         return 0;
+    }
+
+    // size(), logged; empty if it threw.
+    std::optional<std::size_t> size() {
+        log_.write(line("size-begin") << "-");
+        const stamp c = now();
+        try {
+            const std::size_t n = q_->size();
+            const stamp e = now();
+            log_.write(e, line("size-end")
+                              << "-" << static_cast<unsigned long long>(n) << began(c));
+            return n;
+        } catch (const std::exception& x) {
+            log_.write(line("size-fail") << "-" << began(c) << class_of(x) << x.what());
+            return std::nullopt;
+        }
     }
 
     // ---- drainer -------------------------------------------------------------------------------
@@ -485,7 +532,7 @@ class worker {
             std::vector<job> js = take(50, 200);
             if (js.empty()) {
                 try {
-                    if (q_->size() == 0) {
+                    if (size() == std::optional<std::size_t>(0)) {
                         // What the queue itself counts, for the checker to hold the store's
                         // inspection against.
                         log_.write(line("drain-end")
@@ -514,7 +561,7 @@ class worker {
     std::string name_;
     log_writer log_;
     std::mt19937_64 rng_;
-    std::unique_ptr<queue> q_;
+    std::shared_ptr<queue> q_;
     long long seq_ = 0;
     long long takes_ = 0;
     long long opens_ = 0;

@@ -305,7 +305,8 @@ TEST_CASE("chaos check: failures, crashes, phantoms and the store's integrity") 
 
 TEST_CASE("chaos check: calls that fail because the server was killed are no violation") {
     // The orchestrator killed the server at 100 ms and had it up again at 300; a call's timeout is
-    // 10 s, so failures until 12.3 s are the kill's, and so is each process's first one after.
+    // 10 s, one connect 10 s more, the slack 2 s, so failures until 22.3 s are the kill's, and so
+    // is each process's first one after.
     log_builder o(0);
     o(100, "server-kill")(300, "server-up");
     SECTION("while the server is down, and within a call's timeout after") {
@@ -317,9 +318,9 @@ TEST_CASE("chaos check: calls that fail because the server was killed are no vio
     }
     SECTION("a process's first failure after the kill, however late; not its second") {
         log_builder p(1);
-        p(20'000, "open-begin")(20'010, "open-fail - delayq::postgres::connection_error gone");
+        p(30'000, "open-begin")(30'010, "open-fail - delayq::postgres::connection_error gone");
         CHECK(kinds({o, p}, empty_end()) == none);
-        p(21'000, "open-begin")(21'010, "open-fail - delayq::postgres::connection_error gone");
+        p(31'000, "open-begin")(31'010, "open-fail - delayq::postgres::connection_error gone");
         CHECK(kinds({o, p}, empty_end()) == std::multiset<std::string>{"call-failed"});
     }
     SECTION("before the kill") {
@@ -362,4 +363,156 @@ TEST_CASE("chaos check: a log's torn last line is left out") {
     REQUIRE(ev.size() == 2);
     CHECK(ev[1].kind == "put-end");
     CHECK(ev[1].no == 2);
+}
+
+namespace {
+
+// The judge with the settings of a run with `--timeout 1000`: timeout 1 s, one connect 1 s, slack
+// 2 s: a call must return or fail within 4 s of its start (a take: plus its wait).
+delayq_chaos::report judge(std::initializer_list<log_builder> logs, const final_state& end) {
+    std::vector<std::vector<event>> all;
+    for (const auto& l : logs) {
+        all.push_back(l.events);
+        for (auto& e : all.back()) e.file = static_cast<int>(all.size() - 1);
+    }
+    delayq_chaos::check_settings cs;
+    cs.max_attempts = 3;
+    cs.call_timeout_ms = 1'000;
+    cs.connect_ms = 1'000;
+    cs.slack_ms = 2'000;
+    return delayq_chaos::check(all, end, cs);
+}
+
+std::multiset<std::string> kinds_of(const delayq_chaos::report& r) {
+    std::multiset<std::string> out;
+    for (const auto& v : r.violations) {
+        out.insert(v.kind);
+        CHECK(!v.evidence.empty());
+    }
+    return out;
+}
+
+// "@MONO": the moment a call began, `at` ms after the start.
+std::string began(long long at) {
+    return "@" + std::to_string(t0 + at * ms);
+}
+
+// The orchestrator's log: the store stalled from 0 to 3 s.
+log_builder stalled() {
+    log_builder o(0);
+    o(0, "stall-begin lock-table 3000")(3'000, "stall-end");
+    return o;
+}
+
+}  // namespace
+
+TEST_CASE("chaos check: a call fails or returns within its timeout + one connect + slack") {
+    SECTION("a put that failed after 4.5 s is late; one that failed after 3.9 s is not") {
+        log_builder p(1);
+        p(0, "put-begin a 0 " + ns_at(0) + " after:0")(
+            4'500, "put-fail a " + began(0) + " delayq::postgres::connection_error timed out");
+        const auto r = judge({stalled(), p}, empty_end());
+        CHECK(kinds_of(r) == std::multiset<std::string>{"late-failure"});
+        CHECK(r.counts.at("late calls") == 1);
+        CHECK(r.counts.at("failed calls") == 1);
+        CHECK(r.counts.at("calls") == 1);
+        CHECK(r.counts.at("max call time over its timeout, ms") == 3'500);
+        log_builder in_time(1);
+        in_time(0, "put-begin a 0 " + ns_at(0) + " after:0")(
+            3'900, "put-fail a " + began(0) + " delayq::postgres::connection_error timed out");
+        const auto ok = judge({stalled(), in_time}, empty_end());
+        CHECK(kinds_of(ok) == none);
+        CHECK(ok.counts.count("late calls") == 0);
+    }
+    SECTION("an ack that returned true after 4.5 s is late too") {
+        log_builder c(1);
+        c(20, "take-begin 0 1 0")(30, "take-end 0 1 " + began(20))(
+            30, job(0, "a", 1, 7, 0, 10'030))(40, "ack-begin a 7")(4'540,
+                                                                   "ack-end a 7 1 " + began(40));
+        CHECK(kinds_of(judge({stalled(), producer("a"), c}, empty_end())) ==
+              std::multiset<std::string>{"late-return"});
+        log_builder in_time(1);
+        in_time(20, "take-begin 0 1 0")(30, "take-end 0 1 " + began(20))(
+            30, job(0, "a", 1, 7, 0, 10'030))(40, "ack-begin a 7")(3'040,
+                                                                   "ack-end a 7 1 " + began(40));
+        CHECK(kinds_of(judge({stalled(), producer("a"), in_time}, empty_end())) == none);
+    }
+    SECTION("a take may wait on top of its timeout") {
+        log_builder c(1);
+        c(0, "take-begin 0 1 500")(4'400, "take-end 0 0 " + began(0));
+        CHECK(kinds_of(judge({stalled(), c}, empty_end())) == none);
+        log_builder late(1);
+        late(0, "take-begin 0 1 500")(4'600, "take-fail 0 " + began(0) + " delayq::redis::error x");
+        CHECK(kinds_of(judge({stalled(), late}, empty_end())) ==
+              std::multiset<std::string>{"late-failure"});
+    }
+    SECTION("timed from the moment the call began, not from its begin line's stamp") {
+        // The begin line's fdatasync took 1 s: the call itself ran 3.9 s.
+        log_builder p(1);
+        p(0, "put-begin a 0 " + ns_at(0) + " after:0")(
+            4'900, "put-fail a " + began(1'000) + " delayq::postgres::connection_error x");
+        CHECK(kinds_of(judge({stalled(), p}, empty_end())) == none);
+        log_builder old(1);  // a line without its @ field: from the begin line
+        old(0, "put-begin a 0 " + ns_at(0) + " after:0")(
+            4'900, "put-fail a delayq::postgres::connection_error x");
+        CHECK(kinds_of(judge({stalled(), old}, empty_end())) ==
+              std::multiset<std::string>{"late-failure"});
+    }
+    SECTION("with the timeout the process's start line says") {
+        log_builder p(1);
+        p(0, "start producer 0 0 4242 10000")(0, "put-begin a 0 " + ns_at(0) + " after:0")(
+            4'900, "put-fail a " + began(0) + " delayq::postgres::connection_error x");
+        CHECK(kinds_of(judge({stalled(), p}, empty_end())) == none);
+    }
+    SECTION("the lines of one put_many are one call") {
+        log_builder p(1);
+        p(0, "put-begin a 0 " + ns_at(0) + " many:0")(0, "put-begin b 0 " + ns_at(0) + " many:0")(
+            4'500, "put-fail a " + began(0) + " delayq::postgres::connection_error x")(
+            4'500, "put-fail b " + began(0) + " delayq::postgres::connection_error x");
+        const auto r = judge({stalled(), p}, empty_end());
+        CHECK(kinds_of(r) == std::multiset<std::string>{"late-failure"});
+        CHECK(r.counts.at("calls") == 1);
+    }
+    SECTION("opens and size() are calls too") {
+        log_builder o(1);
+        o(0, "open-begin")(4'500, "open-end " + began(0))(4'600, "size-begin -")(
+            9'000, "size-fail - " + began(4'600) + " delayq::redis::error x");
+        const auto r = judge({stalled(), o}, empty_end());
+        CHECK(kinds_of(r) ==
+              std::multiset<std::string>{"call-failed", "late-failure", "late-return"});
+    }
+}
+
+TEST_CASE("chaos check: calls that fail in a stall or after a connection kill are no violation") {
+    SECTION("a stall excuses failures until its end + a call's time (4 s here), not later") {
+        log_builder p(1);
+        p(100, "put-begin a 0 " + ns_at(0) + " after:0")(
+            1'100, "put-fail a " + began(100) + " delayq::redis::error timed out")(
+            6'900, "cancel-begin a")(6'950, "cancel-fail a " + began(6'900) + " x y");
+        const auto r = judge({stalled(), p}, empty_end());
+        CHECK(kinds_of(r) == none);
+        CHECK(r.counts.at("calls failed by a stall") == 2);
+        p(7'100, "cancel-begin a")(7'150, "cancel-fail a " + began(7'100) + " x y");
+        CHECK(kinds_of(judge({stalled(), p}, empty_end())) ==
+              std::multiset<std::string>{"call-failed"});
+    }
+    SECTION("a connection kill excuses each process's first failure after it, however late") {
+        log_builder o(0);
+        o(100, "connection-kill")(110, "connection-kill-end 9");
+        log_builder p(1);
+        p(20'000, "cancel-begin a")(20'010, "cancel-fail a " + began(20'000) + " x y");
+        const auto r = judge({o, p}, empty_end());
+        CHECK(kinds_of(r) == none);
+        CHECK(r.counts.at("calls failed by a connection kill") == 1);
+        CHECK(r.counts.at("connections killed") == 9);
+        p(21'000, "cancel-begin a")(21'010, "cancel-fail a " + began(21'000) + " x y");
+        CHECK(kinds_of(judge({o, p}, empty_end())) == std::multiset<std::string>{"call-failed"});
+    }
+    SECTION("a put that failed in a stall may have been applied: queued or not, no violation") {
+        log_builder p(1);
+        p(100, "put-begin a 0 " + ns_at(0) + " after:0")(
+            1'100, "put-fail a " + began(100) + " delayq::redis::error timed out");
+        CHECK(kinds_of(judge({stalled(), p}, empty_end())) == none);
+        CHECK(kinds_of(judge({stalled(), p}, queued("a"))) == none);
+    }
 }
