@@ -2,7 +2,8 @@
 // (a dead machine, not a refused port), a stalled server (another session holds the queue's table
 // locked, as a migration does), and connections that died while idle. The rule every case checks:
 // a call returns or fails within io_timeout plus one connect, and a call that failed leaves
-// nothing running on the server that changes the queue afterwards.
+// nothing running on the server that changes the queue afterwards. And the takes that one failed
+// claim answers: each gets an exception object of its own.
 #include <fcntl.h>
 #include <libpq-fe.h>
 #include <netinet/in.h>
@@ -13,8 +14,12 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <delayq/postgres/delay_queue.hpp>
+#include <exception>
+#include <latch>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -261,6 +266,117 @@ TEST_CASE(
     CHECK(j->attempts == 1u);
     CHECK(q.ack(*j));
     CHECK(q.dead_size() == 0);
+}
+
+TEST_CASE(
+    "postgres: the takes of one failed claim each get an exception of their own, of the right "
+    "type, with the message",
+    "[postgres][timeouts][stall]") {
+    // The leader of the waiting takes claims for all of them; the claim waits for a table lock
+    // until the test cancels it (SQLSTATE 57014: connection_error). The first take claims alone;
+    // the others, queued meanwhile, share the next claim. Each caller reads its exception's
+    // what() over and over while the others let go of theirs: a shared exception (or a shared
+    // message) is a data race that ThreadSanitizer reports.
+    const std::string app = "dq-shared-" + std::to_string(::getpid());
+    auto o = opts(fresh_name("shared"));
+    o.conninfo += " application_name=" + app;
+    o.io_timeout = 60s;  // the test cancels the claims: no timeout of the server's
+    pg::delay_queue q(o);
+    REQUIRE(q.size() == 0);
+    constexpr int n = 6;
+
+    struct caught {
+        std::uintptr_t object = 0, text = 0;  // the exception's address, its what()'s
+        std::string type, message, sqlstate;
+        std::exception_ptr kept;  // until every caller caught: the addresses stay apart
+        std::size_t length = 0;   // what() read over and over: its characters
+    };
+    // The claim of the object's that waits for the lock: "pid start", or "".
+    const auto waiting_claim = [&] {
+        return server().query(
+            "SELECT pid::text || ' ' || query_start::text FROM pg_stat_activity WHERE "
+            "application_name = '" +
+            app + "' AND wait_event_type = 'Lock'");
+    };
+    bool grouped = false;
+    for (int round = 0; round < 10 && !grouped; ++round) {
+        INFO("round " << round);
+        std::vector<caught> got(n);
+        std::latch all_caught(n);
+        std::atomic<int> entered{0}, done{0};
+        const auto take = [&](int i) {
+            caught& c = got[static_cast<std::size_t>(i)];
+            bool arrived = false;
+            try {
+                ++entered;
+                c.type = q.take(120s) ? "a job" : "nothing";
+            } catch (const pg::error& e) {
+                c.object = reinterpret_cast<std::uintptr_t>(&e);
+                c.text = reinterpret_cast<std::uintptr_t>(e.what());
+                c.type = dynamic_cast<const pg::connection_error*>(&e) ? "connection_error"
+                                                                       : "other error";
+                c.message = e.what();
+                c.sqlstate = e.sqlstate();
+                c.kept = std::current_exception();
+                ++done;
+                all_caught.arrive_and_wait();
+                arrived = true;
+                c.kept = nullptr;
+                std::size_t sum = 0;
+                for (int k = 0; k < 200; ++k)
+                    for (const char* t = e.what(); *t != '\0'; ++t) ++sum;
+                c.length = sum;  // no atomic here: it would order the threads
+            } catch (...) {
+                c.type = "another exception";
+            }
+            if (!arrived) {
+                ++done;
+                all_caught.arrive_and_wait();
+            }
+        };
+        session locker;
+        locker.lock();
+        std::vector<std::jthread> ts;  // joined however the round ends
+        ts.emplace_back(take, 0);      // leads, and claims for itself alone
+        REQUIRE(eventually([&] { return !waiting_claim().empty(); }, 60s));
+        for (int i = 1; i < n; ++i) ts.emplace_back(take, i);
+        while (entered < n) std::this_thread::yield();
+        // Not a bound: a take late for the next claim only makes this round not count.
+        std::this_thread::sleep_for(300ms);
+        // Cancel each claim as it waits for the lock, until every take failed.
+        int claims = 0;
+        std::string last;
+        const auto give_up = steady::now() + 120s;  // a hang guard, not a measure
+        while (done < n && steady::now() < give_up) {
+            const std::string w = waiting_claim();
+            if (w.empty() || w == last) {
+                std::this_thread::sleep_for(10ms);
+                continue;
+            }
+            last = w;
+            ++claims;
+            server().query("SELECT pg_cancel_backend(" + w.substr(0, w.find(' ')) + ")");
+        }
+        for (auto& t : ts) t.join();
+        locker.unlock();
+        INFO("the " << n << " takes made " << claims << " claim(s)");
+        grouped = claims < n;
+
+        std::set<std::uintptr_t> objects, texts;
+        for (const caught& c : got) {
+            INFO(c.type << ": " << c.message);
+            REQUIRE(c.type == "connection_error");
+            CHECK(c.sqlstate == "57014");
+            CHECK(delayq::test::contains(c.message, "canceling statement due to user request"));
+            CHECK(c.message == got[0].message);
+            CHECK(c.length == 200 * c.message.size());
+            objects.insert(c.object);
+            texts.insert(c.text);
+        }
+        CHECK(objects.size() == static_cast<std::size_t>(n));  // one exception object each
+        CHECK(texts.size() == static_cast<std::size_t>(n));    // and a message of its own
+    }
+    CHECK(grouped);
 }
 
 TEST_CASE("postgres: a connection that died while idle is replaced: the next call works",

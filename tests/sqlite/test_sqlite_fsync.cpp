@@ -3,12 +3,24 @@
 //
 // The failure comes from a VFS of this test's own, registered as SQLite's default for the test:
 // it passes every call to the real one, and fails the WAL's syncs while `fail_wal_sync` is set.
+//
+// Also: the callers of one failed group commit (a failed fsync) each get an exception of their
+// own, with a message of its own (include/delayq/detail/exception_copy.hpp says why).
 #include <sqlite3.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <condition_variable>
+#include <cstdint>
 #include <cstring>
+#include <exception>
+#include <latch>
+#include <mutex>
+#include <set>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "catch.hpp"
 #include "expect_error.hpp"
@@ -46,8 +58,41 @@ int x_write(sqlite3_file* f, const void* b, int n, sqlite3_int64 o) {
 int x_truncate(sqlite3_file* f, sqlite3_int64 n) {
     return of(f)->inner()->pMethods->xTruncate(of(f)->inner(), n);
 }
+// A gate for the next sync of the WAL: hold_next_sync() makes it wait until release_sync().
+std::mutex gate_m;
+std::condition_variable gate_cv;
+bool hold_next = false, holding = false, released = false;
+std::atomic<int> wal_syncs{0};       // syncs of the WAL so far
+std::atomic<int> fail_wal_errno{0};  // the OS error a failed sync reports (0: SQLite's own)
+
+void hold_next_sync() {
+    std::lock_guard lk(gate_m);
+    hold_next = true;
+    holding = released = false;
+}
+void wait_until_held() {
+    std::unique_lock lk(gate_m);
+    gate_cv.wait(lk, [] { return holding; });
+}
+void release_sync() {
+    std::lock_guard lk(gate_m);
+    released = true;
+    gate_cv.notify_all();
+}
+
 int x_sync(sqlite3_file* f, int flags) {
-    if (of(f)->wal && fail_wal_sync) return SQLITE_IOERR_FSYNC;
+    if (of(f)->wal) {
+        std::unique_lock lk(gate_m);
+        if (hold_next) {
+            hold_next = false;
+            holding = true;
+            gate_cv.notify_all();
+            gate_cv.wait(lk, [] { return released; });
+        }
+        lk.unlock();
+        ++wal_syncs;
+        if (fail_wal_sync) return SQLITE_IOERR_FSYNC;
+    }
     return of(f)->inner()->pMethods->xSync(of(f)->inner(), flags);
 }
 int x_size(sqlite3_file* f, sqlite3_int64* n) {
@@ -63,6 +108,10 @@ int x_reserved(sqlite3_file* f, int* r) {
     return of(f)->inner()->pMethods->xCheckReservedLock(of(f)->inner(), r);
 }
 int x_control(sqlite3_file* f, int op, void* a) {
+    if (op == SQLITE_FCNTL_LAST_ERRNO && of(f)->wal && fail_wal_sync && fail_wal_errno != 0) {
+        *static_cast<int*>(a) = fail_wal_errno;
+        return SQLITE_OK;
+    }
     return of(f)->inner()->pMethods->xFileControl(of(f)->inner(), op, a);
 }
 int x_sector(sqlite3_file* f) {
@@ -182,4 +231,97 @@ TEST_CASE("fsync: a put whose fsync failed threw, yet its job is in the file and
     }
     CHECK(taken == "before lost? ");
     CHECK_FALSE(other.take(0ms));
+}
+
+TEST_CASE(
+    "fsync: the callers of one failed group commit each get an exception of their own, of the "
+    "right type, with the message") {
+    // One caller's put holds its group's fsync while the others queue for the next group, which
+    // then commits their puts together and fails together (ENOSPC: disk_full_error). Each caller
+    // reads its exception's what() over and over while the others let go of theirs: a shared
+    // exception (or a shared message) is a data race that ThreadSanitizer reports.
+    temp_dir dir;
+    shim_vfs shim;
+    delay_queue q(opts(dir.file()));
+    REQUIRE(q.put_after("first", "x", 0ms));  // the first sync, which syncs the directory too
+    constexpr int n = 6;
+
+    struct caught {
+        std::uintptr_t object = 0, text = 0;  // the exception's address, its what()'s
+        std::string type, message;
+        int code = 0;
+        std::exception_ptr kept;  // until every caller caught: the addresses stay apart
+        std::size_t length = 0;   // what() read over and over: its characters
+    };
+    bool grouped = false;
+    for (int round = 0; round < 20 && !grouped; ++round) {
+        INFO("round " << round);
+        std::vector<caught> got(n);
+        std::latch all_caught(n);
+        std::atomic<int> entered{0};
+        const auto put = [&](int i) {
+            bool arrived = false;
+            try {
+                ++entered;
+                q.put_after("r" + std::to_string(round) + "-" + std::to_string(i), "y", 0ms);
+                got[static_cast<std::size_t>(i)].type = "none";
+            } catch (const delayq::sqlite::error& e) {
+                caught& c = got[static_cast<std::size_t>(i)];
+                c.object = reinterpret_cast<std::uintptr_t>(&e);
+                c.text = reinterpret_cast<std::uintptr_t>(e.what());
+                c.type = dynamic_cast<const delayq::sqlite::disk_full_error*>(&e)
+                             ? "disk_full_error"
+                             : "other error";
+                c.message = e.what();
+                c.code = e.code();
+                c.kept = std::current_exception();
+                all_caught.arrive_and_wait();
+                arrived = true;
+                c.kept = nullptr;
+                std::size_t sum = 0;
+                for (int k = 0; k < 200; ++k)
+                    for (const char* t = e.what(); *t != '\0'; ++t) ++sum;
+                c.length = sum;  // no atomic here: it would order the threads
+            } catch (...) {
+                got[static_cast<std::size_t>(i)].type = "another exception";
+            }
+            if (!arrived) all_caught.arrive_and_wait();
+        };
+        fail_wal_errno = ENOSPC;
+        hold_next_sync();
+        std::vector<std::thread> ts;
+        ts.emplace_back(put, 0);  // leads a group of its own, and waits in its fsync
+        wait_until_held();
+        fail_wal_sync = true;
+        const int syncs_before = wal_syncs;
+        for (int i = 1; i < n; ++i) ts.emplace_back(put, i);
+        while (entered < n) std::this_thread::yield();
+        // Not a bound: a caller late for the next group only makes this round not count.
+        std::this_thread::sleep_for(300ms);
+        release_sync();
+        for (auto& t : ts) t.join();
+        fail_wal_sync = false;
+        fail_wal_errno = 0;
+        // The syncs of the others' groups: fewer than the callers, some shared a commit.
+        const int groups = wal_syncs - syncs_before - 1;
+        INFO("the " << (n - 1) << " later callers made " << groups << " group(s)");
+        grouped = groups < n - 1;
+
+        std::set<std::uintptr_t> objects, texts;
+        for (const caught& c : got) {
+            INFO(c.type << ": " << c.message);
+            REQUIRE(c.type == "disk_full_error");
+            CHECK(c.code == SQLITE_IOERR_FSYNC);
+            CHECK(delayq::test::contains(c.message, "the disk is full (fsync of the WAL failed"));
+            CHECK(c.message == got[0].message);
+            CHECK(c.length == 200 * c.message.size());
+            objects.insert(c.object);
+            texts.insert(c.text);
+        }
+        CHECK(objects.size() == static_cast<std::size_t>(n));  // one exception object each
+        CHECK(texts.size() == static_cast<std::size_t>(n));    // and a message of its own
+    }
+    CHECK(grouped);
+    // The puts were committed before their fsync failed: each is in the file.
+    CHECK(q.size() >= static_cast<std::size_t>(1 + n));
 }

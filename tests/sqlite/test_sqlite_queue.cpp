@@ -12,13 +12,19 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <delayq/detail/exception_copy.hpp>
+#include <exception>
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <new>
 #include <set>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <type_traits>
+#include <typeinfo>
+#include <utility>
 #include <vector>
 
 #include "catch.hpp"
@@ -444,6 +450,52 @@ TEST_CASE("errors: a lock held past busy_timeout is busy_error, and then the que
     auto j = q.take(5s);
     REQUIRE(j);
     CHECK(j->id == "before");
+}
+
+TEST_CASE(
+    "errors: a failure copied for another caller is a new object of its type, with its code and "
+    "a message of its own (delayq/detail/exception_copy.hpp)") {
+    const auto copy = [](const std::exception_ptr& e) {
+        return delayq::detail::copy_for_caller<delayq::sqlite::error, delayq::sqlite::busy_error>(
+            e, [](const auto& x) {
+                return std::remove_cvref_t<decltype(x)>(std::string(x.what()), x.code());
+            });
+    };
+    // The object and message an exception_ptr holds.
+    const auto held = [](const std::exception_ptr& e) {
+        try {
+            std::rethrow_exception(e);
+        } catch (const std::exception& x) {
+            return std::pair<const void*, const char*>(&x, x.what());
+        }
+        return std::pair<const void*, const char*>(nullptr, nullptr);
+    };
+    const auto original =
+        std::make_exception_ptr(delayq::sqlite::busy_error("the file is busy", SQLITE_BUSY));
+    const auto c = copy(original);
+    REQUIRE(c != nullptr);
+    CHECK(c != original);
+    CHECK(held(c).first != held(original).first);    // an object of its own
+    CHECK(held(c).second != held(original).second);  // and a message of its own
+    try {
+        std::rethrow_exception(c);
+    } catch (const std::exception& x) {
+        CHECK(typeid(x) == typeid(delayq::sqlite::busy_error));
+        CHECK(std::string(x.what()) == "the file is busy");
+        CHECK(dynamic_cast<const delayq::sqlite::busy_error&>(x).code() == SQLITE_BUSY);
+    }
+    // Anything else is handed out as it is: null, a type not listed, a subclass of one (never
+    // sliced into its base).
+    CHECK(copy(nullptr) == nullptr);
+    const auto other = std::make_exception_ptr(std::bad_alloc());
+    CHECK(copy(other) == other);
+    struct subclass : delayq::sqlite::busy_error {
+        using busy_error::busy_error;
+    };
+    const auto sub = std::make_exception_ptr(subclass("sub", 5));
+    CHECK(copy(sub) == sub);
+    const auto not_std = std::make_exception_ptr(42);
+    CHECK(copy(not_std) == not_std);
 }
 
 TEST_CASE("errors: a read-only file is read_only_error") {

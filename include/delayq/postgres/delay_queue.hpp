@@ -76,11 +76,13 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <unordered_set>
 #include <utility>
 #include <vector>
 
 #include "../detail/epoch_ms.hpp"
+#include "../detail/exception_copy.hpp"
 #include "../detail/time.hpp"
 #include "../job.hpp"
 #include "detail/connection.hpp"
@@ -838,11 +840,13 @@ class delay_queue {
             unlocked u(lk);
             c = claim(asked, b);
         } catch (...) {
-            // Every take the claim was for learns of the failure, at once.
+            // Every take the claim was for learns of the failure, at once, each from an
+            // exception object of its own (copy_error); the leader rethrows the original.
+            const std::exception_ptr failure = std::current_exception();
             for (request* r : batch) {
                 r->in_claim = false;
                 if (r != &own) {
-                    r->error = std::current_exception();
+                    r->error = copy_error(failure);
                     finish(*r);
                 }
             }
@@ -879,6 +883,16 @@ class delay_queue {
             backoff_ = milliseconds(1);
         }
         cv_.notify_all();
+    }
+
+    // One waiting take's own copy of the failure of a claim made for several: of the same type,
+    // with a message of its own (delayq/detail/exception_copy.hpp).
+    static std::exception_ptr copy_error(const std::exception_ptr& e) noexcept {
+        return delayq::detail::copy_for_caller<error, connection_error, schema_version_error,
+                                               permission_error, server_version_error>(
+            e, [](const auto& x) {
+                return std::remove_cvref_t<decltype(x)>(std::string(x.what()), x.sqlstate());
+            });
     }
 
     // Marks `r` answered and no longer waiting.

@@ -51,6 +51,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -59,10 +60,12 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "../detail/epoch_ms.hpp"
+#include "../detail/exception_copy.hpp"
 #include "../detail/time.hpp"
 #include "../job.hpp"
 #include "detail/group_commit.hpp"
@@ -390,6 +393,16 @@ class delay_queue {
             default:
                 throw error(what, code);
         }
+    }
+
+    // One caller's own copy of the failure of a group commit that several callers share: of the
+    // same type, with a message of its own (delayq/detail/exception_copy.hpp).
+    static std::exception_ptr copy_error(const std::exception_ptr& e) noexcept {
+        return delayq::detail::copy_for_caller<error, not_a_queue_error, newer_version_error,
+                                               corrupt_error, disk_full_error, busy_error,
+                                               read_only_error>(e, [](const auto& x) {
+            return std::remove_cvref_t<decltype(x)>(std::string(x.what()), x.code());
+        });
     }
 
     static options checked(options o) {
@@ -790,8 +803,8 @@ class delay_queue {
     long long data_version_ = 0;  // PRAGMA data_version when this object last read the file
     detail::wal_file wal_;        // what sync_wal() fsyncs; used by one sync_wal() at a time
 
-    group_type puts_;    // puts, cancels and reschedules: committed, then fsynced
-    group_type writes_;  // the other writes: committed without waiting for the disk
+    group_type puts_{&copy_error};    // puts, cancels and reschedules: committed, then fsynced
+    group_type writes_{&copy_error};  // the other writes: committed without waiting for the disk
 
     std::mutex m_;
     std::condition_variable leader_cv_;  // the leader sleeps here

@@ -15,6 +15,10 @@
 //
 // Why two: with one, the takes and acks of a group, and of the next, waited for the puts' disk
 // too, and consumers fell behind the producers. docs/sqlite.md has the measurements.
+//
+// A failed commit fails every batch of its group, each with an exception object of its own, made
+// by the owner's copy function before the batches' callers are woken: callers that shared one
+// would read it while another thread destroys it (delayq/detail/exception_copy.hpp).
 #pragma once
 
 #include <condition_variable>
@@ -29,6 +33,12 @@ namespace delayq::sqlite::detail {
 template <class Item>
 class group_commit {
   public:
+    /// Makes one caller's own copy of a failure (never throws; may return its argument).
+    using copy_fn = std::exception_ptr (*)(const std::exception_ptr&) noexcept;
+
+    /// `copy` gives each batch of a failed group its own exception object.
+    explicit group_commit(copy_fn copy) noexcept : copy_(copy) {}
+
     /// One caller's items and, once done, the error that its group's commit ended with.
     struct batch {
         std::span<Item> items;
@@ -67,7 +77,8 @@ class group_commit {
                 }
                 lk.lock();
                 for (batch* g : group) {
-                    g->error = error;
+                    // The first batch keeps the original, each other one gets a copy.
+                    g->error = error && g != group.front() ? copy_(error) : error;
                     g->done = true;
                 }
                 leading_ = false;
@@ -80,6 +91,7 @@ class group_commit {
     }
 
   private:
+    copy_fn copy_;
     std::mutex m_;
     std::condition_variable cv_;
     std::vector<batch*> pending_;  // waiting for a leader, oldest first
