@@ -77,6 +77,7 @@
 #include <random>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -256,7 +257,9 @@ class connection {
                 if (last_host != nullptr) last_host->store(k);
                 break;
             }
-            why += (why.empty() ? "" : "; ") + (n == 1 ? failed : host + ": " + failed);
+            if (!why.empty()) why += "; ";
+            if (n > 1) why.append(host).append(": ");
+            why += failed;
         }
         if (!conn_) {
             broken_ = true;
@@ -483,7 +486,9 @@ class connection {
             t.values.push_back(conninfo);
         }
         const auto env = [](std::string& v, const char* name) {
-            const char* e = std::getenv(name);
+            // As libpq reads them, on the caller's thread: safe unless the program sets the
+            // environment while it connects, which libpq's own getenv() would not survive either.
+            const char* e = std::getenv(name);  // NOLINT(concurrency-mt-unsafe)
             if (v.empty() && e != nullptr) v = e;
         };
         env(host, "PGHOST");
@@ -557,7 +562,7 @@ class connection {
                 return false;
             }
             if (r < 0) {
-                failed = std::string("poll: ") + std::strerror(errno);
+                failed = "poll: " + std::generic_category().message(errno);
                 conn_.reset();
                 return false;
             }
