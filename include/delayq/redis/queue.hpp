@@ -28,6 +28,8 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
+#include <typeinfo>
 #include <utility>
 #include <vector>
 
@@ -53,17 +55,21 @@ class queue_base {
     bool put(std::string_view id, std::string_view payload,
              std::chrono::system_clock::time_point deadline) {
         check_id(id);
-        const std::string at = std::to_string(to_ms(deadline));
-        const std::array<std::string_view, 4> args{id, payload, "a", at};
-        return client_.put(client_.shard_of(id), args).front();
+        return guarded([&]() -> bool {
+            const std::string at = std::to_string(to_ms(deadline));
+            const std::array<std::string_view, 4> args{id, payload, "a", at};
+            return client_.put(client_.shard_of(id), args).front();
+        });
     }
 
     /// Queues `id` to be due `delay` from now by the server's clock. False if already queued.
     bool put_after(std::string_view id, std::string_view payload, std::chrono::milliseconds delay) {
         check_id(id);
-        const std::string ms = std::to_string(clamp_delay(delay));
-        const std::array<std::string_view, 4> args{id, payload, "r", ms};
-        return client_.put(client_.shard_of(id), args).front();
+        return guarded([&]() -> bool {
+            const std::string ms = std::to_string(clamp_delay(delay));
+            const std::array<std::string_view, 4> args{id, payload, "r", ms};
+            return client_.put(client_.shard_of(id), args).front();
+        });
     }
 
     using put_request = delayq::put_request;
@@ -77,21 +83,25 @@ class queue_base {
             ms[i] = std::to_string(clamp_delay(jobs[i].delay));
         }
         std::vector<std::string_view> args;
-        return client_.by_shard(
-            jobs.size(), [&](std::size_t i) { return jobs[i].id; },
-            [&](std::size_t s, std::span<const std::size_t> idx) {
-                args.clear();
-                for (std::size_t i : idx)
-                    args.insert(args.end(), {jobs[i].id, jobs[i].payload, "r", ms[i]});
-                return client_.put(s, args);
-            });
+        return guarded([&] {
+            return client_.by_shard(
+                jobs.size(), [&](std::size_t i) { return jobs[i].id; },
+                [&](std::size_t s, std::span<const std::size_t> idx) {
+                    args.clear();
+                    for (std::size_t i : idx)
+                        args.insert(args.end(), {jobs[i].id, jobs[i].payload, "r", ms[i]});
+                    return client_.put(s, args);
+                });
+        });
     }
 
     /// Removes a waiting or leased job. False if `id` is not queued.
     bool cancel(std::string_view id) {
         check_id(id);
         const std::array<std::string_view, 1> args{id};
-        return script_client::integer(client_.eval(client_.shard_of(id), s_cancel, args)) == 1;
+        return guarded([&] {
+            return script_client::integer(client_.eval(client_.shard_of(id), s_cancel, args)) == 1;
+        });
     }
 
     /// Gives a waiting job a new due time, `delay` from now. False for an unknown or leased id.
@@ -99,12 +109,15 @@ class queue_base {
         check_id(id);
         const std::string ms = std::to_string(clamp_delay(delay));
         const std::array<std::string_view, 2> args{id, ms};
-        return script_client::integer(client_.eval(client_.shard_of(id), s_reschedule, args)) == 1;
+        return guarded([&] {
+            return script_client::integer(client_.eval(client_.shard_of(id), s_reschedule, args)) ==
+                   1;
+        });
     }
 
     /// Leases the earliest due job, waiting up to `max_wait` for one (not at all when <= 0).
     std::optional<job> take(std::chrono::milliseconds max_wait) {
-        auto jobs = room_.take(1, max_wait);
+        auto jobs = guarded([&] { return room_.take(1, max_wait); });
         if (jobs.empty()) return std::nullopt;
         return std::move(jobs.front());
     }
@@ -114,7 +127,7 @@ class queue_base {
     /// at once.
     std::vector<job> take_many(std::size_t max_jobs, std::chrono::milliseconds max_wait) {
         if (max_jobs == 0) return {};
-        return room_.take(std::min(max_jobs, max_batch), max_wait);
+        return guarded([&] { return room_.take(std::min(max_jobs, max_batch), max_wait); });
     }
 
     /// Done with the job: it is gone for good. False if the lease was lost (ended, or cancelled).
@@ -130,13 +143,15 @@ class queue_base {
         std::vector<std::string> tokens(jobs.size());
         for (std::size_t i = 0; i < jobs.size(); ++i) tokens[i] = std::to_string(jobs[i].token);
         std::vector<std::string_view> args;
-        return client_.by_shard(
-            jobs.size(), [&](std::size_t i) { return jobs[i].id; },
-            [&](std::size_t s, std::span<const std::size_t> idx) {
-                args.clear();
-                for (std::size_t i : idx) args.insert(args.end(), {"a", jobs[i].id, tokens[i]});
-                return room_.consume_and_learn(s, args).ok;
-            });
+        return guarded([&] {
+            return client_.by_shard(
+                jobs.size(), [&](std::size_t i) { return jobs[i].id; },
+                [&](std::size_t s, std::span<const std::size_t> idx) {
+                    args.clear();
+                    for (std::size_t i : idx) args.insert(args.end(), {"a", jobs[i].id, tokens[i]});
+                    return room_.consume_and_learn(s, args).ok;
+                });
+        });
     }
 
     /// Back to the queue, due `retry_after` from now (or dead-lettered after max_attempts).
@@ -148,16 +163,20 @@ class queue_base {
 
     /// Jobs queued: waiting plus leased.
     std::size_t size() {
-        std::size_t n = 0;
-        for (std::size_t s = 0; s < client_.shards(); ++s) n += client_.size(s);
-        return n;
+        return guarded([&] {
+            std::size_t n = 0;
+            for (std::size_t s = 0; s < client_.shards(); ++s) n += client_.size(s);
+            return n;
+        });
     }
 
     /// Jobs moved to the dead-letter hashes `dq:v3:{tag}:dead` (id -> payload).
     std::size_t dead_size() {
-        std::size_t n = 0;
-        for (std::size_t s = 0; s < client_.shards(); ++s) n += client_.dead_size(s);
-        return n;
+        return guarded([&] {
+            std::size_t n = 0;
+            for (std::size_t s = 0; s < client_.shards(); ++s) n += client_.dead_size(s);
+            return n;
+        });
     }
 
   protected:
@@ -186,6 +205,45 @@ class queue_base {
         return o;
     }
 
+    // Runs `f`, a call to the server, and returns what it returns. What reaches the user is a
+    // public type: the layers below throw types of their own (detail::unsent_error: nothing was
+    // sent, which the router acts on), which become delayq::redis::error here, with the message a
+    // user reads (user_message()).
+    // (A vector<bool>'s element is a proxy into the vector: `f` returns bool, not that.)
+    template <class F>
+    static auto guarded(F&& f) -> decltype(f()) {
+        static_assert(!std::is_same_v<decltype(f()), std::vector<bool>::reference>);
+        try {
+            return f();
+        } catch (const layout_error&) {
+            throw;
+        } catch (const error& e) {
+            if (typeid(e) == typeid(error)) throw;
+            throw error(user_message(e.what()));
+        }
+    }
+
+    // A failure to reach a server, as a user reads it, whichever command met it: "delayq::redis:
+    // cannot connect to redis at 127.0.0.1:6379: Connection refused" (below, the message names
+    // the command, perhaps one the user never sent: "delayq::redis: CLUSTER SLOTS: cannot connect
+    // to 127.0.0.1:6379: Connection refused"). Any other message is kept as it is.
+    static std::string user_message(std::string_view what) {
+        for (const std::string_view marker : {"cannot connect to ", "connecting to "}) {
+            const auto at = what.find(marker);
+            if (at == std::string_view::npos) continue;
+            const std::string_view rest = what.substr(at + marker.size());
+            const auto space = rest.find(' ');  // "host:port: why" or "host:port timed out ..."
+            std::string_view address = rest.substr(0, space);
+            std::string_view why = space == std::string_view::npos ? "" : rest.substr(space + 1);
+            if (address.ends_with(':')) address.remove_suffix(1);
+            std::string out = "delayq::redis: cannot connect to redis at ";
+            out.append(address);
+            if (!why.empty()) out.append(": ").append(why);
+            return out;
+        }
+        return std::string(what);
+    }
+
     static void check_id(std::string_view id) {
         if (id.empty())
             throw std::invalid_argument("delayq::redis::delay_queue: a job id must not be empty");
@@ -195,7 +253,9 @@ class queue_base {
     bool settle(const job& j, std::string_view how) {
         const std::string token = std::to_string(j.token);
         const std::array<std::string_view, 3> args{how, j.id, token};
-        return room_.consume_and_learn(client_.shard_of(j.id), args).ok.front();
+        return guarded([&]() -> bool {
+            return room_.consume_and_learn(client_.shard_of(j.id), args).ok.front();
+        });
     }
 
     // In this order: the room uses the client.

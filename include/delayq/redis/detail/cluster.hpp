@@ -55,6 +55,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -257,6 +258,13 @@ class router {
     // where their node is not suspect, and wait (within their budget) for the reload otherwise.
     routed route(std::uint16_t slot, const budget& b) {
         std::unique_lock lk(m_);
+        if (generation_ != fork_generation()) {  // a child: a reload of the parent's never ends
+            loading_ = false;
+            // Made anew, not destroyed: its waiters were the parent's threads (waiting.hpp's
+            // forget_the_parent() says why).
+            new (&cv_) std::condition_variable;
+            generation_ = fork_generation();
+        }
         const std::uint64_t seen = loads_;
         for (;;) {
             if (mode_ == mode::single) return {&node_at(seed_), nullptr, false};
@@ -406,7 +414,8 @@ class router {
     std::exception_ptr last_why_;  // why the last reload found no map
     bool last_retry_ = false;      // and whether asking again may help
     std::vector<std::unique_ptr<node>> nodes_;
-    std::vector<endpoint> replicas_;  // from the last map: asked for the next one too
+    std::vector<endpoint> replicas_;           // from the last map: asked for the next one too
+    unsigned generation_ = fork_generation();  // the fork generation this was last used in
     std::vector<node*> slots_ = std::vector<node*>(slot_count);  // 128 KiB: off the object
 };
 

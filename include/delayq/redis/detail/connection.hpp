@@ -26,7 +26,9 @@
 // returns or fails by then, plus at most one connect, whoever else uses the link and however the
 // server behaves: the reader waits for the next reply only until the earliest deadline of the
 // calls in flight, and a call whose deadline passes gives up by itself wherever it is (still to
-// be written: it was not sent). A call that ran out of time is given up alone: its reply, when it
+// be written: it was not sent, and never will be). A connect is made by the thread of the most
+// patient call that waits for it, within that call's time: the others wait for it each until its
+// own deadline, not another's. A call that ran out of time is given up alone: its reply, when it
 // comes, is read and dropped, and the calls of other threads and objects behind it go on (an object
 // with a short io_timeout does not fail the calls of one with a long one). Once no call is left
 // waiting on the connection, one that timed out is closed, so that the next call starts on a fresh
@@ -230,12 +232,21 @@ inline bool await_fd(int fd, short events, steady::time_point until) {
 class connection {
   public:
     // Connects and logs in within `io_timeout`.
-    connection(const endpoint& at, milliseconds io_timeout) : io_timeout_(io_timeout) {
-        ctx_ = redisConnectWithTimeout(at.host.c_str(), at.port, to_timeval(io_timeout));
+    connection(const endpoint& at, milliseconds io_timeout)
+        : connection(at, io_timeout, delayq::detail::saturating_add(steady::now(), io_timeout)) {}
+
+    // Connects and logs in by `until` (a call's deadline: the connect and the login together);
+    // `io_timeout` is what command_reply() gives each command later.
+    connection(const endpoint& at, milliseconds io_timeout, steady::time_point until)
+        : io_timeout_(io_timeout) {
+        const milliseconds within =
+            std::max(milliseconds(1),
+                     delayq::detail::saturating_between<milliseconds>(steady::now(), until));
+        ctx_ = redisConnectWithTimeout(at.host.c_str(), at.port, to_timeval(within));
         if (ctx_ == nullptr) throw io_failure("connecting to " + at.str(), ": out of memory", true);
         if (ctx_->err != 0) {
             const bool timed_out = ctx_->err == REDIS_ERR_IO && errno == EINPROGRESS;
-            std::string why = timed_out ? " timed out after " + std::to_string(io_timeout.count()) +
+            std::string why = timed_out ? " timed out after " + std::to_string(within.count()) +
                                               " ms (io_timeout)"
                                         : ": " + std::string(ctx_->errstr);
             redisFree(ctx_);
@@ -246,7 +257,7 @@ class connection {
         redisEnableKeepAlive(ctx_);
         if (!at.user.empty() || !at.password.empty()) {
             try {
-                login(at);
+                login(at, until);
             } catch (...) {
                 redisFree(ctx_);
                 throw;
@@ -373,8 +384,12 @@ class connection {
 
     // One command and its reply, within the connection's io_timeout.
     reply_ptr command_reply(command args) {
+        return command_reply(args, delayq::detail::saturating_add(steady::now(), io_timeout_));
+    }
+
+    // One command and its reply, by `until`.
+    reply_ptr command_reply(command args, steady::time_point until) {
         const std::string what = name_of(args);
-        const auto until = delayq::detail::saturating_add(steady::now(), io_timeout_);
         append(args);
         flush(what, until);
         reply_ptr r = read(what, until);
@@ -388,7 +403,7 @@ class connection {
   private:
     // AUTH [user] password, before anything else: with ACLs, every other command needs it. A
     // refusal is unsent_error-like: none of the caller's commands reached the server.
-    void login(const endpoint& at) {
+    void login(const endpoint& at, steady::time_point until) {
         std::array<std::string_view, 3> args{"AUTH", at.user, at.password};
         command cmd(args);
         if (at.user.empty()) {  // the `default` user, or a server with requirepass
@@ -397,7 +412,7 @@ class connection {
         }
         reply_ptr r;
         try {
-            r = command_reply(cmd);
+            r = command_reply(cmd, until);
         } catch (const io_failure& e) {
             throw io_failure("logging in to " + at.str(), e.why(), true);
         }
@@ -459,15 +474,84 @@ struct combined {
     state st = waiting;
 };
 
+// How a call of the link learns its fate: as combined, plus `write` (the writer's role, handed
+// to it; taken by the wait that sees it, so that the next wait waits for the next signal). The
+// link signals only under its own lock, while the call is still its (link, R1): so the call is
+// alive.
+struct link_waiter {
+    enum state : int { waiting, done, lead, write };
+
+    // As combined::signal().
+    void signal(state what) noexcept {
+        std::lock_guard lk(m);
+        st = what;
+        cv.notify_one();
+    }
+    // Waits until `t` for signal() and returns what it said: `waiting` when nothing was said by
+    // then. A `write` is taken: the next wait waits for the next signal.
+    state await_until(steady::time_point t) noexcept {
+        std::unique_lock lk(m);
+        cv.wait_until(lk, t, [&] { return st != waiting; });
+        const state said = st;
+        if (said == write) st = waiting;
+        return said;
+    }
+
+  private:
+    std::mutex m;
+    std::condition_variable cv;
+    state st = waiting;
+};
+
 // One server's connection, shared by every thread of every queue object of the process that
 // talks to that server as one user; see "The idea" and "Time" above. Two roles, each held by one
 // thread at a time. The writer: a thread that hands in a call while nobody writes sends it at
 // once, with every call handed in meanwhile, and goes on while more come (flat combining: no call
-// waits for a reply before it is sent). The reader: a thread whose call is in flight reads the
-// replies in order and hands each to its call, until its own is answered; then it hands the role
-// to the owner of the oldest call still in flight, so that no caller serves the others for longer
-// than its own call takes. The connection is made by the writer, and dropped (every call in flight
-// failed) by the reader, once the writer has let go of it.
+// waits for a reply before it is sent), for as long as its own call waits: once it is answered or
+// out of time, or the reader's role waits for this thread, it hands the role to the oldest call
+// handed in (each holder writes one batch at least, so that the calls handed in go out however
+// late the threads wake). The reader: a thread whose call is in flight reads the replies in order
+// and hands each to its call, until its own is answered; then it hands the role to the owner of the
+// oldest call still in flight, so that no caller serves the others for longer than its own call
+// takes. The connection is made by the writer, within the time of the most patient call handed in
+// (whose thread gets the role to do it; the others wait, each until its own deadline), and dropped
+// (every call in flight failed) by the reader once the writer has let go of it, or by the writer
+// when nobody reads.
+//
+// Why no role is lost and no request is touched after its thread returned. Every field is under
+// m_ unless it says otherwise; every signal() is made under m_.
+//
+// R1, a request: it lives on its caller's stack and is in exactly one place: handed_in_ (not
+//     written), batch_ (in the writer's hand, between two sections of the writer: its thread,
+//     timing out, finds it in neither list and looks again a moment later, so the writer may read
+//     its commands without m_; back to handed_in_ if the connection broke meanwhile), in_flight_
+//     (a non-null entry), or answered. Answering takes it
+//     out of its list in the same section, and it is never put back. Other threads touch a
+//     request only while it is the link's (not answered), under m_ (the writer its batch_ aside).
+//     Its thread returns only once it is answered and it saw so: from signal(done), or in
+//     read_until_answered(). A request signalled `lead` (the reader's role on its way, chosen_)
+//     is never signalled `done` after (answer() leaves it be), so its thread always comes to
+//     read_until_answered() and takes the role or passes it on there, whatever befell its call.
+// R2, the reader's role: reading_ is true while a thread holds it or it is on its way to chosen_
+//     (signalled in the section that chose it). A non-null entry of in_flight_ implies reading_:
+//     the writer chooses a reader in the section that puts a batch in flight when there is none;
+//     the reader hands the role to the oldest call in flight and lets go of it only when none is
+//     left. The role is let go of only with the connection sound (R4).
+// R3, the writer's role: writing_ is true while a thread holds it or it is on its way to
+//     write_chosen_ (a request in handed_in_, signalled `write`; nothing but its own thread takes
+//     it out of handed_in_ meanwhile, and its thread, timing out, takes the role first). A call
+//     handed in takes the role when nobody has it and the connection is not broken_; else it is
+//     written by the holder (who writes until handed_in_ is empty, or hands the role to a call
+//     handed in), or it is handed the role by whoever drops the broken connection.
+// R4, the connection: conn_ is set by the writer, only when there is none (then no call is in
+//     flight, R5, so nobody reads), and nulled by the reader in drop() once the writer let go of
+//     it, or by the writer while nobody reads: so the writer may send on it, and the reader read
+//     it, without m_. broken_ (it is dead or out of step) implies conn_: nothing more is written on
+//     it, the writer lets go of its role while there is a reader, and whoever has the reader's role
+//     drops it before letting go (its read fails: shut() wakes it; or it finds broken_ when its own
+//     call is answered; the last look and the letting go are one section). With no reader, the
+//     writer drops it.
+// R5: conn_ == nullptr implies in_flight_ is empty (both are cleared together).
 class link {
   public:
     // `io_timeout`: the budget of the calls that bring none.
@@ -494,10 +578,10 @@ class link {
             std::lock_guard lk(m_);
             if (generation_ != fork_generation()) forget_the_parent();
             handed_in_.push_back(&r);
-            if (!writing_ && !dropping_) write = writing_ = true;
+            if (!writing_ && !broken_) write = writing_ = true;
         }
-        if (write) write_all();
-        if (wait(r) == combined::lead) read_until_answered(r);
+        if (write) write_all(r);
+        if (wait(r) == link_waiter::lead) read_until_answered(r);
         if (!r.failure.empty()) {
             const std::string msg = "delayq::redis: " + name_of(cmds.front()) + r.failure;
             if (r.unsent) throw unsent_error(msg);
@@ -515,7 +599,7 @@ class link {
     reply_ptr call(command c) { return call(c, budget::from_now(io_timeout_)); }
 
   private:
-    struct request : combined {
+    struct request : link_waiter {
         std::span<const command> cmds;
         budget b;
         std::vector<reply_ptr> replies;  // under m_ while in flight
@@ -532,36 +616,40 @@ class link {
     // Timed-out calls whose replies are still owed: beyond this many, the connection is dropped.
     static constexpr std::size_t most_owed = 4096;
 
-    // How a call waits: for its answer, or for the reader's role. If its deadline passes first,
-    // it gives up by itself wherever it is (handed in: it was not sent; in flight: its reply
-    // will be dropped), unless the reader's role is on its way to it; only while a writer has it
-    // in hand (between taking it and putting it in flight, microseconds) does it look again a
-    // moment later.
-    combined::state wait(request& r) {
-        for (auto until = r.b.deadline;; until = steady::now() + milliseconds(1)) {
-            const combined::state s = r.await_until(until);
-            if (s != combined::waiting) return s;
-            std::unique_lock lk(m_);
-            if (chosen_ == &r) {
-                lk.unlock();
-                return r.await();
+    // How a call waits: for its answer, for the reader's role, or for the writer's (which it
+    // takes, and then waits again). If its deadline passes first, it gives up by itself wherever
+    // it is (handed in: it was not sent; in flight: its reply will be dropped), unless a role is
+    // on its way to it (it takes the role); only while a writer has it in hand (between two of
+    // the writer's sections, microseconds) does it look again a moment later.
+    link_waiter::state wait(request& r) noexcept {
+        for (auto until = r.b.deadline;;) {
+            const link_waiter::state s = r.await_until(until);
+            if (s == link_waiter::write) {
+                write_all(r);
+                until = r.b.deadline;
+                continue;
             }
+            if (s != link_waiter::waiting) return s;
+            until = steady::now() + milliseconds(1);
+            std::lock_guard lk(m_);
+            if (chosen_ == &r || write_chosen_ == &r) continue;  // signalled: the next wait sees it
             if (const auto it = std::find(handed_in_.begin(), handed_in_.end(), &r);
                 it != handed_in_.end()) {
                 handed_in_.erase(it);
                 give_up(r, true);
-                return combined::done;
+                return link_waiter::done;
             }
             for (auto& f : in_flight_)
                 if (f.r == &r) {
                     f.r = nullptr;
                     give_up(r, false);
-                    return combined::done;
+                    return link_waiter::done;
                 }
         }
     }
 
-    // Under m_: `r` ran out of time, before it was written (unsent) or after.
+    // Under m_: `r` (taken out of its list) ran out of time, before it was written (unsent) or
+    // after.
     void give_up(request& r, bool unsent) noexcept {
         suspect_.store(true, std::memory_order_relaxed);
         std::string why;
@@ -574,137 +662,239 @@ class link {
         fail_one(r, why, unsent);
     }
 
-    // The writer's role, taken by the caller: writes what is handed in, batch after batch, until
-    // nothing is left (or the reader is dropping the connection: it writes what is left then).
-    void write_all() noexcept {
-        for (;;) {
-            {
-                std::lock_guard lk(m_);
-                if (dropping_ || handed_in_.empty()) {
-                    writing_ = false;
-                    cv_.notify_all();
-                    return;
-                }
-                batch_.swap(handed_in_);  // the two arrays trade places, each keeping its room
+    // Under m_: the calls handed in that ran out of time fail, unsent.
+    void expire_handed_in() noexcept {
+        const auto now = steady::now();
+        std::size_t kept = 0;
+        for (request* r : handed_in_) {
+            if (r->b.deadline > now) {
+                handed_in_[kept++] = r;
+                continue;
             }
-            write(batch_);
+            give_up(*r, true);
+        }
+        handed_in_.resize(kept);
+    }
+
+    // Under m_, by the writer: the role goes to `to`, a call handed in (R3).
+    void pass_writer_role(request& to) noexcept {
+        write_chosen_ = &to;
+        to.signal(link_waiter::write);
+    }
+
+    // The writer's role, taken by the caller of `me` (or handed to it): writes what is handed
+    // in, batch after batch, while its own call waits for its reply (see the class comment).
+    void write_all(request& me) noexcept {
+        std::unique_lock lk(m_);
+        if (write_chosen_ == &me) write_chosen_ = nullptr;
+        bool wrote = false;  // every holder writes a batch at least: the calls handed in go out
+        for (;;) {
+            expire_handed_in();
+            if (broken_ && !reading_) {  // nobody reads: no call is in flight on it (R2), the
+                                         // writer drops it (R4)
+                std::shared_ptr<connection> dead = std::move(conn_);
+                conn_ = nullptr;
+                in_flight_.clear();  // replies owed to calls that gave up: none will come
+                broken_ = false;
+                lk.unlock();
+                dead.reset();
+                lk.lock();
+                continue;
+            }
+            if (handed_in_.empty() || broken_) {  // broken: the reader drops it (R4)
+                writing_ = false;
+                cv_.notify_all();
+                return;
+            }
+            if (conn_ == nullptr) {
+                if (!connect(lk, me)) return;  // the role went to a more patient call
+                continue;
+            }
+            if (wrote && (me.answered || chosen_ == &me || me.b.deadline <= steady::now())) {
+                pass_writer_role(*handed_in_.front());  // this thread's call is done, or it reads
+                return;
+            }
+            wrote = true;
+            batch_.swap(handed_in_);  // the two arrays trade places, each keeping its room
+            const std::shared_ptr<connection> c = conn_;
+            lk.unlock();
+            write(*c);
             batch_.clear();
+            lk.lock();
         }
     }
 
-    // Writes `batch` in one go. Calls whose deadline passed while they waited fail unsent; a
-    // connection is made if there is none (a failure to connect fails the batch, unsent). The
-    // batch is put in flight before it is sent (its replies may come at once), and a reader is
-    // chosen if there is none.
-    void write(std::vector<request*>& batch) noexcept {
+    // Under lk, by the writer, with no connection and calls handed in: the call with the latest
+    // deadline connects, within its own time, by its own thread (the role goes there: false);
+    // the others wait for it, each until its own deadline. A failure to connect fails the calls
+    // handed in, unsent: all of them, or only those out of time when the connect timed out (the
+    // most patient of those left then tries, in its own time).
+    bool connect(std::unique_lock<std::mutex>& lk, request& me) noexcept {
+        request* patient = &me;
+        const bool mine = std::find(handed_in_.begin(), handed_in_.end(), &me) != handed_in_.end();
+        for (request* r : handed_in_)
+            if (!mine || r->b.deadline > patient->b.deadline) {
+                patient = r;
+                if (!mine) break;  // the first, then the latest below
+            }
+        for (request* r : handed_in_)
+            if (r->b.deadline > patient->b.deadline) patient = r;
+        if (patient != &me) {
+            pass_writer_role(*patient);
+            return false;
+        }
+        const steady::time_point until = me.b.deadline;
+        lk.unlock();
+        std::shared_ptr<connection> c;
+        std::string why;
+        try {
+            why = ": cannot connect to " + at_.str();
+            try {
+                c = std::make_shared<connection>(at_, io_timeout_, until);
+            } catch (const io_failure& e) {
+                why += e.why();
+            }
+        } catch (...) {  // no memory for the connection or the message: still a failure
+        }
+        lk.lock();
+        if (c != nullptr) {
+            conn_ = std::move(c);
+            return true;
+        }
+        suspect_.store(true, std::memory_order_relaxed);
         const auto now = steady::now();
+        const bool timed_out = now >= until;
         std::size_t kept = 0;
-        for (request* r : batch) {
-            if (r->b.deadline > now) {
-                batch[kept++] = r;
+        for (request* r : handed_in_) {
+            if (timed_out && r->b.deadline > now) {
+                handed_in_[kept++] = r;
                 continue;
             }
-            std::lock_guard lk(m_);
-            give_up(*r, true);
-        }
-        batch.resize(kept);
-        if (batch.empty()) return;
-        auto until = steady::time_point::max();  // the write's deadline: the batch's earliest
-        milliseconds connect_within(1);          // a connect may take the most patient's time
-        for (request* r : batch) {
-            until = std::min(until, r->b.deadline);
-            connect_within =
-                std::max(connect_within, std::chrono::ceil<milliseconds>(r->b.deadline - now));
-        }
-        std::shared_ptr<connection> c = conn_;  // the writer's to set: no lock needed to read it
-        try {
-            for (request* r : batch) r->replies.reserve(r->cmds.size());
-            if (c == nullptr) {
-                c = std::make_shared<connection>(at_, connect_within);
-                std::lock_guard lk(m_);
-                conn_ = c;
+            if (!timed_out) {
+                fail_one(*r, why, true);
+                continue;
             }
-            out_.clear();
-            for (request* r : batch)
-                for (command cmd : r->cmds) connection::append(out_, cmd);
-        } catch (const io_failure& e) {  // no connection: nothing of the batch was sent
-            std::string why;
+            std::string late;
             try {
-                why = ": cannot connect to " + at_.str() + e.why();
-            } catch (...) {  // no memory for the message: still a failure
-            }
-            std::lock_guard lk(m_);
-            suspect_.store(true, std::memory_order_relaxed);
-            for (request* r : batch) fail_one(*r, why, true);
-            return;
-        } catch (...) {
-            std::lock_guard lk(m_);
-            for (request* r : batch) fail_one(*r, ": out of memory", true);
-            return;
-        }
-        request* reader = nullptr;
-        {
-            std::lock_guard lk(m_);
-            const std::size_t before = in_flight_.size();
-            try {
-                for (request* r : batch) in_flight_.push_back({r, r->cmds.size()});
-            } catch (...) {  // no room to track them: none is sent
-                in_flight_.resize(before);
-                for (request* r : batch) fail_one(*r, ": out of memory", true);
-                return;
-            }
-            if (!reading_) {
-                reading_ = true;
-                chosen_ = reader = batch.front();
-            }
-        }
-        if (reader != nullptr) reader->signal(combined::lead);
-        const connection::sent s = c->send_all(out_, until);
-        if (s.error == 0) return;
-        // Not all of it went: the connection is out of step with the server. Some of it did: the
-        // reader drops the connection, failing every call in flight. Nothing of the batch reached
-        // the server: its calls fail unsent (those still waiting), the reader chosen among them
-        // is no reader, and a connection that broke is dropped (by the reader, if calls before
-        // the batch are in flight, else here).
-        std::lock_guard lk(m_);
-        suspect_.store(true, std::memory_order_relaxed);
-        if (s.bytes == 0) {
-            std::string why;
-            try {
-                why = s.error == ETIMEDOUT ? "" : ": " + std::generic_category().message(s.error);
+                late = ": cannot connect to " + at_.str() + r->b.timed_out();
             } catch (...) {
             }
-            for (std::size_t i = in_flight_.size() - batch.size(); i < in_flight_.size(); ++i)
-                if (request* r = std::exchange(in_flight_[i].r, nullptr))
-                    fail_one(*r, why.empty() ? r->b.timed_out() + " sending to " + at_.str() : why,
-                             true);
-            in_flight_.resize(in_flight_.size() - batch.size());
-            if (reader != nullptr && chosen_ == reader) {
-                chosen_ = nullptr;
-                reading_ = false;
+            fail_one(*r, late, true);
+        }
+        handed_in_.resize(kept);
+        return true;
+    }
+
+    // Writes batch_ in one go on `c`, the connection (the writer's: R4). Its calls whose
+    // deadline passed meanwhile are cut out, unsent; the others are put in flight before they
+    // are sent (their replies may come at once), and a reader is chosen if there is none.
+    void write(connection& c) noexcept {
+        bool no_room = false;
+        try {  // outside m_: the batch's calls stay in it (R1)
+            out_.clear();
+            ends_.clear();
+            for (request* r : batch_) {
+                r->replies.reserve(r->cmds.size());
+                for (command cmd : r->cmds) connection::append(out_, cmd);
+                ends_.push_back(out_.size());
             }
-            if (s.error == ETIMEDOUT) return;  // the server reads no more: not broken
-            if (!reading_) {  // nobody reads it: the next batch starts on a fresh one
-                conn_ = nullptr;
-                in_flight_.clear();  // replies owed to calls that gave up: none will come
+        } catch (...) {
+            no_room = true;
+        }
+        std::unique_lock lk(m_);
+        if (broken_) {  // the reader drops it meanwhile: the batch goes on the next one
+            try {
+                handed_in_.insert(handed_in_.begin(), batch_.begin(), batch_.end());
                 return;
+            } catch (...) {
+                no_room = true;
             }
         }
-        c->shut();  // wakes the reader: its read fails, and it drops the connection
+        if (no_room) {
+            for (request* r : batch_) fail_one(*r, ": out of memory", true);
+            return;
+        }
+        const auto now = steady::now();
+        auto until = steady::time_point::max();  // the write's deadline: the batch's earliest
+        std::size_t kept = 0, begin = 0, cut = 0;
+        for (std::size_t i = 0; i < batch_.size(); ++i) {
+            request* r = batch_[i];
+            const std::size_t end = ends_[i];
+            if (r->b.deadline <= now) {  // never written: its commands are cut out
+                out_.erase(begin - cut, end - begin);
+                cut += end - begin;
+                give_up(*r, true);
+            } else {
+                batch_[kept++] = r;
+                until = std::min(until, r->b.deadline);
+            }
+            begin = end;
+        }
+        batch_.resize(kept);
+        if (batch_.empty()) return;
+        const std::size_t before = in_flight_.size();
+        try {
+            for (request* r : batch_) in_flight_.push_back({r, r->cmds.size()});
+        } catch (...) {  // no room to track them: none is sent
+            in_flight_.resize(before);
+            for (request* r : batch_) fail_one(*r, ": out of memory", true);
+            return;
+        }
+        if (!reading_) {  // R2
+            reading_ = true;
+            chosen_ = batch_.front();
+            chosen_->signal(link_waiter::lead);
+        }
+        lk.unlock();
+        const connection::sent s = c.send_all(out_, until);
+        if (s.error == 0) return;
+        lk.lock();
+        suspect_.store(true, std::memory_order_relaxed);
+        std::string why;
+        try {
+            why = s.error == ETIMEDOUT ? "" : ": " + std::generic_category().message(s.error);
+        } catch (...) {
+        }
+        if (s.bytes == 0) {
+            // Nothing of it reached the server: its calls still waiting fail, unsent. They are
+            // the last ones in flight (only the writer adds, the reader takes from the front
+            // only calls answered, and the connection is not dropped while the writer has it).
+            for (std::size_t i = in_flight_.size() - batch_.size(); i < in_flight_.size(); ++i)
+                if (request* r = std::exchange(in_flight_[i].r, nullptr)) {
+                    std::string mine;
+                    try {
+                        mine = why.empty() ? r->b.timed_out() + " sending to " + at_.str() : why;
+                    } catch (...) {
+                    }
+                    fail_one(*r, mine, true);
+                }
+            in_flight_.resize(in_flight_.size() - batch_.size());
+            if (s.error == ETIMEDOUT) return;  // the server reads no more: still in step
+        }
+        // Out of step with the server (part of it went), or dead: nothing more is written on it,
+        // and it is dropped (R4); the shutdown wakes a reader waiting on it.
+        broken_ = true;
+        try {
+            broken_why_ = why.empty() ? " to " + at_.str() + ": the write timed out" : why;
+        } catch (...) {
+        }
+        c.shut();
     }
 
     // The reader's role, until `me` is answered: reads the next reply and hands it to its call,
     // waiting no longer than the earliest deadline in flight (the calls whose deadline passed
     // then fail; once none is left waiting, the connection is closed: the next call starts on a
     // fresh one). A failure to read drops the connection, failing every call in flight on it.
+    // Then the role goes on (R2), the connection sound (R4).
     void read_until_answered(request& me) noexcept {
         std::unique_lock lk(m_);
-        if (chosen_ == &me) chosen_ = nullptr;
+        assert(chosen_ == &me);
+        chosen_ = nullptr;
         while (!me.answered) {
             auto until = steady::time_point::max();
             for (const auto& f : in_flight_)
                 if (f.r != nullptr) until = std::min(until, f.r->b.deadline);
-            const std::shared_ptr<connection> c = conn_;  // in flight: there is one
+            const std::shared_ptr<connection> c = conn_;  // `me` in flight: there is one (R5)
             lk.unlock();
             reply_ptr reply;
             std::string failed;
@@ -729,7 +919,7 @@ class link {
         }
         // Replies that came with the last one go to their calls now, without a system call:
         // handing the role on for them would wake a thread only to find its reply in memory.
-        while (!in_flight_.empty() && conn_ != nullptr && !conn_->broken()) {
+        while (!broken_ && !in_flight_.empty() && conn_ != nullptr && !conn_->broken()) {
             reply_ptr reply;
             try {
                 reply = conn_->buffered();
@@ -739,6 +929,9 @@ class link {
             if (reply == nullptr) break;
             hand(std::move(reply));
         }
+        // The writer found it dead (R4). Again if so once more while drop() let go of m_ (the
+        // role is let go of in the same section as this last look).
+        while (broken_) drop(lk, broken_why_);
         // The role goes to the oldest call still in flight, or to nobody.
         request* next = nullptr;
         for (const auto& f : in_flight_)
@@ -748,8 +941,7 @@ class link {
             }
         chosen_ = next;
         reading_ = next != nullptr;
-        lk.unlock();
-        if (next != nullptr) next->signal(combined::lead);
+        if (next != nullptr) next->signal(link_waiter::lead);
     }
 
     // Under m_: the next reply goes to the oldest call in flight (dropped if it gave up), which is
@@ -785,25 +977,29 @@ class link {
     }
 
     // Under lk, by the reader: the connection is out of step or dead. Once the writer has let go
-    // of it (woken by the shutdown if it waits to send), it is closed, and every call in flight
-    // on it fails with `why` (it is unknown whether the server ran it). The calls handed in
-    // meanwhile are then written by this thread, on a fresh connection.
+    // of it (woken by the shutdown if it waits to send; R4), it is closed, and every call in
+    // flight on it fails with `why` (it is unknown whether the server ran it). The writer's role
+    // then goes to the most patient call handed in meanwhile, which connects afresh.
     void drop(std::unique_lock<std::mutex>& lk, const std::string& why) noexcept {
         suspect_.store(true, std::memory_order_relaxed);
-        if (conn_ != nullptr) conn_->shut();
-        dropping_ = true;
+        broken_ = true;  // the writer lets go of its role and nobody takes it
+        conn_->shut();
         cv_.wait(lk, [&] { return !writing_; });
         std::shared_ptr<connection> dead = std::move(conn_);  // the writer let go: ours to drop
         conn_ = nullptr;
+        broken_ = false;
         for (const auto& f : in_flight_)
             if (f.r != nullptr) fail_one(*f.r, why, false);
         in_flight_.clear();
-        dropping_ = false;
-        const bool write = !handed_in_.empty();
-        if (write) writing_ = true;
+        if (!handed_in_.empty()) {  // R3: nobody writes them, nor takes the role, but this
+            request* patient = handed_in_.front();
+            for (request* r : handed_in_)
+                if (r->b.deadline > patient->b.deadline) patient = r;
+            writing_ = true;
+            pass_writer_role(*patient);
+        }
         lk.unlock();
         dead.reset();
-        if (write) write_all();
         lk.lock();
     }
 
@@ -815,13 +1011,14 @@ class link {
         in_flight_.clear();
         handed_in_.clear();
         batch_.clear();  // a writer of the parent's may have been between its swap and its clear
-        writing_ = reading_ = dropping_ = false;
-        chosen_ = nullptr;
+        writing_ = reading_ = broken_ = false;
+        chosen_ = write_chosen_ = nullptr;
         generation_ = fork_generation();
     }
 
-    // Under m_: fails `r` with `why` (the end of its error message) and answers it.
-    static void fail_one(request& r, const std::string& why, bool unsent) noexcept {
+    // Under m_: fails `r` (out of its list) with `why` (the end of its error message) and
+    // answers it.
+    void fail_one(request& r, const std::string& why, bool unsent) noexcept {
         try {
             r.failure = why.empty() ? ": failed" : why;
         } catch (...) {
@@ -832,11 +1029,12 @@ class link {
         answer(r);
     }
 
-    // Under m_: tells r's thread it is done. Not a word more about r afterwards: its thread may
-    // return and destroy it as soon as m_ is let go.
-    static void answer(request& r) noexcept {
+    // Under m_: `r` (out of its list) is done. Its thread is told so, unless the reader's role is
+    // on its way to it (R1: it learns it in read_until_answered()). Not a word more about r
+    // afterwards: its thread may return and destroy it as soon as m_ is let go.
+    void answer(request& r) noexcept {
         r.answered = true;
-        r.signal(combined::done);
+        if (&r != chosen_) r.signal(link_waiter::done);
     }
 
     endpoint at_;
@@ -845,15 +1043,18 @@ class link {
     std::condition_variable cv_;        // the writer let go (for a drop)
     std::vector<request*> handed_in_;   // under m_: not written yet
     std::deque<in_flight> in_flight_;   // under m_: written, oldest first
-    std::shared_ptr<connection> conn_;  // under m_; set by the writer, dropped by the reader
-    bool writing_ = false;              // under m_: a thread has the writer's role
-    bool reading_ = false;       // under m_: a thread has the reader's role (or it is on its way)
-    bool dropping_ = false;      // under m_: the reader waits to drop the connection
-    request* chosen_ = nullptr;  // under m_: handed the reader's role, not reading yet
-    unsigned generation_;        // under m_: the fork generation it was last used in
+    std::shared_ptr<connection> conn_;  // under m_; set by the writer, dropped as R4 says
+    bool writing_ = false;              // under m_: the writer's role is held, or on its way
+    bool reading_ = false;              // under m_: the reader's role is held, or on its way
+    bool broken_ = false;               // under m_: conn_ is dead or out of step (R4)
+    request* chosen_ = nullptr;         // under m_: the reader's role is on its way to it
+    request* write_chosen_ = nullptr;   // under m_: the writer's role is on its way to it
+    unsigned generation_;               // under m_: the fork generation it was last used in
     std::atomic<bool> suspect_{false};
-    std::vector<request*> batch_;  // the writer's: the batch it writes
-    std::string out_;              // the writer's: the commands of a batch, in RESP
+    std::string broken_why_;         // under m_: why broken_ (what the calls in flight get)
+    std::vector<request*> batch_;    // the writer's: the batch it writes
+    std::vector<std::size_t> ends_;  // the writer's: where each call of batch_ ends in out_
+    std::string out_;                // the writer's: the commands of a batch, in RESP
 };
 
 // The link of this process to `at` (server and user), made on first use and shared by every queue

@@ -126,15 +126,15 @@ class script_client {
         batch_ = std::to_string(opt_.reclaim_batch);
         // Objects merge their calls when every word of those calls, and where and how they go,
         // is the same.
-        std::string common;
         for (const std::string& part :
              {opt_.host, std::to_string(opt_.port), opt_.user, opt_.password, channel_, lease_ms_,
               max_attempts_, batch_, std::to_string(opt_.io_timeout.count())})
-            common.append(part).push_back('\0');
-        for (shard& at : shards_)
-            at.merge = shared_in_process<shard_mergers>(common + at.keys[0] + '\0' + at.index, [] {
-                return std::make_shared<shard_mergers>();
-            });
+            merge_key_.append(part).push_back('\0');
+        const unsigned generation = fork_generation();
+        for (shard& at : shards_) {
+            at.merge = shared_mergers(at);
+            at.merge_generation.store(generation, std::memory_order_relaxed);
+        }
     }
     script_client(const script_client&) = delete;
     script_client& operator=(const script_client&) = delete;
@@ -203,19 +203,54 @@ class script_client {
         put_call c;
         c.args = args;
         c.units = args.size() / 4;
-        shards_[s].merge->puts.run(c, [&](put_call& first) noexcept {
-            answer(
-                first, s_put,
-                [&](const put_call&, std::span<const std::string_view> all, const budget& b) {
-                    return put_now(s, all, b);
-                },
-                [](put_call& p, std::vector<bool>& out, std::size_t& at) {
-                    const auto n = static_cast<std::ptrdiff_t>(p.args.size() / 4);
-                    const auto from = out.begin() + static_cast<std::ptrdiff_t>(at);
-                    p.result.assign(from, from + n);
-                    at += static_cast<std::size_t>(n);
-                });
-        });
+        c.deadline = delayq::detail::saturating_add(c.start, opt_.io_timeout);
+        carried more;
+        const auto f =
+            mergers(shards_[s])
+                .puts.run(
+                    c, [&](const put_call& k) { more.add(k.args, 0); },
+                    [&](put_call& me, merger<put_call>::batch& b) noexcept {
+                        std::vector<bool> out;
+                        std::exception_ptr failed;
+                        try {
+                            if (b.size() == 0)
+                                out = put_now(s, me.args, budget_of(me));
+                            else
+                                out = put_now(s, more.after(me.args), budget_of(me));
+                        } catch (...) {
+                            failed = std::current_exception();
+                        }
+                        if (b.size() == 0) {
+                            me.result = std::move(out);
+                            me.failure = failed;
+                            return;
+                        }
+                        b.claim();
+                        std::size_t at = 0;
+                        const auto answer = [&](put_call& k, std::size_t n) noexcept {
+                            try {
+                                if (failed) {
+                                    k.failure = &k == &me ? failed : copy_of(failed);
+                                } else {
+                                    const auto from = out.begin() + static_cast<std::ptrdiff_t>(at);
+                                    k.result.assign(from, from + static_cast<std::ptrdiff_t>(n));
+                                }
+                            } catch (...) {
+                                k.failure = std::current_exception();
+                            }
+                        };
+                        answer(me, me.args.size() / 4);
+                        at += me.args.size() / 4;
+                        for (std::size_t i = 0; i < b.size(); ++i) {
+                            const std::size_t n = more.count[i] / 4;
+                            if (put_call* k = b.at(i)) {
+                                answer(*k, n);
+                                k->signal(combined::done);
+                            }
+                            at += n;
+                        }
+                    });
+        if (f != merger<put_call>::fate::answered) late(c, s_put, f);
         if (c.failure) std::rethrow_exception(c.failure);
         return std::move(c.result);
     }
@@ -223,36 +258,28 @@ class script_client {
     // The consume script: settles `settle` ((how, id, token)*), then leases up to `take` jobs.
     // `patient`: see router::call. Merged with other threads' consumes on the shard (see
     // "Merging"): the settlements of all go first, then the takes, each getting the next of the
-    // jobs leased, in the order the calls were handed in.
+    // jobs leased, in the order the calls were handed in. A take that gave up before the answer
+    // came (merger.hpp) gets none: the jobs go to the takes still waiting, and those that none of
+    // them wants (more were leased than they take) are released (release()): a take that failed
+    // leaves nothing leased, and no attempt counted.
     consumed consume(std::size_t s, std::span<const std::string_view> settle, std::size_t take,
                      bool patient = true) {
         consume_call c;
         c.args = settle;
         c.take = take;
         c.units = std::max<std::size_t>(1, settle.size() / 3 + take);
-        shard_mergers& m = *shards_[s].merge;
-        (patient ? m.patient : m.impatient).run(c, [&](consume_call& first) noexcept {
-            std::size_t job_at = 0;
-            answer(
-                first, s_consume,
-                [&](const consume_call& head, std::span<const std::string_view> all,
-                    const budget& b) {
-                    std::size_t takes = 0;
-                    for (const merged_call* k = &head; k != nullptr; k = k->next)
-                        takes += static_cast<const consume_call*>(k)->take;
-                    return consume_now(s, all, takes, patient, b);
-                },
-                [&](consume_call& k, consumed& out, std::size_t& ok_at) {
-                    const std::size_t settled = k.args.size() / 3;
-                    k.result.next = out.next;
-                    k.result.ok.assign(
-                        out.ok.begin() + static_cast<std::ptrdiff_t>(ok_at),
-                        out.ok.begin() + static_cast<std::ptrdiff_t>(ok_at + settled));
-                    ok_at += settled;
-                    for (; job_at < out.jobs.size() && k.result.jobs.size() < k.take; ++job_at)
-                        k.result.jobs.push_back(std::move(out.jobs[job_at]));
-                });
-        });
+        c.deadline = delayq::detail::saturating_add(c.start, opt_.io_timeout);
+        shard_mergers& m = mergers(shards_[s]);
+        carried more;
+        std::vector<job> unwanted;  // leased for takes that gave up
+        const auto f = (patient ? m.patient : m.impatient)
+                           .run(
+                               c, [&](const consume_call& k) { more.add(k.args, k.take); },
+                               [&](consume_call& me, merger<consume_call>::batch& b) noexcept {
+                                   send_consume(s, patient, me, b, more, unwanted);
+                               });
+        if (f != merger<consume_call>::fate::answered) late(c, s_consume, f);
+        if (!unwanted.empty()) release(s, unwanted, patient, c);
         if (c.failure) std::rethrow_exception(c.failure);
         return std::move(c.result);
     }
@@ -288,78 +315,143 @@ class script_client {
     }
 
   private:
-    // Sends the merged calls that begin at `first` (merger::run's batch) of script `id` as one:
-    // `run(head, args, b)`, where `head` begins the calls sent (through `next`) and `args` is
-    // their arguments one after another, and answers each: the whole result when it went alone,
-    // else its share, which `split(call, result, at)` takes from `at` on (and moves `at` past). A
-    // failure is every call's. The budget `b` is the earliest one of the calls sent, so that each
-    // returns within its own io_timeout; a call whose own ran out while it waited for its turn
-    // fails unsent, as the link fails a call handed in behind a hung one, and is not sent.
-    template <class Call, class Run, class Split>
-    void answer(Call& first, script_id id, Run run, Split split) noexcept {
-        const auto budget_of = [&](steady::time_point start) {
-            return budget{start, delayq::detail::saturating_add(start, opt_.io_timeout),
-                          opt_.io_timeout};
-        };
-        const auto now = steady::now();
-        merged_call* in_time = nullptr;  // the calls still in time, in order
-        merged_call** last = &in_time;
-        for (merged_call* next = &first; next != nullptr;) {
-            Call& k = static_cast<Call&>(*next);
-            next = k.next;  // read before an answer: k may be gone right after it
-            if (budget_of(k.start).deadline > now) {
-                *last = &k;
-                last = &k.next;
-                continue;
-            }
+    // The arguments of the calls that a sender carries (merger.hpp), copied when it takes them
+    // into its batch: a carried call may give up and be gone before they are sent.
+    struct carried {
+        std::string bytes;  // every argument, one after another
+        std::vector<std::pair<std::size_t, std::size_t>> spans;  // each argument in `bytes`
+        std::vector<std::size_t> count;                          // arguments of each call
+        std::vector<std::size_t> takes;                          // jobs each call takes
+        std::size_t take_sum = 0;
+
+        // Copies a call's arguments; on failure (out of memory) nothing is kept.
+        void add(std::span<const std::string_view> args, std::size_t take) {
+            const std::size_t b = bytes.size(), sp = spans.size(), n = count.size();
             try {
-                k.failure = std::make_exception_ptr(
-                    unsent_error("delayq::redis: " + std::string(script_names[id]) + " script" +
-                                 budget_of(k.start).timed_out() +
-                                 " before it could be sent (behind another call)"));
+                count.push_back(args.size());
+                takes.push_back(take);
+                for (std::string_view a : args) {
+                    spans.emplace_back(bytes.size(), a.size());
+                    bytes.append(a);
+                }
             } catch (...) {
-                k.failure = std::current_exception();
+                bytes.resize(b);
+                spans.resize(sp);
+                count.resize(n);
+                takes.resize(n);
+                throw;
             }
-            k.signal(combined::done);
+            take_sum += take;
         }
-        *last = nullptr;
-        if (in_time == nullptr) return;
-        Call* const head = static_cast<Call*>(in_time);
-        const bool alone = head->next == nullptr;
-        using result_t = decltype(first.result);
-        result_t out{};
+
+        // `mine`, then the carried calls' arguments, in order.
+        std::vector<std::string_view> after(std::span<const std::string_view> mine) const {
+            std::vector<std::string_view> all;
+            all.reserve(mine.size() + spans.size());
+            all.insert(all.end(), mine.begin(), mine.end());
+            for (const auto& [at, size] : spans) all.emplace_back(bytes.data() + at, size);
+            return all;
+        }
+    };
+
+    // A call's own budget: io_timeout from when it was handed in.
+    budget budget_of(const merged_call& c) const noexcept {
+        return budget{c.start, c.deadline, opt_.io_timeout};
+    }
+
+    // Throws the error of a call that the merger did not answer (its `f`): its deadline passed
+    // before it was sent, or while a call that carried it was on its way.
+    template <class Call>
+    [[noreturn]] void late(const Call& c, script_id id, typename merger<Call>::fate f) const {
+        const std::string what = "delayq::redis: " + std::string(script_names[id]) + " script" +
+                                 budget_of(c).timed_out();
+        if (f == merger<Call>::fate::unsent)
+            throw unsent_error(what + " before it could be sent (behind another call)");
+        throw error(what +
+                    " waiting for the reply to the call it was sent in with others: it may "
+                    "have run");
+    }
+
+    // Sends `me` and the consumes that it carries (`b`, arguments copied in `more`) as one call
+    // of the consume script, and answers each (see consume()). The jobs leased for takes that
+    // gave up, more than the takes still waiting want, go to `unwanted`.
+    void send_consume(std::size_t s, bool patient, consume_call& me, merger<consume_call>::batch& b,
+                      const carried& more, std::vector<job>& unwanted) noexcept {
+        consumed out;
         std::exception_ptr failed;
         try {
-            steady::time_point start = head->start;
-            std::vector<std::string_view> all;
-            for (const merged_call* k = head; k != nullptr; k = k->next) {
-                start = std::min(start, k->start);
-                const auto args = static_cast<const Call&>(*k).args;
-                if (!alone) all.insert(all.end(), args.begin(), args.end());
-            }
-            out = run(*head, alone ? head->args : std::span<const std::string_view>(all),
-                      budget_of(start));
+            out = b.size() == 0 ? consume_now(s, me.args, me.take, patient, budget_of(me))
+                                : consume_now(s, more.after(me.args), me.take + more.take_sum,
+                                              patient, budget_of(me));
         } catch (...) {
             failed = std::current_exception();
         }
-        if (alone && !failed) {
-            head->result = std::move(out);
-            head->signal(combined::done);
+        if (b.size() == 0) {
+            me.result = std::move(out);
+            me.failure = failed;
             return;
         }
-        std::size_t at = 0;
-        for (merged_call* next = head; next != nullptr;) {
-            Call& k = static_cast<Call&>(*next);
-            next = k.next;
+        b.claim();
+        std::size_t ok_at = 0, job_at = 0;
+        const auto answer = [&](consume_call& k, std::size_t settled) noexcept {
             try {
-                if (failed)
-                    k.failure = copy_of(failed);
-                else
-                    split(k, out, at);
+                if (failed) {
+                    k.failure = &k == &me ? failed : copy_of(failed);
+                    return;
+                }
+                k.result.next = out.next;
+                const auto from = out.ok.begin() + static_cast<std::ptrdiff_t>(ok_at);
+                k.result.ok.assign(from, from + static_cast<std::ptrdiff_t>(settled));
+                for (; job_at < out.jobs.size() && k.result.jobs.size() < k.take; ++job_at)
+                    k.result.jobs.push_back(std::move(out.jobs[job_at]));
             } catch (...) {
                 k.failure = std::current_exception();
             }
-            k.signal(combined::done);
+        };
+        answer(me, me.args.size() / 3);
+        ok_at += me.args.size() / 3;
+        for (std::size_t i = 0; i < b.size(); ++i) {
+            const std::size_t settled = more.count[i] / 3;
+            if (consume_call* k = b.at(i)) {
+                answer(*k, settled);
+                k->signal(combined::done);
+            }
+            ok_at += settled;
+        }
+        try {
+            for (; job_at < out.jobs.size(); ++job_at)
+                unwanted.push_back(std::move(out.jobs[job_at]));
+        } catch (...) {  // out of memory: the rest stay leased until their lease ends
+        }
+    }
+
+    // Gives back the jobs that a merged consume leased for takes that had given up when its
+    // reply came (consume()): each is due again at the time it was due when leased, with the
+    // attempt that lease counted taken back (the consume script's release), as if those takes had
+    // never run. This is one more call, made by the sender once it has answered its batch and
+    // handed on to the next (merger.hpp), so nobody else waits for it, within the sender's own
+    // io_timeout: it happens only when a carried take gave up, when the server was slow; riding
+    // on the next batch instead would tie it to another call's deadline and add state to every
+    // merged call for a rare case. If it fails (the budget spent, the server gone), the sender's
+    // own answer stands and those leases end as any other lease nobody settles: the jobs are due
+    // again at their lease end, that attempt counted. On success the sender learns the shard's next
+    // event from it (0: the jobs are due).
+    void release(std::size_t s, const std::vector<job>& jobs, bool patient,
+                 consume_call& sender) noexcept {
+        try {
+            std::vector<std::string> words;  // per job: "r<due ms>", its token
+            words.reserve(2 * jobs.size());
+            for (const job& j : jobs) {
+                words.push_back(tagged('r', to_ms(j.deadline)));
+                words.push_back(std::to_string(j.token));
+            }
+            std::vector<std::string_view> settle;
+            settle.reserve(3 * jobs.size());
+            for (std::size_t i = 0; i < jobs.size(); ++i)
+                settle.insert(settle.end(), {words[2 * i], jobs[i].id, words[2 * i + 1]});
+            const consumed c = consume_now(s, settle, 0, patient, budget_of(sender));
+            if (!sender.failure) sender.result.next = c.next;
+        } catch (...) {
         }
     }
 
@@ -412,8 +504,31 @@ class script_client {
         std::array<std::string, k_count> keys;  // KEYS, in scripts.hpp's order
         std::uint16_t slot = 0;
         std::atomic<bool> layout_checked{false};
-        std::shared_ptr<shard_mergers> merge;  // shared with other objects (see "Merging")
+        // Shared with other objects (see "Merging"); replaced in a child process (mergers()).
+        std::shared_ptr<shard_mergers> merge;
+        std::atomic<unsigned> merge_generation{0};  // the fork generation `merge` is of
     };
+
+    // The mergers of shard `at` for this process: a child after fork() asks for its own (the
+    // parent's may count calls of threads the child does not have, which would never return).
+    shard_mergers& mergers(shard& at) {
+        const unsigned generation = fork_generation();
+        if (at.merge_generation.load(std::memory_order_acquire) != generation) {
+            std::lock_guard lk(merge_m_);  // only ever taken in a child
+            if (at.merge_generation.load(std::memory_order_relaxed) != generation) {
+                // The parent's go with their last holder in the child: nothing in them needs
+                // the parent's threads to be destroyed (a merger holds a mutex and pointers).
+                at.merge = shared_mergers(at);
+                at.merge_generation.store(generation, std::memory_order_release);
+            }
+        }
+        return *at.merge;
+    }
+
+    std::shared_ptr<shard_mergers> shared_mergers(const shard& at) const {
+        return shared_in_process<shard_mergers>(merge_key_ + at.keys[0] + '\0' + at.index,
+                                                [] { return std::make_shared<shard_mergers>(); });
+    }
 
     // Before a shard's first script call: a queue written in an older key layout (scripts.hpp)
     // is refused, with its keys left as they are, rather than read as empty. Its keys share the
@@ -469,6 +584,8 @@ class script_client {
     router router_;
     std::vector<shard> shards_;
     std::string channel_, lease_ms_, max_attempts_, batch_;
+    std::string merge_key_;  // what objects that share mergers have in common (see "Merging")
+    std::mutex merge_m_;     // a child's first calls replace the parent's mergers
     std::mutex sha_m_;
     std::array<std::string, s_count> sha_;
     std::array<std::atomic<bool>, s_count> sha_ready_{};

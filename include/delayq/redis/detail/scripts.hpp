@@ -17,16 +17,19 @@
 // | waiting | leased  | take: attempts + 1, a new token                                      |
 // | waiting | gone    | cancel                                                               |
 // | leased  | gone    | ack; cancel                                                          |
-// | leased  | waiting | nack                                                                 |
+// | leased  | waiting | nack; release: the take it was leased for had given up when its      |
+// |         |         | reply came (script_client.hpp), so nobody got it: due at its due     |
+// |         |         | time again, attempts - 1 ("m" removed at 0)                          |
 // | leased  | leased  | its lease ended: a take hands it out again, as any due job           |
 // | leased  | dead    | nack, or a take finding its lease ended, once attempts reach         |
 // |         |         | max_attempts                                                         |
 // clang-format on
 //
-// ack and nack need the job's current token while its lease holds (lease end > now), so a holder
-// whose lease ended, or whose job was cancelled or delivered again, is refused. A take counts the
-// attempt in the same script that leases the job, so the server has counted every delivery
-// before any user code sees the job.
+// ack, nack and release need the job's current token while its lease holds (lease end > now), so
+// a holder whose lease ended, or whose job was cancelled or delivered again, is refused. A take
+// counts the attempt in the same script that leases the job, so the server has counted every
+// delivery before any user code sees the job; a release takes back an attempt that no user code
+// saw.
 //
 // Earlier versions. An ack of an earlier version could also lease the next due job for its
 // object's next take() ("kept": "m" = "attempts:token:hold end:lease end", its attempts not
@@ -83,12 +86,11 @@
 //
 // Wake-ups. Consumers wait on the pub/sub channel. A script that may make the shard's next event
 // (the head of `events`: the earliest due time or lease end) earlier publishes "<shard> <ms until
-// then>": put and reschedule when the job comes before the head, consume when a nack makes the
-// head earlier than it was. Nothing else can make it earlier (acks, cancels and burials remove
-// events; a take leases a job that was due, so its lease ends after the event it replaces; a
-// lease that ends is due at that same moment). So a
-// consumer that knows a time before which nothing is due (from its last script) and hears every
-// message since never sleeps past a due job.
+// then>": put and reschedule when the job comes before the head, consume when a nack or a release
+// makes the head earlier than it was. Nothing else can make it earlier (acks, cancels and burials
+// remove events; a take leases a job that was due, so its lease ends after the event it replaces;
+// a lease that ends is due at that same moment). So a consumer that knows a time before which
+// nothing is due (from its last script) and hears every message since never sleeps past a due job.
 #pragma once
 
 #include <array>
@@ -212,8 +214,10 @@ return out
 )lua");
 
 // ARGV channel shard lease_ms max_attempts bury_batch take_count (how id token)*
-// Settles the listed leases (how: 'a' ack, 'n<ms>' nack due ms from now), then leases up to
-// take_count due jobs, earliest first, each counting its attempt. A due job whose lease ended
+// Settles the listed leases (how: 'a' ack, 'n<ms>' nack due ms from now, 'r<ms>' release: due
+// again at ms, the due time the job was leased at, its attempt taken back; for the jobs a merged
+// take leased for a caller that had given up, script_client.hpp), then leases up to take_count
+// due jobs, earliest first, each counting its attempt. A due job whose lease ended
 // after its last attempt (max_attempts) goes to `dead` instead, at most bury_batch of them per
 // call. meta holds "attempts:token:lease_end", so one HGET proves a lease; a settled lease's token
 // is cleared (0), so it cannot settle again.
@@ -246,6 +250,14 @@ for i = 7, #ARGV, 3 do
     if ARGV[i] == 'a' then
       redis.call('ZREM', events, id)
       redis.call('HDEL', b, 'p' .. id, 'm' .. id)
+    elseif string.sub(ARGV[i], 1, 1) == 'r' then
+      -- Leased for a take that gave up: as before that take, its attempt not counted.
+      if a > 1 then
+        redis.call('HSET', b, 'm' .. id, string.format('%d:0:0', a - 1))
+      else
+        redis.call('HDEL', b, 'm' .. id)
+      end
+      requeue(id, math.min(tonumber(string.sub(ARGV[i], 2)), max_ms))
     elseif max_attempts > 0 and a >= max_attempts then
       bury(id, b, redis.call('HGET', b, 'p' .. id))
     else

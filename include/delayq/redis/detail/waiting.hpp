@@ -30,6 +30,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <span>
 #include <string>
@@ -71,6 +72,7 @@ class waiting_room {
             delayq::detail::saturating_add(clock::now(), std::max(max_wait, milliseconds::zero()));
         bool asked = false;  // this call has run a script: hints alone may now say "nothing due"
         std::unique_lock lk(m_);
+        if (generation_ != fork_generation()) forget_the_parent();
         for (;;) {
             const auto now = clock::now();
             bool patient = true;
@@ -130,6 +132,7 @@ class waiting_room {
     consumed consume_and_learn(std::size_t s, std::span<const std::string_view> settle) {
         consumed c = client_.consume(s, settle, 0);
         std::lock_guard lk(m_);
+        if (generation_ != fork_generation()) forget_the_parent();
         learn(s, c.next);
         return c;
     }
@@ -311,6 +314,31 @@ class waiting_room {
         for (auto& h : hints_) h.next = std::min(h.next, clock::now());
     }
 
+    // Under m_, in a child process after fork(): the reader's post, the waiting threads and the
+    // takers are the parent's threads, which the child does not have, and the subscription and the
+    // pipe are the parent's too (a child that read them would take the parent's messages). The
+    // child's copies of their descriptors are closed; the parent's stay open. The condition
+    // variable is made anew over the old one, not destroyed: the parent's threads that waited on
+    // it are counted in it, and would be waited for, forever, by its destruction (glibc), or
+    // take the child's notifications.
+    void forget_the_parent() noexcept {
+        new (&cv_) std::condition_variable;
+        reading_ = false;
+        waiting_ = 0;
+        for (auto& h : hints_) {
+            h.takers = 0;
+            h.next = clock::time_point::min();  // look again: what the parent knew may be old
+        }
+        sub_.reset();
+        heard_.clear();
+        for (int& fd : poke_)
+            if (fd >= 0) {
+                ::close(fd);
+                fd = -1;
+            }
+        generation_ = fork_generation();
+    }
+
     void wait_until(std::unique_lock<std::mutex>& lk, clock::time_point t) {
         ++waiting_;
         cv_.wait_until(lk, t);
@@ -324,9 +352,10 @@ class waiting_room {
     std::unique_ptr<subscriber> sub_;  // used by the reading thread only
     std::vector<std::string> heard_;   // likewise
     bool reading_ = false;
-    clock::time_point reader_until_;   // when the reader looks again by itself
-    std::array<int, 2> poke_{-1, -1};  // a pipe: a byte in it brings the reader back
-    int waiting_ = 0;                  // threads in wait_until()
+    clock::time_point reader_until_;           // when the reader looks again by itself
+    std::array<int, 2> poke_{-1, -1};          // a pipe: a byte in it brings the reader back
+    int waiting_ = 0;                          // threads in wait_until()
+    unsigned generation_ = fork_generation();  // the fork generation this was last used in
 };
 
 }  // namespace delayq::redis::detail
