@@ -134,7 +134,7 @@ TEST_CASE(
 
 TEST_CASE(
     "a take that gives up inside a merged call: its jobs go to the takes still waiting, the rest "
-    "back to the queue at once, their attempts not counted; nothing is leased to nobody") {
+    "back to the queue at once, their attempts not counted, nothing leased to nobody") {
     redis_server srv;
     auto o = opts(srv);
     o.io_timeout = 5000ms;

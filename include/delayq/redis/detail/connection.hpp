@@ -1013,6 +1013,10 @@ class link {
         batch_.clear();  // a writer of the parent's may have been between its swap and its clear
         writing_ = reading_ = broken_ = false;
         chosen_ = write_chosen_ = nullptr;
+        // A parent's thread may have been waiting on cv_ at the fork: the child's copy still
+        // counts it, and destroying it would wait for a thread the child does not have. Made
+        // anew in place; the old one is left as it is, never destroyed.
+        new (&cv_) std::condition_variable;
         generation_ = fork_generation();
     }
 
