@@ -13,16 +13,17 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
-#include <type_traits>
 #include <vector>
 
 #include "catch.hpp"
 #include "expect_error.hpp"
+#include "pg_conn.hpp"
 #include "pg_fixture.hpp"
 
 using namespace std::chrono_literals;
 using delayq::test::contains;
 using delayq::test::message_of;
+using delayq_pg_test::app_conn;
 using delayq_pg_test::fresh_name;
 using delayq_pg_test::opts;
 using delayq_pg_test::server;
@@ -30,43 +31,11 @@ namespace pg = delayq::postgres;
 
 namespace {
 
-// A connection of the test's own (the application's).
-struct app_conn {
-    PGconn* c;
-    explicit app_conn(const std::string& conninfo) : c(PQconnectdb(conninfo.c_str())) {
-        INFO(PQerrorMessage(c));
-        REQUIRE(PQstatus(c) == CONNECTION_OK);
-    }
-    ~app_conn() { PQfinish(c); }
-    app_conn(const app_conn&) = delete;
-    app_conn& operator=(const app_conn&) = delete;
-    // Runs `sql`; returns the server's error message, empty when it succeeded.
-    std::string try_exec(const std::string& sql) {
-        PGresult* r = PQexec(c, sql.c_str());
-        const auto st = PQresultStatus(r);
-        std::string err = (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK)
-                              ? std::string()
-                              : std::string(PQresultErrorMessage(r));
-        PQclear(r);
-        return err;
-    }
-    void exec(const std::string& sql) {
-        const std::string err = try_exec(sql);
-        INFO(sql << ": " << err);
-        REQUIRE(err.empty());
-    }
-};
-
-// A connection of the queue's kind (detail::connection), with a limit of 10 s to connect, by
-// the constructor it has: (conninfo, io_timeout, deadline, raise) or (conninfo, io_timeout, raise).
-template <class C = pg::detail::connection>
-std::unique_ptr<C> connect_to(const std::string& conninfo, pg::detail::raise_fn raise) {
-    if constexpr (std::is_constructible_v<C, const std::string&, std::chrono::milliseconds,
-                                          std::chrono::steady_clock::time_point,
-                                          pg::detail::raise_fn>)
-        return std::make_unique<C>(conninfo, 10s, std::chrono::steady_clock::now() + 10s, raise);
-    else
-        return std::make_unique<C>(conninfo, 10s, raise);
+// A connection of the queue's kind (detail::connection), with a limit of 10 s to connect.
+std::unique_ptr<pg::detail::connection> connect_to(const std::string& conninfo,
+                                                   pg::detail::raise_fn raise) {
+    return std::make_unique<pg::detail::connection>(conninfo, 10s,
+                                                    std::chrono::steady_clock::now() + 10s, raise);
 }
 
 }  // namespace

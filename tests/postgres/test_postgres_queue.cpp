@@ -4,7 +4,6 @@
 // transaction, an idle consumer's statements, a wake-up whose earlier job goes before it
 // commits, and many takes sharing one object.
 #include <libpq-fe.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -21,11 +20,13 @@
 
 #include "catch.hpp"
 #include "expect_error.hpp"
+#include "pg_conn.hpp"
 #include "pg_fixture.hpp"
 
 using namespace std::chrono_literals;
 using delayq::test::contains;
 using delayq::test::message_of;
+using delayq_pg_test::app_conn;
 using delayq_pg_test::fresh_name;
 using delayq_pg_test::opts;
 using delayq_pg_test::server;
@@ -51,35 +52,6 @@ struct helper_run {
 std::string quoted(const std::string& s) {
     return "'" + s + "'";
 }
-
-// A connection of the test's own (the application's, for the transactional put).
-struct app_conn {
-    PGconn* c;
-    explicit app_conn(const std::string& conninfo) : c(PQconnectdb(conninfo.c_str())) {
-        REQUIRE(PQstatus(c) == CONNECTION_OK);
-    }
-    ~app_conn() { PQfinish(c); }
-    app_conn(const app_conn&) = delete;
-    app_conn& operator=(const app_conn&) = delete;
-    void exec(const char* sql) {
-        PGresult* r = PQexec(c, sql);
-        const auto st = PQresultStatus(r);
-        const std::string err = PQresultErrorMessage(r);
-        PQclear(r);
-        INFO(err);
-        REQUIRE((st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK));
-    }
-    // Notifications received so far (consumes input).
-    int notifications() {
-        PQconsumeInput(c);
-        int n = 0;
-        while (PGnotify* p = PQnotifies(c)) {
-            PQfreemem(p);
-            ++n;
-        }
-        return n;
-    }
-};
 
 }  // namespace
 
@@ -453,23 +425,14 @@ TEST_CASE(
                  " user=postgres dbname=postgres";
     CHECK_THROWS_AS(pg::delay_queue(o), pg::connection_error);
 
-    // A socket that accepts and never answers.
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-    REQUIRE(::listen(fd, 4) == 0);
-    REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
-    o.conninfo = "host=127.0.0.1 port=" + std::to_string(ntohs(a.sin_port)) +
+    const delayq_pg_test::silent_host silent;
+    o.conninfo = "host=127.0.0.1 port=" + std::to_string(silent.port) +
                  " user=postgres dbname=postgres sslmode=disable";
     o.io_timeout = 300ms;
     const auto start = std::chrono::steady_clock::now();
     const auto m = message_of<pg::connection_error>([&] { pg::delay_queue q(o); });
     CHECK(std::chrono::steady_clock::now() - start < 5s);  // 300 ms; seconds would be broken
     CHECK(contains(m, "io_timeout"));
-    ::close(fd);
 }
 
 TEST_CASE("postgres: a put in the caller's transaction exists exactly when it commits",

@@ -4,15 +4,11 @@
 // a call returns or fails within io_timeout plus one connect, and a call that failed leaves
 // nothing running on the server that changes the queue afterwards. And the takes that one failed
 // claim answers: each gets an exception object of its own.
-#include <fcntl.h>
 #include <libpq-fe.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <delayq/postgres/delay_queue.hpp>
@@ -26,63 +22,22 @@
 
 #include "catch.hpp"
 #include "expect_error.hpp"
+#include "pg_conn.hpp"
 #include "pg_fixture.hpp"
 
 using namespace std::chrono_literals;
 using delayq_pg_test::fresh_name;
 using delayq_pg_test::opts;
 using delayq_pg_test::server;
+using delayq_pg_test::silent_host;
 namespace pg = delayq::postgres;
 using steady = std::chrono::steady_clock;
 
 namespace {
 
-// A TCP port on 127.0.0.1 that completes the handshake (the kernel does, from the listen backlog)
-// and never says a word: what a client sees of a server whose machine hangs.
-struct silent_host {
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    int port = 0;
-    silent_host() {
-        sockaddr_in a{};
-        a.sin_family = AF_INET;
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        socklen_t len = sizeof a;
-        REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-        REQUIRE(::listen(fd, 64) == 0);
-        REQUIRE(::fcntl(fd, F_SETFL, O_NONBLOCK) == 0);  // for connections(); accept only
-        REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
-        port = ntohs(a.sin_port);
-    }
-    ~silent_host() { ::close(fd); }
-    // The connections made to it so far (each taken off the backlog and closed).
-    int connections() {
-        int n = 0;
-        for (int c; (c = ::accept4(fd, nullptr, nullptr, SOCK_NONBLOCK)) >= 0 || errno == EINTR;)
-            if (c >= 0) {
-                ::close(c);
-                ++n;
-            }
-        return n;
-    }
-    silent_host(const silent_host&) = delete;
-    silent_host& operator=(const silent_host&) = delete;
-};
-
 // A session of the test's own on the shared server: the one that holds the lock.
-struct session {
-    PGconn* c = PQconnectdb(server().conninfo().c_str());
-    session() { REQUIRE(PQstatus(c) == CONNECTION_OK); }
-    ~session() { PQfinish(c); }
-    session(const session&) = delete;
-    session& operator=(const session&) = delete;
-    void exec(const std::string& sql) {
-        PGresult* r = PQexec(c, sql.c_str());
-        const auto st = PQresultStatus(r);
-        const std::string err = PQresultErrorMessage(r);
-        PQclear(r);
-        INFO(sql << ": " << err);
-        REQUIRE((st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK));
-    }
+struct session : delayq_pg_test::app_conn {
+    session() : app_conn(server().conninfo()) {}
     // ACCESS EXCLUSIVE on the jobs table until unlock(): every statement of every queue waits.
     void lock() {
         exec("BEGIN");
