@@ -15,12 +15,12 @@
 #include <exception>
 #include <latch>
 #include <optional>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "catch.hpp"
+#include "caught_apart.hpp"
 #include "expect_error.hpp"
 #include "pg_conn.hpp"
 #include "pg_fixture.hpp"
@@ -240,11 +240,8 @@ TEST_CASE(
     REQUIRE(q.size() == 0);
     constexpr int n = 6;
 
-    struct caught {
-        std::uintptr_t object = 0, text = 0;  // the exception's address, its what()'s
-        std::string type, message, sqlstate;
-        std::exception_ptr kept;  // until every caller caught: the addresses stay apart
-        std::size_t length = 0;   // what() read over and over: its characters
+    struct caught : delayq::test::caught {
+        std::string sqlstate;
     };
     // The claim of the object's that waits for the lock: "pid start", or "".
     const auto waiting_claim = [&] {
@@ -266,21 +263,13 @@ TEST_CASE(
                 ++entered;
                 c.type = q.take(120s) ? "a job" : "nothing";
             } catch (const pg::error& e) {
-                c.object = reinterpret_cast<std::uintptr_t>(&e);
-                c.text = reinterpret_cast<std::uintptr_t>(e.what());
-                c.type = dynamic_cast<const pg::connection_error*>(&e) ? "connection_error"
-                                                                       : "other error";
-                c.message = e.what();
+                c.record(e, dynamic_cast<const pg::connection_error*>(&e) ? "connection_error"
+                                                                          : "other error");
                 c.sqlstate = e.sqlstate();
-                c.kept = std::current_exception();
                 ++done;
                 all_caught.arrive_and_wait();
                 arrived = true;
-                c.kept = nullptr;
-                std::size_t sum = 0;
-                for (int k = 0; k < 200; ++k)
-                    for (const char* t = e.what(); *t != '\0'; ++t) ++sum;
-                c.length = sum;  // no atomic here: it would order the threads
+                c.read_apart(e);
             } catch (...) {
                 c.type = "another exception";
             }
@@ -317,19 +306,13 @@ TEST_CASE(
         INFO("the " << n << " takes made " << claims << " claim(s)");
         grouped = claims < n;
 
-        std::set<std::uintptr_t> objects, texts;
         for (const caught& c : got) {
             INFO(c.type << ": " << c.message);
             REQUIRE(c.type == "connection_error");
             CHECK(c.sqlstate == "57014");
             CHECK(delayq::test::contains(c.message, "canceling statement due to user request"));
-            CHECK(c.message == got[0].message);
-            CHECK(c.length == 200 * c.message.size());
-            objects.insert(c.object);
-            texts.insert(c.text);
         }
-        CHECK(objects.size() == static_cast<std::size_t>(n));  // one exception object each
-        CHECK(texts.size() == static_cast<std::size_t>(n));    // and a message of its own
+        delayq::test::check_apart(got);
     }
     CHECK(grouped);
 }

@@ -17,12 +17,12 @@
 #include <exception>
 #include <latch>
 #include <mutex>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "catch.hpp"
+#include "caught_apart.hpp"
 #include "expect_error.hpp"
 #include "sqlite_files.hpp"
 
@@ -246,12 +246,8 @@ TEST_CASE(
     REQUIRE(q.put_after("first", "x", 0ms));  // the first sync, which syncs the directory too
     constexpr int n = 6;
 
-    struct caught {
-        std::uintptr_t object = 0, text = 0;  // the exception's address, its what()'s
-        std::string type, message;
+    struct caught : delayq::test::caught {
         int code = 0;
-        std::exception_ptr kept;  // until every caller caught: the addresses stay apart
-        std::size_t length = 0;   // what() read over and over: its characters
     };
     bool grouped = false;
     for (int round = 0; round < 20 && !grouped; ++round) {
@@ -267,21 +263,13 @@ TEST_CASE(
                 got[static_cast<std::size_t>(i)].type = "none";
             } catch (const delayq::sqlite::error& e) {
                 caught& c = got[static_cast<std::size_t>(i)];
-                c.object = reinterpret_cast<std::uintptr_t>(&e);
-                c.text = reinterpret_cast<std::uintptr_t>(e.what());
-                c.type = dynamic_cast<const delayq::sqlite::disk_full_error*>(&e)
-                             ? "disk_full_error"
-                             : "other error";
-                c.message = e.what();
+                c.record(e, dynamic_cast<const delayq::sqlite::disk_full_error*>(&e)
+                                ? "disk_full_error"
+                                : "other error");
                 c.code = e.code();
-                c.kept = std::current_exception();
                 all_caught.arrive_and_wait();
                 arrived = true;
-                c.kept = nullptr;
-                std::size_t sum = 0;
-                for (int k = 0; k < 200; ++k)
-                    for (const char* t = e.what(); *t != '\0'; ++t) ++sum;
-                c.length = sum;  // no atomic here: it would order the threads
+                c.read_apart(e);
             } catch (...) {
                 got[static_cast<std::size_t>(i)].type = "another exception";
             }
@@ -307,19 +295,13 @@ TEST_CASE(
         INFO("the " << (n - 1) << " later callers made " << groups << " group(s)");
         grouped = groups < n - 1;
 
-        std::set<std::uintptr_t> objects, texts;
         for (const caught& c : got) {
             INFO(c.type << ": " << c.message);
             REQUIRE(c.type == "disk_full_error");
             CHECK(c.code == SQLITE_IOERR_FSYNC);
             CHECK(delayq::test::contains(c.message, "the disk is full (fsync of the WAL failed"));
-            CHECK(c.message == got[0].message);
-            CHECK(c.length == 200 * c.message.size());
-            objects.insert(c.object);
-            texts.insert(c.text);
         }
-        CHECK(objects.size() == static_cast<std::size_t>(n));  // one exception object each
-        CHECK(texts.size() == static_cast<std::size_t>(n));    // and a message of its own
+        delayq::test::check_apart(got);
     }
     CHECK(grouped);
     // The puts were committed before their fsync failed: each is in the file.
