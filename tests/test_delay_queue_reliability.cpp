@@ -250,7 +250,8 @@ void close_throwing_midway(int k) {
 
 }  // namespace
 
-TEST_CASE("close: a copy that throws midway (copyable element whose move may throw)", "[finding]") {
+TEST_CASE("close: a copy that throws midway (copyable element whose move may throw)",
+          "[exceptions]") {
     // Before the fix: close() set closed_, then moved the elements out; a move that threw skipped
     // the wake-up, so the takers slept on (the wake-up check failed after 20 s), and the elements
     // moved before it were lost (ids -1 in the later close()).
@@ -259,14 +260,14 @@ TEST_CASE("close: a copy that throws midway (copyable element whose move may thr
     close_throwing_midway<brittle>(7);
 }
 
-TEST_CASE("close: a move that throws midway (move-only element)", "[finding]") {
+TEST_CASE("close: a move that throws midway (move-only element)", "[exceptions]") {
     // Before the fix: as above. Now the elements moved so far are moved back.
     close_throwing_midway<stubborn>(0);
     close_throwing_midway<stubborn>(3);
     close_throwing_midway<stubborn>(7);
 }
 
-TEST_CASE("close: the allocation of the handed-back vector fails", "[finding]") {
+TEST_CASE("close: the allocation of the handed-back vector fails", "[memory]") {
     // Before the fix: closed_ was set before the reserve(), which threw: the takers slept on.
     manual_clock::reset();
     queue q;
@@ -327,7 +328,7 @@ struct titem {
 
 }  // namespace
 
-TEST_CASE("a leader whose sleep throws hands the lead on", "[finding]") {
+TEST_CASE("a leader whose sleep throws hands the lead on", "[exceptions]") {
     // Before the fix: the throwing leader left leader_ pointing into its finished call and its
     // sleeper count raised, so the follower slept on without a timer and was never woken:
     // waiting_takers() stayed 2, and the element, once due, was not taken.
@@ -367,7 +368,8 @@ TEST_CASE("a leader whose sleep throws hands the lead on", "[finding]") {
     throwing_clock::throws = 0;
 }
 
-TEST_CASE("a taker whose sleep throws as it waits for a put leaves no count behind", "[finding]") {
+TEST_CASE("a taker whose sleep throws as it waits for a put leaves no count behind",
+          "[exceptions]") {
     // A taker with a time limit on an empty queue sleeps through the hook too (on its limit).
     // Before the fix: its sleeper count stayed raised (waiting_takers() read 1 after it left).
     manual_clock::reset();
@@ -381,8 +383,7 @@ TEST_CASE("a taker whose sleep throws as it waits for a put leaves no count behi
     throwing_clock::throws = 0;
 }
 
-TEST_CASE("remove_if that removes the head wakes the leader to re-arm on the new head",
-          "[finding]") {
+TEST_CASE("remove_if that removes the head wakes the leader to re-arm on the new head", "[wake]") {
     // Before the fix: nothing woke the leader; it slept on for the removed head's deadline, so no
     // new sleep began (sleeps_begun() did not move).
     manual_clock::reset();
@@ -426,7 +427,7 @@ TEST_CASE("remove_if that removes the head wakes the leader to re-arm on the new
     CHECK(got == 1);
 }
 
-TEST_CASE("clear wakes the leader which then sleeps without a timer", "[finding]") {
+TEST_CASE("clear wakes the leader which then sleeps without a timer", "[wake]") {
     // Before the fix: the leader slept on for the cleared head's deadline (sleepers() stayed 1).
     manual_clock::reset();
     queue q;

@@ -3,8 +3,8 @@
 // hang or a lost element. Each TEST_CASE is named after its row in docs/misuse.md. Deterministic:
 // manual_clock drives every timed behaviour. The Redis rows live in tests/redis-misuse/.
 //
-// Tests tagged [finding] pin a defect this work found (see docs/misuse.md), fixed since in the
-// header; they run by default.
+// The rows marked **finding** in docs/misuse.md are defects this work found, fixed since in the
+// headers; their tests (tagged by behaviour, as every test) run by default and keep them fixed.
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -337,7 +337,7 @@ TEST_CASE("misuse: max_pending exceeded") {
     CHECK(x.pending() == 2);
 }
 
-TEST_CASE("misuse: max_pending refusal leaves the task untouched (hierarchical)", "[finding]") {
+TEST_CASE("misuse: max_pending refusal leaves the task untouched (hierarchical)", "[limits]") {
     // hierarchical_timing_wheel::schedule used to move the task into its node before it checked
     // max_pending, so the caller's task was gone (hashed_wheel left it untouched). Fixed in
     // d0d47e6.
@@ -562,7 +562,8 @@ TEST_CASE("misuse: manual_clock moved backwards") {
     CHECK(q.poll());
 }
 
-TEST_CASE("misuse: hierarchical wheel started within a tick of time_point::min()", "[finding]") {
+TEST_CASE("misuse: hierarchical wheel started within a tick of time_point::min()",
+          "[time-limits]") {
     // htw_core's constructor rounded the start down to the tick grid as `q * k` in Clock::rep: for
     // a start within one tick of time_point::min() that product overflowed (UBSan: signed integer
     // overflow). Fixed in d0d47e6 (clamped origin). The wheel must still be never early and at most
@@ -584,7 +585,7 @@ TEST_CASE("misuse: hierarchical wheel started within a tick of time_point::min()
 TEST_CASE(
     "misuse: hierarchical wheel spanning the whole time line never runs a time_point::max() task "
     "early",
-    "[finding]") {
+    "[time-limits]") {
     // Origin at time_point::min() (a start within a tick of it) and tick 1 ns: a deadline of
     // time_point::max() is 2^64 - 1 ticks away; to_ticks() clamps that to 2^64 - 2, whose time is
     // time_point::max() - 1, so the task used to run 1 ns before its deadline. Fixed: a task goes

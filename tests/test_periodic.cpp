@@ -515,7 +515,7 @@ TEMPLATE_TEST_CASE(
 // stop() from inside a periodic task's run counts it out (it runs no more); a cancel() or
 // reschedule() of it later in that run finds nothing to do, and the count stays exact.
 TEMPLATE_TEST_CASE("periodic: stop() during its run - then cancel and reschedule find nothing",
-                   "[finding]", hashed, hierarchical) {
+                   "[stop]", hashed, hierarchical) {
     mc::set(t0);
     typename TestType::wheel w(TestType::options());
     handle self;

@@ -81,7 +81,7 @@ void sleeps_before_a_far_deadline(tp far_at, std::chrono::nanoseconds spin) {
 }  // namespace
 
 TEST_CASE("user clock: a threaded wheel's worker sleeps before a deadline near time_point::max()",
-          "[finding]") {
+          "[time-limits]") {
     SECTION("hashed near max") {
         sleeps_before_a_far_deadline<delayq::hashed_wheel_timer<late_epoch_clock>>(far, 0ns);
     }
@@ -99,7 +99,7 @@ TEST_CASE("user clock: a threaded wheel's worker sleeps before a deadline near t
 }
 
 TEST_CASE("user clock: a delay_queue taker sleeps before a head near time_point::max()",
-          "[finding]") {
+          "[time-limits]") {
     using item = delayq::delayed<int, late_epoch_clock>;
     for (const bool stoppable : {false, true}) {
         CAPTURE(stoppable);

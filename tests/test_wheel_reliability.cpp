@@ -127,7 +127,7 @@ void stop_from_task_while_stopping(const char* what) {
 // Item 1. stop() on thread M joins the worker while holding the join mutex; a running task that
 // calls stop() used to block on that mutex before it checked whether it runs on the worker.
 TEST_CASE("reliability: stop() from a task while another thread stops the timer does not deadlock",
-          "[finding]") {
+          "[stop]") {
     stop_from_task_while_stopping<delayq::hashed_wheel_timer<>>("hashed_wheel_timer::stop()");
     stop_from_task_while_stopping<delayq::hierarchical_timing_wheel<>>(
         "hierarchical_timing_wheel::stop()");
@@ -176,7 +176,7 @@ int refused_tasks_emptied(int rounds) {
 // check, so a schedule racing stop() destroyed the task it then refused. (The hierarchical wheel
 // did the same for every callable.)
 TEST_CASE("reliability: a schedule refused because stop() raced it leaves the task untouched",
-          "[finding]") {
+          "[stop]") {
     CHECK(refused_tasks_emptied<delayq::hashed_wheel_timer<mc>, owning_task<512>>(300) == 0);
     CHECK(refused_tasks_emptied<delayq::hashed_wheel_timer<mc>, owning_task<8>>(100) == 0);
     CHECK(refused_tasks_emptied<delayq::hierarchical_timing_wheel<mc>, owning_task<8>>(300) == 0);
@@ -187,7 +187,7 @@ TEST_CASE("reliability: a schedule refused because stop() raced it leaves the ta
 // level). Out of memory there must be an exception that leaves the wheel whole, never
 // std::terminate: after the failure the same pass can be repeated, and every task runs once.
 TEMPLATE_TEST_CASE("reliability: an allocation that fails during expiry leaves the wheel whole",
-                   "[finding]", hashed, hierarchical) {
+                   "[memory]", hashed, hierarchical) {
     using W = TestType;
     constexpr int tasks = 400;
     bool failed_once = true;
@@ -225,7 +225,7 @@ TEMPLATE_TEST_CASE("reliability: an allocation that fails during expiry leaves t
 }
 
 // Item 3, the other end: a schedule whose allocation fails schedules nothing.
-TEMPLATE_TEST_CASE("reliability: a schedule whose allocation fails changes nothing", "[finding]",
+TEMPLATE_TEST_CASE("reliability: a schedule whose allocation fails changes nothing", "[memory]",
                    hashed, hierarchical) {
     using W = TestType;
     mc::set(tp{1h});
@@ -254,7 +254,7 @@ TEMPLATE_TEST_CASE("reliability: a schedule whose allocation fails changes nothi
 // out among equal deadlines: the heap's order, in both wheels.
 TEMPLATE_TEST_CASE(
     "reliability: a late pass runs due tasks in deadline order, first in first out among equals",
-    "[finding]", hashed, hierarchical) {
+    "[order]", hashed, hierarchical) {
     using W = TestType;
     mc::set(tp{1h});
     auto w = W::make(1ms);
@@ -285,7 +285,7 @@ TEMPLATE_TEST_CASE(
 // saw manual_clock reach it).
 TEST_CASE(
     "reliability: a task due at time_point::max() runs when the clock gets there, threaded too",
-    "[finding]") {
+    "[time-limits]") {
     mc::set(tp{1h});
     {
         delayq::hashed_wheel_timer<mc> t{delayq::hashed_wheel_options<mc>{}};
@@ -329,7 +329,7 @@ TEST_CASE(
 // Item 9. The clock going backwards (manual_clock::set to an earlier time; system_clock under an
 // NTP step): nothing runs early by the clock as it reads, nothing is lost, what is due runs once
 // the clock comes back. A worked case, then a random walk.
-TEMPLATE_TEST_CASE("reliability: the clock going backwards: never early, nothing lost", "[finding]",
+TEMPLATE_TEST_CASE("reliability: the clock going backwards: never early, nothing lost", "[clock]",
                    hashed, hierarchical) {
     using W = TestType;
     const tp t0{1h};
@@ -385,7 +385,7 @@ TEMPLATE_TEST_CASE("reliability: the clock going backwards: never early, nothing
 
 // Item 9 on the threaded timers: the worker goes back to sleep on the right deadline after the
 // clock stepped back, and runs nothing early.
-TEST_CASE("reliability: threaded timers and a clock stepping backwards", "[finding]") {
+TEST_CASE("reliability: threaded timers and a clock stepping backwards", "[clock]") {
     const tp t0{1h};
     auto scenario = [&](auto& t) {
         std::atomic<int> early{0}, ran{0};
@@ -485,7 +485,7 @@ std::vector<int> ids_of(const std::vector<handle>& returned, const std::vector<h
 // sleep, sees the same order every time); the destructor ends them in that order too. Some tasks
 // are in the batch of a pass under way (stopped from inside a task).
 TEMPLATE_TEST_CASE("reliability: stop() returns and ends the pending tasks earliest first",
-                   "[finding]", hashed, hierarchical) {
+                   "[stop]", hashed, hierarchical) {
     using W = TestType;
     for (int n : {5, 300, 5000}) {
         mc::set(tp{1h});
@@ -517,7 +517,7 @@ TEMPLATE_TEST_CASE("reliability: stop() returns and ends the pending tasks earli
 // stop() from a task of a late pass: the tasks of that pass not yet run come back with the rest,
 // in the same order.
 TEMPLATE_TEST_CASE("reliability: stop() inside a pass returns the batch's tasks in order too",
-                   "[finding]", hashed, hierarchical) {
+                   "[stop]", hashed, hierarchical) {
     using W = TestType;
     mc::set(tp{1h});
     auto w = W::make(1ms);
@@ -552,7 +552,7 @@ TEMPLATE_TEST_CASE("reliability: stop() inside a pass returns the batch's tasks 
 // stop() out of memory: when the handles' vector cannot be had it throws std::bad_alloc and
 // nothing has changed; it allocates nothing else (it sorts in the room the passes had), so a
 // later allocation that would fail is never reached.
-TEMPLATE_TEST_CASE("reliability: stop() out of memory changes nothing", "[finding]", hashed,
+TEMPLATE_TEST_CASE("reliability: stop() out of memory changes nothing", "[memory]", hashed,
                    hierarchical) {
     using W = TestType;
     for (long k = 0; k < 8; ++k) {
@@ -589,7 +589,7 @@ TEMPLATE_TEST_CASE("reliability: stop() out of memory changes nothing", "[findin
 // wakes it (wakeups() moves) only then, so each round says which way it went, and the rounds go
 // on until the worker was found asleep once.
 TEST_CASE("reliability: a task at time_point::max() wakes a worker asleep with nothing pending",
-          "[finding]") {
+          "[time-limits]") {
     int found_asleep = 0;
     for (int round = 0; round < 1000 && found_asleep == 0; ++round) {
         CAPTURE(round);
@@ -621,7 +621,7 @@ TEST_CASE("reliability: a task at time_point::max() wakes a worker asleep with n
 }
 
 TEST_CASE("reliability: a tick opened without room to sort its window still sorts in O(n log n)",
-          "[finding]") {
+          "[memory]") {
     // A 1 s tick opened 100 ms in: its 200 000 nodes, none due yet, move to the near window,
     // which sorts them by deadline. When the sort's scratch array could not be had, the window
     // sorted in place by insertion: O(n^2), hours for nodes linked in reverse deadline order, as
@@ -695,7 +695,7 @@ std::vector<int> iota(int n) {
 // is over. With the destroyer alone in its pass, the hashed wheel's pass locked the freed core
 // (heap-use-after-free under ASan); with tasks after it, the core was never freed (a leak).
 TEMPLATE_TEST_CASE("reliability: a thread-free wheel destroyed by its own task inside advance()",
-                   "[finding]", hashed, hierarchical) {
+                   "[destroy]", hashed, hierarchical) {
     using W = TestType;
     // No handle is kept: a handle keeps its node, and so the core, alive.
     for (int after : {0, 1, 5}) {
@@ -724,7 +724,7 @@ TEMPLATE_TEST_CASE("reliability: a thread-free wheel destroyed by its own task i
 
 // Item 1, the threaded timers: the worker's pass, the timer destroyed by its task.
 TEMPLATE_TEST_CASE("reliability: a threaded timer destroyed by its own task ends its pass",
-                   "[finding]", hashed_threaded, hierarchical_threaded) {
+                   "[destroy]", hashed_threaded, hierarchical_threaded) {
     using W = TestType;
     for (int after : {0, 1, 5}) {
         CAPTURE(after);
@@ -777,7 +777,7 @@ bool pass_failing_allocation(Wheel& w, long k) {
 // and the scenario runs once, the batch in its array.
 TEMPLATE_TEST_CASE(
     "reliability: a pass without room for its batch survives a task rescheduling another of it",
-    "[finding]", hashed, hierarchical) {
+    "[memory]", hashed, hierarchical) {
     using W = TestType;
     constexpr int n = 40;
     for (long k = 0; k < 64; ++k) {
@@ -833,7 +833,7 @@ TEMPLATE_TEST_CASE(
 // (a segfault).
 TEMPLATE_TEST_CASE(
     "reliability: a pass without room for its batch survives a task that stops the wheel",
-    "[finding]", hashed, hierarchical) {
+    "[memory]", hashed, hierarchical) {
     using W = TestType;
     constexpr int n = 40;  // after the stopper: 30 due in its pass, 10 later
     for (long k = 0; k < 64; ++k) {
@@ -876,7 +876,7 @@ TEMPLATE_TEST_CASE(
 // idle (forgetting its buckets): a later bucket put happens inside noexcept code. Out of memory,
 // a schedule on a wheel that was empty once called std::terminate instead of throwing.
 TEST_CASE("reliability: a schedule out of memory on a hierarchical wheel that went idle throws",
-          "[finding]") {
+          "[memory]") {
     using W = hierarchical;
     mc::set(tp{1h});
     for (long k = 0; k < 8; ++k) {  // a schedule out of memory
@@ -909,7 +909,7 @@ TEST_CASE("reliability: a schedule out of memory on a hierarchical wheel that we
 // of level 1 until a pass inside its span spreads them over the buckets of level 0: some 60
 // bucket puts in one pass.
 TEST_CASE("reliability: a pass out of memory on a hierarchical wheel that went idle carries on",
-          "[finding]") {
+          "[memory]") {
     using wheel = delayq::hierarchical_wheel<mc>;
     constexpr int tasks = 400;
     bool failed_once = true;
@@ -979,7 +979,7 @@ struct cancels_on_end {
 // destructor: the room the passes had), so out of memory cannot reach it: the allocation set to
 // fail is never made.
 TEMPLATE_TEST_CASE("reliability: the destructor out of memory ends every task outside the lock",
-                   "[finding]", hashed, hierarchical) {
+                   "[memory]", hashed, hierarchical) {
     using W = TestType;
     for (unsigned seed : {1U, 2U}) {
         mc::set(tp{1h});
@@ -1013,7 +1013,7 @@ TEMPLATE_TEST_CASE("reliability: the destructor out of memory ends every task ou
 // the hashed wheel, a hierarchical wheel's levels), the clock going back, periodic tasks and
 // postponed ones, with every operator new on the driving thread counted. Before: the batch's and
 // the window's arrays grew in the passes that needed them.
-TEMPLATE_TEST_CASE("reliability: a pass allocates nothing", "[finding]", hashed, hierarchical) {
+TEMPLATE_TEST_CASE("reliability: a pass allocates nothing", "[memory]", hashed, hierarchical) {
     using W = TestType;
     constexpr long lots = 1L << 40;  // allocations_before_failure as a counter: none fails
     for (unsigned seed : {1U, 2U, 3U}) {
@@ -1064,7 +1064,7 @@ TEMPLATE_TEST_CASE("reliability: a pass allocates nothing", "[finding]", hashed,
 // (the batch's array and the window's are moved to larger ones under it). Every task runs once,
 // in order, and the pass reads nothing from the arrays it left (ASan's preset checks that).
 TEMPLATE_TEST_CASE("reliability: tasks that schedule many grow the room of the pass running them",
-                   "[finding]", hashed, hierarchical) {
+                   "[memory]", hashed, hierarchical) {
     using W = TestType;
     mc::set(tp{1h});
     auto w = W::make(1ms);
@@ -1156,7 +1156,7 @@ void schedule_far_moves(Timer& t, Now now, std::atomic<int>& far_runs, std::atom
 // task rescheduled itself far while it ran: 5 allocations in that pass, and out of memory there
 // ended the task (cancelled, pending() down, never to run again). Both wheels, thread-free.
 TEMPLATE_TEST_CASE("reliability: a periodic task moved far in a pass allocates nothing there",
-                   "[finding]", hashed, hierarchical) {
+                   "[memory]", hashed, hierarchical) {
     using W = TestType;
     for (const bool fail : {false, true}) {
         CAPTURE(fail);
@@ -1256,7 +1256,7 @@ void threaded_far_moves() {
 }  // namespace
 
 TEST_CASE("reliability: a periodic task moved far in a threaded timer's pass allocates nothing",
-          "[finding]") {
+          "[memory]") {
     SECTION("hashed_wheel_timer") {
         threaded_far_moves<delayq::hashed_wheel_timer<>>();
     }

@@ -1,11 +1,11 @@
 // End-to-end figures of delayq::redis against a local redis-server that this program starts
 // itself (no persistence, like a cache-style deployment; `--port P` uses a running server), and
-// BullMQ's beside them when it is installed.
+// BullMQ's beside them when it is installed. (The SQLite queue beside the Redis one, and the
+// reopening of a large SQLite queue: bench/sqlite/bench_sqlite.cpp.)
 //
 //   bench_redis [--jobs N] [--batch-jobs N] [--paced-seconds S] [--idle-seconds S] [--repeat R]
 //               [--port P] [--bullmq-concurrency C] [--objects shared|per-thread|both]
-//               [--only put|e2e|delayq|bullmq|bullmq-batch|scripts|paced|idle|memory|sharded|
-//                       sqlite|sqlite-reopen]
+//               [--only put|e2e|delayq|bullmq|bullmq-batch|scripts|paced|idle|memory|sharded]
 //
 // 1. put-only rate: 4 producers, one shared queue object, delays far in the future;
 // 2. end to end, side by side with BullMQ (bullmq/bench.mjs) against the same server, R rounds of
@@ -34,19 +34,10 @@
 //    payloads);
 // 7. the sharded queue (8 shards) end to end on this one server and on a local Redis Cluster of 3
 //    masters + 3 replicas that this program starts (needs ports whose port + 10000 is free).
-// 8. delayq::sqlite's queue beside the Redis one (where SQLite is found; a queue file in a fresh
-//    temporary directory, every put fsynced): R rounds of the Redis queue's two end-to-end runs of
-//    2. (single calls, batches of 100), each followed by the same run on a sqlite::delay_queue in
-//    the same process, jobs/s and client CPU per job (the SQLite queue's whole cost: it has no
-//    server) side by side with the ratios sqlite / redis;
-// 9. reopening an SQLite queue of 1M pending jobs (put_many of 500, delays U[0, 2 s]): the time to
-//    open it in a fresh object and take the first due job, and the resident memory that added
-//    (/proc/self/statm) per pending job.
 // --only e2e runs 2. and 3. (every series, the table, commandstats, the scripts); --only delayq
 // delayq's series alone, --only bullmq and --only bullmq-batch one BullMQ series each, --only
-// scripts 3. alone; --only sqlite 8., --only sqlite-reopen 9. Lateness uses the system clock of
-// this machine, which the local servers share.
-#include <malloc.h>
+// scripts 3. alone. Lateness uses the system clock of this machine, which the local servers share.
+// The end-to-end run itself, and the series' medians as printed: bench/job_queue_bench.hpp.
 #include <stdlib.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -59,7 +50,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <delayq/redis/delay_queue.hpp>
-#include <filesystem>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -69,16 +59,12 @@
 #include <thread>
 #include <vector>
 
+#include "../job_queue_bench.hpp"
 #include "redis_cluster.hpp"
 #include "redis_server.hpp"
 
-#if DELAYQ_BENCH_SQLITE
-#include <delayq/sqlite/delay_queue.hpp>
-#endif
-
 using namespace std::chrono_literals;
-using clk = std::chrono::steady_clock;
-using sys = std::chrono::system_clock;
+using namespace delayq_bench;
 
 namespace {
 
@@ -94,30 +80,7 @@ struct config {
     std::string only;
 };
 
-std::string id_of(int run, int i) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%d:%07d", run, i);
-    return buf;
-}
-
-const std::string payload16 = "0123456789abcdef";
-
 using delayq_test::queue_options;
-
-double seconds(clk::duration d) {
-    return std::chrono::duration<double>(d).count();
-}
-
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-}
-
-std::string list(const std::vector<double>& v) {
-    std::string s;
-    for (double x : v) s += (s.empty() ? "" : ", ") + std::to_string(static_cast<long>(x));
-    return s;
-}
 
 long long info_number(const delayq_test::redis_server& srv, const std::string& section,
                       const std::string& field) {
@@ -157,113 +120,6 @@ void put_only(int port, int jobs, int batch) {
                 4 * per, s, 4 * per / s);
 }
 
-struct lateness {
-    std::mutex m;
-    std::vector<double> ms;
-    void add(sys::time_point deadline) {
-        const double late =
-            std::chrono::duration<double, std::milli>(sys::now() - deadline).count();
-        std::lock_guard lk(m);
-        ms.push_back(late);
-    }
-    std::string report() {
-        std::sort(ms.begin(), ms.end());
-        auto at = [&](double q) {
-            return ms[std::min(ms.size() - 1,
-                               static_cast<std::size_t>(q * static_cast<double>(ms.size())))];
-        };
-        char buf[128];
-        std::snprintf(buf, sizeof buf, "lateness p50 %.2f ms, p99 %.2f ms, max %.2f ms", at(0.5),
-                      at(0.99), ms.back());
-        return buf;
-    }
-};
-
-struct run_shape {
-    int jobs = 0;
-    double rate = 0;         // > 0: producers paced to this many jobs/s in all
-    int batch = 1;           // > 1: put_many / take_many / ack_many of this many
-    int busy_consumers = 0;  // that many consumers work 5 ms on every job they take
-};
-
-// The queue object of each of the 8 threads of a run: producers 0-3, then consumers 0-3. One
-// object shared by all, or one object each.
-template <class Queue>
-using objects = std::array<Queue*, 8>;
-
-template <class Queue>
-objects<Queue> everyone(Queue& q) {
-    objects<Queue> all;
-    all.fill(&q);
-    return all;
-}
-
-// Producers put the jobs due U[0, 2 s]; consumers take and ack until every job is acked.
-// Returns jobs/s; `late` gets every job's lateness.
-template <class Queue>
-double end_to_end_each(const objects<Queue>& qs, const run_shape& shape, lateness& late) {
-    std::atomic<int> acked{0};
-    const int per = shape.jobs / 4;
-    const int total = per * 4;
-    static std::atomic<int> run{0};
-    const int r = ++run;
-    const auto start = clk::now();
-    std::vector<std::thread> ts;
-    for (int p = 0; p < 4; ++p)
-        ts.emplace_back([&, p] {
-            Queue& q = *qs[static_cast<std::size_t>(p)];
-            std::mt19937 rng(static_cast<unsigned>(p + 1));
-            std::uniform_int_distribution<int> delay(0, 2000);
-            std::vector<std::string> ids;
-            std::vector<typename Queue::put_request> reqs;
-            for (int i = 0; i < per; ++i) {
-                if (shape.rate > 0)
-                    std::this_thread::sleep_until(
-                        start + std::chrono::duration_cast<clk::duration>(
-                                    std::chrono::duration<double>(i * 4.0 / shape.rate)));
-                const std::string id = id_of(r * 10 + p, i);
-                if (shape.batch <= 1) {
-                    q.put_after(id, payload16, std::chrono::milliseconds(delay(rng)));
-                    continue;
-                }
-                ids.push_back(id);
-                if (static_cast<int>(ids.size()) == shape.batch || i + 1 == per) {
-                    reqs.clear();
-                    for (const auto& x : ids)
-                        reqs.push_back({x, payload16, std::chrono::milliseconds(delay(rng))});
-                    q.put_many(reqs);
-                    ids.clear();
-                }
-            }
-        });
-    for (int c = 0; c < 4; ++c)
-        ts.emplace_back([&, c] {
-            Queue& q = *qs[static_cast<std::size_t>(4 + c)];
-            const bool busy = c < shape.busy_consumers;
-            while (acked.load(std::memory_order_relaxed) < total) {
-                if (shape.batch <= 1) {
-                    auto j = q.take(200ms);  // the plain loop: take, work, ack
-                    if (!j) continue;
-                    late.add(j->deadline);
-                    if (busy) std::this_thread::sleep_for(5ms);
-                    if (q.ack(*j)) acked.fetch_add(1, std::memory_order_relaxed);
-                    continue;
-                }
-                auto js = q.take_many(static_cast<std::size_t>(shape.batch), 200ms);
-                for (const auto& j : js) late.add(j.deadline);
-                for (bool ok : q.ack_many(js))
-                    acked.fetch_add(ok ? 1 : 0, std::memory_order_relaxed);
-            }
-        });
-    for (auto& t : ts) t.join();
-    return total / seconds(clk::now() - start);
-}
-
-template <class Queue>
-double end_to_end(Queue& q, const run_shape& shape, lateness& late) {
-    return end_to_end_each(everyone(q), shape, late);
-}
-
 // end_to_end `repeat` times, each on a fresh queue; prints every rate and the median.
 template <class Make>
 double repeated(const config& cfg, const run_shape& shape, const std::string& what, Make make) {
@@ -278,130 +134,6 @@ double repeated(const config& cfg, const run_shape& shape, const std::string& wh
     std::printf("%s: %d jobs, median %.0f jobs/s (runs: %s); last run's %s\n", what.c_str(),
                 shape.jobs, median(rates), list(rates).c_str(), last.c_str());
     return median(rates);
-}
-
-// One command on a fresh connection to the server at `port` (this program's own, or --port's).
-delayq_test::reply command(int port, const std::vector<std::string>& args) {
-    redisContext* c = redisConnect("127.0.0.1", port);
-    if (c == nullptr || c->err != 0) {
-        const std::string msg = c != nullptr ? c->errstr : "out of memory";
-        redisFree(c);
-        throw std::runtime_error("cannot connect to redis-server: " + msg);
-    }
-    std::vector<const char*> argv;
-    std::vector<std::size_t> len;
-    for (const auto& a : args) {
-        argv.push_back(a.data());
-        len.push_back(a.size());
-    }
-    auto* r = static_cast<redisReply*>(
-        redisCommandArgv(c, static_cast<int>(args.size()), argv.data(), len.data()));
-    const std::string err = c->errstr;
-    redisFree(c);
-    if (r == nullptr) throw std::runtime_error("command to redis-server failed: " + err);
-    return delayq_test::reply(r);
-}
-
-std::string text(int port, const std::vector<std::string>& args) {
-    auto r = command(port, args);
-    return r->str != nullptr ? std::string(r->str, r->len) : std::string();
-}
-
-// The number after `key` in `s` (an INFO field "name:", a JSON key "\"name\":"), if there.
-std::optional<double> number_after(const std::string& s, const std::string& key) {
-    const auto at = s.find(key);
-    if (at == std::string::npos) return std::nullopt;
-    return std::strtod(s.c_str() + at + key.size(), nullptr);
-}
-
-// redis-server's CPU time so far, user + system, in seconds (INFO cpu: getrusage of the server).
-double server_cpu(int port) {
-    const std::string info = text(port, {"INFO", "cpu"});
-    return number_after(info, "used_cpu_user:").value_or(0) +
-           number_after(info, "used_cpu_sys:").value_or(0);
-}
-
-// This process's CPU time so far, every thread, user + system, in seconds. The redis-server it
-// started is another process, and counts only in server_cpu().
-double own_cpu() {
-    rusage u{};
-    ::getrusage(RUSAGE_SELF, &u);
-    const auto s = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec / 1e6; };
-    return s(u.ru_utime) + s(u.ru_stime);
-}
-
-// One end-to-end run's figures.
-struct figures {
-    double jobs_per_s = 0;
-    double server_us = 0;  // redis-server CPU per job, µs
-    double client_us = 0;  // the client's CPU per job, µs (all its threads)
-    std::string lateness;
-};
-
-// The runs of one of the four end-to-end series, and their medians.
-struct series {
-    std::string name;
-    int jobs = 0;
-    std::vector<figures> runs;
-
-    template <class F>
-    std::vector<double> each(F f) const {
-        std::vector<double> v;
-        for (const auto& r : runs) v.push_back(f(r));
-        return v;
-    }
-    double jobs_per_s() const {
-        return median(each([](auto& r) { return r.jobs_per_s; }));
-    }
-    double server_us() const {
-        return median(each([](auto& r) { return r.server_us; }));
-    }
-    double client_us() const {
-        return median(each([](auto& r) { return r.client_us; }));
-    }
-    void print() const {
-        if (runs.empty()) return;
-        const auto one = [](const std::vector<double>& v) {
-            std::string s;
-            for (double x : v) {
-                char b[32];
-                std::snprintf(b, sizeof b, "%s%.1f", s.empty() ? "" : ", ", x);
-                s += b;
-            }
-            return s;
-        };
-        std::printf(
-            "%s: %d jobs, median %.0f jobs/s (runs: %s); per job: redis-server CPU %.1f µs "
-            "(runs: %s), client CPU %.1f µs (runs: %s); last run's %s\n",
-            name.c_str(), jobs, jobs_per_s(),
-            list(each([](auto& r) { return r.jobs_per_s; })).c_str(), server_us(),
-            one(each([](auto& r) { return r.server_us; })).c_str(), client_us(),
-            one(each([](auto& r) { return r.client_us; })).c_str(), runs.back().lateness.c_str());
-    }
-};
-
-// One delayq end-to-end run with its CPU figures; `stats` gets INFO commandstats over the run.
-template <class Queue>
-figures measured_each(int port, const objects<Queue>& qs, const run_shape& shape,
-                      std::string* stats = nullptr) {
-    for (Queue* q : qs) (void)q->size();  // connected before the clocks start
-    command(port, {"CONFIG", "RESETSTAT"});
-    const double server0 = server_cpu(port);
-    const double client0 = own_cpu();
-    lateness late;
-    figures f;
-    f.jobs_per_s = end_to_end_each(qs, shape, late);
-    const double jobs = shape.jobs / 4 * 4;
-    f.client_us = (own_cpu() - client0) * 1e6 / jobs;
-    f.server_us = (server_cpu(port) - server0) * 1e6 / jobs;
-    if (stats != nullptr) *stats = text(port, {"INFO", "commandstats"});
-    f.lateness = late.report();
-    return f;
-}
-
-template <class Queue>
-figures measured(int port, Queue& q, const run_shape& shape, std::string* stats = nullptr) {
-    return measured_each(port, everyone(q), shape, stats);
 }
 
 // Why BullMQ cannot run here, or "" when it can (bullmq/bench.mjs needs node and the npm package).
@@ -539,20 +271,21 @@ double evalsha_per_job(const std::string& stats, int jobs) {
 class script_tap {
   public:
     explicit script_tap(int port) : port_(port) {
-        using namespace delayq::redis::detail;
+        using delayq::redis::detail::script_names;
+        using delayq::redis::detail::scripts;
         for (std::size_t i = 0; i < scripts.size(); ++i)
             names_[text(port, {"SCRIPT", "LOAD", std::string(scripts[i])})] = script_names[i];
         for (const char* k : {"slowlog-log-slower-than", "slowlog-max-len"}) {
-            auto r = command(port, {"CONFIG", "GET", k});
+            auto r = command_at(port, {"CONFIG", "GET", k});
             if (r->elements == 2) saved_.emplace_back(k, r->element[1]->str);
         }
-        command(port, {"CONFIG", "SET", "slowlog-max-len", "1000000"});
+        command_at(port, {"CONFIG", "SET", "slowlog-max-len", "1000000"});
         per_command_ = log_cost(port);
-        command(port, {"SLOWLOG", "RESET"});
+        command_at(port, {"SLOWLOG", "RESET"});
         ctx_ = redisConnect("127.0.0.1", port);
         if (ctx_ == nullptr || ctx_->err != 0)
             throw std::runtime_error("script_tap: no connection");
-        command(port, {"CONFIG", "SET", "slowlog-log-slower-than", "0"});
+        command_at(port, {"CONFIG", "SET", "slowlog-log-slower-than", "0"});
         thread_ = std::thread([this] {
             while (!stop_.load()) {
                 poll();
@@ -572,9 +305,9 @@ class script_tap {
         if (!thread_.joinable()) return;
         stop_ = true;
         thread_.join();
-        command(port_, {"CONFIG", "SET", "slowlog-log-slower-than", "-1"});
+        command_at(port_, {"CONFIG", "SET", "slowlog-log-slower-than", "-1"});
         poll();
-        for (const auto& [k, v] : saved_) command(port_, {"CONFIG", "SET", k, v});
+        for (const auto& [k, v] : saved_) command_at(port_, {"CONFIG", "SET", k, v});
     }
 
     // `timed_per_job`: EVALSHA's µs a job in a timed run of the same shape (commandstats), to
@@ -634,18 +367,19 @@ class script_tap {
             "for i = 1, 200 do redis.call('ZRANGE', KEYS[1], 0, 0) end return 0";
         const std::string sha = text(port, {"SCRIPT", "LOAD", lua});
         const auto best = [&](const char* slower_than) {
-            command(port, {"CONFIG", "SET", "slowlog-log-slower-than", slower_than});
+            command_at(port, {"CONFIG", "SET", "slowlog-log-slower-than", slower_than});
             double b = 1e300;
             for (int round = 0; round < 5; ++round) {
-                command(port, {"CONFIG", "RESETSTAT"});
-                for (int i = 0; i < 10; ++i) command(port, {"EVALSHA", sha, "1", "bench-log-cost"});
+                command_at(port, {"CONFIG", "RESETSTAT"});
+                for (int i = 0; i < 10; ++i)
+                    command_at(port, {"EVALSHA", sha, "1", "bench-log-cost"});
                 b = std::min(b, evalsha_per_call(text(port, {"INFO", "commandstats"})));
             }
             return b;
         };
         const double off = best("-1");
         const double on = best("0");
-        command(port, {"CONFIG", "SET", "slowlog-log-slower-than", "-1"});
+        command_at(port, {"CONFIG", "SET", "slowlog-log-slower-than", "-1"});
         return std::max(0.0, (on - off) / 200);
     }
 
@@ -825,170 +559,6 @@ void memory(const delayq_test::redis_server& srv, int n) {
                 static_cast<double>(after - before) / (per * 4), per * 4);
 }
 
-#if DELAYQ_BENCH_SQLITE
-// A fresh directory under the system's temporary one (the same disk: the fsyncs are real),
-// removed with everything in it at the end.
-class temp_dir {
-  public:
-    temp_dir() {
-        std::string pattern = std::filesystem::temp_directory_path() / "delayq-bench-XXXXXX";
-        if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-        path_ = pattern;
-    }
-    ~temp_dir() {
-        std::error_code ec;
-        std::filesystem::remove_all(path_, ec);
-    }
-    temp_dir(const temp_dir&) = delete;
-    temp_dir& operator=(const temp_dir&) = delete;
-    std::string file(const std::string& name) const { return (path_ / name).string(); }
-
-  private:
-    std::filesystem::path path_;
-};
-
-std::unique_ptr<delayq::sqlite::delay_queue> sqlite_queue(const std::string& path) {
-    delayq::sqlite::options o;
-    o.path = path;  // the defaults otherwise: every put fsynced
-    return std::make_unique<delayq::sqlite::delay_queue>(o);
-}
-
-// One end-to-end run on an SQLite queue: jobs/s, and this process's CPU per job, which is the
-// queue's whole cost (no server; the redis-server is idle meanwhile).
-figures measured_locally(delayq::sqlite::delay_queue& q, const run_shape& shape) {
-    (void)q.size();
-    const double client0 = own_cpu();
-    lateness late;
-    figures f;
-    f.jobs_per_s = end_to_end(q, shape, late);
-    f.client_us = (own_cpu() - client0) * 1e6 / (shape.jobs / 4 * 4);
-    f.lateness = late.report();
-    return f;
-}
-
-// The medians of the Redis and SQLite series side by side, with the ratios sqlite / redis.
-void print_sqlite_table(const series& rs, const series& ss, const series& rb, const series& sb) {
-    const auto ratio = [](double a, double b) {
-        char buf[32];
-        std::snprintf(buf, sizeof buf, "%.2f×", a / b);
-        return std::string(buf);
-    };
-    std::printf(
-        "\nper job, medians | delayq-redis single | delayq-sqlite single | sqlite / redis | "
-        "delayq-redis batched | delayq-sqlite batched | sqlite / redis\n"
-        "|---|---|---|---|---|---|---|\n");
-    std::printf("| end-to-end jobs/s | %.0f | %.0f | %s | %.0f | %.0f | %s |\n", rs.jobs_per_s(),
-                ss.jobs_per_s(), ratio(ss.jobs_per_s(), rs.jobs_per_s()).c_str(), rb.jobs_per_s(),
-                sb.jobs_per_s(), ratio(sb.jobs_per_s(), rb.jobs_per_s()).c_str());
-    std::printf("| client CPU | %.1f µs | %.1f µs | %s | %.1f µs | %.1f µs | %s |\n",
-                rs.client_us(), ss.client_us(), ratio(ss.client_us(), rs.client_us()).c_str(),
-                rb.client_us(), sb.client_us(), ratio(sb.client_us(), rb.client_us()).c_str());
-    std::printf(
-        "| client + redis-server CPU | %.1f µs | %.1f µs | %s | %.1f µs | %.1f µs | %s |\n\n",
-        rs.client_us() + rs.server_us(), ss.client_us(),
-        ratio(ss.client_us(), rs.client_us() + rs.server_us()).c_str(),
-        rb.client_us() + rb.server_us(), sb.client_us(),
-        ratio(sb.client_us(), rb.client_us() + rb.server_us()).c_str());
-}
-
-// The Redis queue's two end-to-end runs and the SQLite queue's, round by round, so that a machine
-// that gets busier or quieter weighs on both.
-void sqlite_beside_redis(const config& cfg) {
-    temp_dir dir;
-    series rs{"delayq-redis end to end (single calls: put_after, take, ack)", cfg.jobs, {}};
-    series ss{"delayq-sqlite end to end (single calls: put_after, take, ack; durable puts)",
-              cfg.jobs,
-              {}};
-    series rb{"delayq-redis end to end (batches of 100)", cfg.batch_jobs, {}};
-    series sb{"delayq-sqlite end to end (batches of 100; durable puts)", cfg.batch_jobs, {}};
-    const auto add = [](series& to, const char* what, int round, const figures& f) {
-        to.runs.push_back(f);
-        char server[64] = "";
-        if (f.server_us > 0)
-            std::snprintf(server, sizeof server, ", redis-server CPU %.1f µs", f.server_us);
-        std::printf("  round %d, %s: %.0f jobs/s, per job client CPU %.1f µs%s\n", round + 1, what,
-                    f.jobs_per_s, f.client_us, server);
-    };
-    for (int i = 0; i < cfg.repeat; ++i) {
-        const std::string n = std::to_string(i);
-        {
-            delayq::redis::delay_queue q(queue_options(cfg.port, "bench-sq-redis-1-" + n));
-            add(rs, "delayq-redis single", i, measured(cfg.port, q, {cfg.jobs, 0, 1, 0}));
-        }
-        add(ss, "delayq-sqlite single", i,
-            measured_locally(*sqlite_queue(dir.file("single-" + n + ".db")), {cfg.jobs, 0, 1, 0}));
-        {
-            delayq::redis::delay_queue q(queue_options(cfg.port, "bench-sq-redis-100-" + n));
-            add(rb, "delayq-redis batched", i, measured(cfg.port, q, {cfg.batch_jobs, 0, 100, 0}));
-        }
-        add(sb, "delayq-sqlite batched", i,
-            measured_locally(*sqlite_queue(dir.file("batched-" + n + ".db")),
-                             {cfg.batch_jobs, 0, 100, 0}));
-    }
-    for (const series* s : {&rs, &ss, &rb, &sb}) s->print();
-    print_sqlite_table(rs, ss, rb, sb);
-}
-
-// This process's resident memory in bytes (/proc/self/statm, resident pages).
-long long resident_bytes() {
-    std::FILE* f = std::fopen("/proc/self/statm", "r");
-    long long size = 0, resident = 0;
-    if (f != nullptr) {
-        if (std::fscanf(f, "%lld %lld", &size, &resident) != 2) resident = 0;
-        std::fclose(f);
-    }
-    return resident * ::sysconf(_SC_PAGESIZE);
-}
-
-// Fills a queue file with `n` pending jobs (put_many of 500, 10-byte ids, 16-byte payloads,
-// delays U[0, 2 s]), closes it, opens it in a fresh object and takes the first due job.
-void sqlite_reopen(int n) {
-    temp_dir dir;
-    const std::string path = dir.file("reopen.db");
-    const auto fill_start = clk::now();
-    {
-        auto q = sqlite_queue(path);
-        std::mt19937 rng(1);
-        std::uniform_int_distribution<int> delay(0, 2000);
-        std::vector<std::string> ids;
-        std::vector<delayq::sqlite::delay_queue::put_request> reqs;
-        for (int i = 0; i < n; i += 500) {
-            ids.clear();
-            reqs.clear();
-            for (int k = i; k < std::min(n, i + 500); ++k) {
-                char id[16];
-                std::snprintf(id, sizeof id, "j%09d", k);
-                ids.emplace_back(id);
-            }
-            for (const auto& id : ids)
-                reqs.push_back({id, payload16, std::chrono::milliseconds(delay(rng))});
-            q->put_many(reqs);
-        }
-    }
-    const double fill_s = seconds(clk::now() - fill_start);
-    std::error_code ec;
-    const auto bytes = std::filesystem::file_size(path, ec);
-    ::malloc_trim(0);  // what the filler freed must not count as resident before the reopen
-    const long long before = resident_bytes();
-    const auto open_start = clk::now();
-    auto q = sqlite_queue(path);
-    const auto opened = clk::now();
-    const auto j = q->take(10s);
-    const auto took = clk::now();
-    const long long after = resident_bytes();
-    std::printf(
-        "sqlite reopen: filled %d jobs in %.2f s (%.0f puts/s, put_many of 500), file %.1f MB "
-        "(%.0f B a job)\n"
-        "  reopen: open %.2f ms, first take of a due job %.2f ms (%s), in all %.2f ms; resident "
-        "memory +%.2f MB = %.2f B per pending job\n",
-        n, fill_s, n / fill_s, static_cast<double>(bytes) / 1e6, static_cast<double>(bytes) / n,
-        std::chrono::duration<double, std::milli>(opened - open_start).count(),
-        std::chrono::duration<double, std::milli>(took - opened).count(), j ? "got one" : "none",
-        std::chrono::duration<double, std::milli>(took - open_start).count(),
-        static_cast<double>(after - before) / 1e6, static_cast<double>(after - before) / n);
-}
-#endif
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1024,11 +594,15 @@ int main(int argc, char** argv) {
                          "[--idle-seconds S] [--repeat R] "
                          "[--port P] [--bullmq-concurrency C] [--objects shared|per-thread|both] "
                          "[--only "
-                         "put|e2e|delayq|bullmq|bullmq-batch|scripts|paced|idle|memory|sharded|"
-                         "sqlite|sqlite-reopen]\n",
+                         "put|e2e|delayq|bullmq|bullmq-batch|scripts|paced|idle|memory|sharded]\n",
                          argv[0]);
             return 2;
         }
+    }
+    if (cfg.only == "sqlite" || cfg.only == "sqlite-reopen") {
+        std::fprintf(stderr, "%s: the SQLite queue's runs are bench_sqlite's now (bench/sqlite/)\n",
+                     argv[0]);
+        return 2;
     }
     std::unique_ptr<delayq_test::redis_server> own;
     if (cfg.port == 0) {
@@ -1178,14 +752,6 @@ int main(int argc, char** argv) {
             repeated(cfg, {cfg.jobs, 0, 1, 0}, "sharded (8 shards), 3-master cluster",
                      sharded(cluster.masters().front(), "bench-shc-"));
         std::printf("sharded: cluster / one node = %.2f\n", three / one);
-    }
-    if (want("sqlite") || want("sqlite-reopen")) {
-#if DELAYQ_BENCH_SQLITE
-        if (want("sqlite")) sqlite_beside_redis(cfg);
-        if (want("sqlite-reopen")) sqlite_reopen(1'000'000);
-#else
-        std::printf("sqlite: skipped (built without SQLite)\n");
-#endif
     }
     if (!own) {
         std::printf(

@@ -10,11 +10,9 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <libpq-fe.h>
-#include <netinet/in.h>
 #include <pwd.h>
 #include <signal.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -28,6 +26,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "../free_port.hpp"
 
 extern char** environ;
 
@@ -106,23 +106,6 @@ inline pid_t spawn(const std::vector<std::string>& args, const server_user& user
     ::_exit(127);
 }
 
-// A loopback port nobody listens on right now.
-inline int free_port() {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) throw std::runtime_error("socket() failed");
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-        ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-        ::close(fd);
-        throw std::runtime_error("cannot bind a loopback port");
-    }
-    ::close(fd);
-    return ntohs(a.sin_port);
-}
-
 class pg_server {
   public:
     /// initdb and start; `settings` are extra `-c name=value` for the server.
@@ -178,7 +161,7 @@ class pg_server {
     /// accepts connections.
     void start() {
         for (int attempt = 0;; ++attempt) {
-            if (!keep_port_) port_ = free_port();  // a restart keeps its port
+            if (!keep_port_) port_ = delayq_test::free_port();  // a restart keeps its port
             std::vector<std::string> args = {bin_ + "/postgres",
                                              "-D",
                                              data(),

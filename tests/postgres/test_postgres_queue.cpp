@@ -421,7 +421,7 @@ TEST_CASE(
     "io_timeout",
     "[postgres][errors]") {
     auto o = opts("x");
-    o.conninfo = "host=127.0.0.1 port=" + std::to_string(delayq_pg_test::free_port()) +
+    o.conninfo = "host=127.0.0.1 port=" + std::to_string(delayq_test::free_port()) +
                  " user=postgres dbname=postgres";
     CHECK_THROWS_AS(pg::delay_queue(o), pg::connection_error);
 

@@ -90,7 +90,7 @@ TEST_CASE("redis misuse: unreachable host") {
     }
 }
 
-TEST_CASE("redis misuse: payload larger than the server's proto-max-bulk-len", "[finding]") {
+TEST_CASE("redis misuse: payload larger than the server's proto-max-bulk-len", "[limits]") {
     // The server closes the connection after "ERR Protocol error"; that connection used to go back
     // to the pool, so the next call failed too ("Connection reset by peer"). Fixed in the header
     // (a protocol error marks the connection broken): the next call reconnects.

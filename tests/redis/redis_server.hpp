@@ -26,12 +26,13 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <random>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "../free_port.hpp"
 
 extern char** environ;
 
@@ -104,44 +105,21 @@ inline redisReply* command_argv(redisContext* c, const std::vector<std::string>&
         redisCommandArgv(c, static_cast<int>(args.size()), argv.data(), len.data()));
 }
 
-// Whether a loopback TCP port can be bound right now.
-inline bool port_is_free(int port) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) return false;
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons(static_cast<std::uint16_t>(port));
-    const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-    ::close(fd);
-    return ok;
-}
-
-// A port nobody listens on right now. Another process may take it before the server binds it;
-// start() then tries another. `cluster_bus`: a port whose port + 10000 is free too, at most 55535
-// (a cluster node listens on both).
-inline int free_port(bool cluster_bus = false) {
-    if (cluster_bus) {
-        static thread_local std::mt19937 rng(std::random_device{}());
-        std::uniform_int_distribution<int> pick(20000, 45535);
-        for (int i = 0; i < 1000; ++i)
-            if (const int p = pick(rng); port_is_free(p) && port_is_free(p + 10000)) return p;
-        throw std::runtime_error(
-            "no free loopback port pair (port, port + 10000) for a cluster node");
+// One command on a fresh connection to the redis-server on 127.0.0.1:`port`: its reply; throws
+// when the connection or the command fails (redis_server::command, the benchmarks' INFO calls).
+inline reply command_at(int port, const std::vector<std::string>& args) {
+    redisContext* c = redisConnect("127.0.0.1", port);
+    const std::string where = "the redis-server on port " + std::to_string(port);
+    if (c == nullptr || c->err != 0) {
+        const std::string msg = c != nullptr ? c->errstr : "out of memory";
+        redisFree(c);
+        throw std::runtime_error("cannot connect to " + where + ": " + msg);
     }
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) throw std::runtime_error("socket() failed");
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-        ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-        ::close(fd);
-        throw std::runtime_error("cannot bind a loopback port");
-    }
-    ::close(fd);
-    return ntohs(a.sin_port);
+    redisReply* r = command_argv(c, args);
+    const std::string err = c->errstr;
+    redisFree(c);
+    if (r == nullptr) throw std::runtime_error("command to " + where + " failed: " + err);
+    return reply(r);
 }
 
 // A loopback socket that accepts connections (the kernel completes them) but never answers: a
@@ -274,7 +252,7 @@ class scripted_server {
 class redis_server {
   public:
     // `extra` are more "--option value" arguments, e.g. {"--appendfsync", "always"}. `cluster_bus`:
-    // a port fit for a Redis Cluster node (see free_port).
+    // a port fit for a Redis Cluster node (see free_port, tests/free_port.hpp).
     explicit redis_server(std::vector<std::string> extra = {}, bool cluster_bus = false)
         : binary_(find_redis_server()), extra_(std::move(extra)) {
         char tmpl[] = "/tmp/delayq-redis-XXXXXX";
@@ -322,20 +300,7 @@ class redis_server {
     }
 
     // One command on a fresh connection, for checks and fault injection.
-    reply command(const std::vector<std::string>& args) const {
-        redisContext* c = redisConnect("127.0.0.1", port_);
-        if (c == nullptr || c->err != 0) {
-            const std::string msg = c != nullptr ? c->errstr : "out of memory";
-            redisFree(c);
-            throw std::runtime_error("cannot connect to the test redis-server: " + msg);
-        }
-        redisReply* r = command_argv(c, args);
-        const std::string err = c->errstr;
-        redisFree(c);
-        if (r == nullptr)
-            throw std::runtime_error("command to the test redis-server failed: " + err);
-        return reply(r);
-    }
+    reply command(const std::vector<std::string>& args) const { return command_at(port_, args); }
 
     std::string text(const std::vector<std::string>& args) const {
         auto r = command(args);

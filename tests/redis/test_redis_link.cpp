@@ -21,10 +21,13 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "expect_error.hpp"
 #include "redis_server.hpp"
 
 using namespace std::chrono_literals;
 using delayq::redis::delay_queue;
+using delayq::test::contains;
+using delayq::test::message_of;
 using delayq_test::eventually;
 using delayq_test::opts;
 using delayq_test::redis_server;
@@ -282,4 +285,116 @@ TEST_CASE("a put of an object with a short io_timeout is not held up by another 
     CHECK(took < 400ms + 1s);
     CHECK(patient_put == std::optional<bool>(true));
     CHECK(patient.size() == 1);  // neither the first put nor the hasty one was written
+}
+
+TEST_CASE("a call that times out says so, naming the command and io_timeout", "[errors]") {
+    // Issue 10, item 13: the message was hiredis's errno text, "Resource temporarily unavailable".
+    const delayq_test::silent_server hung;
+    auto o = delayq_test::queue_options(hung.port());
+    o.io_timeout = 300ms;
+    delay_queue silent(o);
+    const std::string m = message_of<delayq::redis::error>([&] { silent.put_after("a", "", 0ms); });
+    INFO(m);
+    CHECK(contains(m, "timed out after 3"));  // the time it waited: 300 ms, or a little more
+    CHECK(contains(m, "(io_timeout 300 ms)"));
+    CHECK_FALSE(contains(m, "Resource temporarily unavailable"));
+    const bool names_a_command = contains(m, "EVALSHA") || contains(m, "SCRIPT LOAD") ||
+                                 contains(m, "CLUSTER") || contains(m, "HELLO");
+    CHECK(names_a_command);
+}
+
+// The link (connection.hpp) carries the calls of many threads over one connection and keeps
+// several batches in flight. Whatever the interleaving, each call must get its own replies, in
+// order, and a failure must answer every call in flight (none hangs, none gets another's reply:
+// the first pipelining link, after a failed write, could read calls' replies from a fresh
+// connection).
+TEST_CASE("a link shared by eight threads: every call gets its own replies, in order", "[link]") {
+    const redis_server srv;
+    delayq::redis::detail::link l({"127.0.0.1", srv.port(), "", ""}, 2000ms);
+    constexpr int threads = 8, calls = 1500;
+    std::atomic<int> wrong{0}, done{0};
+    std::vector<std::thread> ts;
+    for (int t = 0; t < threads; ++t)
+        ts.emplace_back([&, t] {
+            for (int i = 0; i < calls; ++i) {
+                const std::string a = std::to_string(t) + ":" + std::to_string(i);
+                const std::string b = a + ":second", c = a + ":third";
+                if (i % 3 == 0) {  // one call of three commands, back to back
+                    const std::array<std::string_view, 2> e1{"ECHO", a}, e2{"ECHO", b},
+                        e3{"ECHO", c};
+                    const std::array<delayq::redis::detail::command, 3> cmds{e1, e2, e3};
+                    auto rs = l.call(cmds);
+                    if (rs.size() != 3 || delayq::redis::detail::text_of(rs[0].get()) != a ||
+                        delayq::redis::detail::text_of(rs[1].get()) != b ||
+                        delayq::redis::detail::text_of(rs[2].get()) != c)
+                        ++wrong;
+                } else {
+                    const std::array<std::string_view, 2> e{"ECHO", a};
+                    auto r = l.call(delayq::redis::detail::command(e));
+                    if (delayq::redis::detail::text_of(r.get()) != a) ++wrong;
+                }
+                ++done;
+            }
+        });
+    for (auto& t : ts) t.join();
+    CHECK(wrong.load() == 0);
+    CHECK(done.load() == threads * calls);
+}
+
+TEST_CASE(
+    "a server killed under a busy link: every call in flight fails, none hangs, and the "
+    "link connects afresh after a restart",
+    "[link]") {
+    redis_server srv;
+    delayq::redis::detail::link l({"127.0.0.1", srv.port(), "", ""}, 2000ms);
+    constexpr int threads = 8;
+    std::atomic<bool> stop{false};
+    std::atomic<int> ok{0}, failed{0}, wrong{0};
+    std::vector<std::thread> ts;
+    for (int t = 0; t < threads; ++t)
+        ts.emplace_back([&, t] {
+            for (int i = 0; !stop.load(); ++i) {
+                const std::string a = std::to_string(t) + ":" + std::to_string(i);
+                const std::array<std::string_view, 2> e{"ECHO", a};
+                try {
+                    auto r = l.call(delayq::redis::detail::command(e));
+                    if (delayq::redis::detail::text_of(r.get()) != a) ++wrong;
+                    ++ok;
+                } catch (const delayq::redis::error&) {
+                    ++failed;
+                }
+            }
+        });
+    REQUIRE(eventually([&] { return ok.load() > 2000; }, 10s));
+    srv.kill9();
+    // Every thread now fails (refused, or reset mid-call): none is stuck on a reply.
+    const int failed_at_kill = failed.load();
+    CHECK(eventually([&] { return failed.load() >= failed_at_kill + 2 * threads; }, 10s));
+    srv.restart();
+    const int ok_at_restart = ok.load();
+    CHECK(eventually([&] { return ok.load() > ok_at_restart + 1000; }, 20s));
+    stop = true;
+    for (auto& t : ts) t.join();
+    CHECK(wrong.load() == 0);
+}
+
+// A write to a connection the server has reset raises SIGPIPE, whose default action ends the
+// process: a Redis node that dies while a call is being written must cost the caller an error,
+// not its process. (Seen in CI: the test above died of SIGPIPE.) The server here accepts each
+// connection and closes it at once; each call writes 4 MiB into it, more than one write() takes:
+// the first write is taken, the peer answers it with a reset, and the next write raises SIGPIPE.
+TEST_CASE("a write into a connection the server reset is an error, not SIGPIPE", "[link]") {
+    const delayq_test::scripted_server resetter;
+    delayq::redis::detail::link l({"127.0.0.1", resetter.port(), "", ""}, 2000ms);
+    const std::string big(std::size_t{4} << 20, 'x');
+    const std::array<std::string_view, 3> set{"SET", "k", big};
+    int failed = 0;
+    for (int i = 0; i < 20; ++i) {
+        try {
+            l.call(delayq::redis::detail::command(set));
+        } catch (const delayq::redis::error&) {
+            ++failed;
+        }
+    }
+    CHECK(failed == 20);
 }

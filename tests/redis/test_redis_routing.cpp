@@ -522,3 +522,30 @@ TEST_CASE("a child process after fork() talks to the server on connections of it
     CHECK(wrong.load() == 0);
     CHECK(before.size() == 3);
 }
+
+// In the middle of a failover a node can answer CLUSTER SLOTS without the slot that is changing
+// hands (the old master has stepped down, the new one is not known to it yet). That is the
+// moment CLUSTERDOWN covers: the router waits and asks again within io_timeout. (Seen in CI: a
+// put and a take failed with "no node of the cluster serves slot" during CLUSTER FAILOVER.) The
+// seed here answers the first two CLUSTER SLOTS with no slot at all, then maps every slot to a
+// real server.
+TEST_CASE("a slot that no node serves for a moment (a failover) is waited out, not an error",
+          "[routing]") {
+    redis_server real;
+    std::atomic<int> asked{0};
+    const delayq_test::scripted_server seed([&](const std::vector<std::string>& args) {
+        if (args.size() != 2 || args[0] != "CLUSTER" || args[1] != "SLOTS")
+            return std::optional<std::string>("-ERR only CLUSTER SLOTS here\r\n");
+        if (++asked <= 2) return std::optional<std::string>("*0\r\n");
+        const std::string port = std::to_string(real.port());
+        return std::optional<std::string>(
+            "*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$9\r\n127.0.0.1\r\n:" + port + "\r\n");
+    });
+    delay_queue q(delayq_test::queue_options(seed.port()));
+    REQUIRE_NOTHROW(q.put_after("a", "payload", 0ms));
+    CHECK(asked.load() >= 3);
+    const auto j = q.take(5s);
+    REQUIRE(j);
+    CHECK(j->id == "a");
+    CHECK(q.ack(*j));
+}
