@@ -1,6 +1,7 @@
-// delayq::job_queue<Q>: the contract that every durable job queue backend meets (today
-// delayq::redis::delay_queue and delayq::sqlite::delay_queue), written once as a concept so that
-// code, and one behaviour suite (tests/contract/), can be written against any of them.
+// delayq::job_queue<Q>: the contract that every durable job queue backend meets
+// (delayq::redis::delay_queue and sharded_delay_queue, delayq::sqlite::delay_queue,
+// delayq::postgres::delay_queue), written once as a concept so that code, and one behaviour suite
+// (tests/contract/), can be written against any of them.
 //
 // The semantics that the signatures cannot say, and that every backend keeps:
 // - An id is "queued" while its job waits or is leased. put() and put_after() of a queued id
@@ -15,6 +16,14 @@
 // - With max_attempts N > 0, a job whose N-th delivery is nacked or whose N-th lease ends moves to
 //   the dead letters (dead_size()) instead of waiting again.
 // - size() counts the queued jobs: waiting plus leased.
+// - Limits (delayq/job.hpp): an id is 1 to max_id_size (1024) bytes, else every call that names
+//   it throws std::invalid_argument; take_many(n, ...) leases at most max_take_many (500) jobs,
+//   and take_many(0, ...) returns nothing at once. Delays and times are clamped: a negative delay
+//   is due now.
+// - Errors: bad arguments throw std::invalid_argument, the store's problems the backend's error,
+//   a delayq::queue_error; among them, a store that could not serve the call now (unreachable,
+//   no answer within the call's timeout, held by another connection) throws a
+//   delayq::unavailable_error, after which a retry is safe.
 #include "detail/config.hpp"  // first: below C++20, one clear error
 #pragma once
 

@@ -344,6 +344,64 @@ TEMPLATE_LIST_TEST_CASE("contract: take_many(0, ...) returns nothing at once and
     CHECK(steady::now() - start < 10s);
 }
 
+TEMPLATE_LIST_TEST_CASE("contract: take_many leases at most max_take_many jobs, whatever it asks",
+                        "[contract]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    using request = delayq::put_request_t<typename TestType::queue>;
+    using job = delayq::job_type_t<typename TestType::queue>;
+    TestType f;
+    auto q = f.make({});
+    const std::size_t total = delayq::max_take_many + 100;
+    std::vector<std::string> ids;
+    for (std::size_t i = 0; i < total; ++i) ids.push_back(id_of("c", i));
+    std::vector<request> reqs;
+    for (const auto& id : ids) reqs.push_back(request{id, "p", std::chrono::milliseconds(0)});
+    const auto put = q->put_many(reqs);
+    REQUIRE(std::count(put.begin(), put.end(), true) == static_cast<std::ptrdiff_t>(total));
+    std::set<std::string> seen;
+    for (int round = 0; round < 100 && seen.size() < total; ++round) {
+        std::vector<job> some = q->take_many(2 * total, 5s);
+        CHECK(some.size() <= delayq::max_take_many);
+        for (const auto& j : some) seen.insert(j.id);
+        const auto acked = q->ack_many(some);
+        CHECK(std::count(acked.begin(), acked.end(), true) ==
+              static_cast<std::ptrdiff_t>(some.size()));
+    }
+    CHECK(seen.size() == total);
+    CHECK(q->size() == 0);
+}
+
+TEMPLATE_LIST_TEST_CASE("contract: a job id is 1 to max_id_size bytes, else std::invalid_argument",
+                        "[contract]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    using request = delayq::put_request_t<typename TestType::queue>;
+    using job = delayq::job_type_t<typename TestType::queue>;
+    TestType f;
+    auto q = f.make({});
+    const std::string longest(delayq::max_id_size, 'i');
+    REQUIRE(q->put(longest, "x", past));
+    auto j = q->take(5s);
+    REQUIRE(j);
+    CHECK(j->id == longest);
+    CHECK(q->ack(*j));
+
+    for (const std::string& bad : {std::string(), std::string(delayq::max_id_size + 1, 'i')}) {
+        INFO("an id of " << bad.size() << " bytes");
+        CHECK_THROWS_AS(q->put(bad, "x", past), std::invalid_argument);
+        CHECK_THROWS_AS(q->put_after(bad, "x", 0ms), std::invalid_argument);
+        CHECK_THROWS_AS(q->cancel(bad), std::invalid_argument);
+        CHECK_THROWS_AS(q->reschedule(bad, 0ms), std::invalid_argument);
+        const std::vector<request> reqs{request{"fine", "x", 0ms}, request{bad, "x", 0ms}};
+        CHECK_THROWS_AS(q->put_many(reqs), std::invalid_argument);
+        job forged = *j;
+        forged.id = bad;
+        CHECK_THROWS_AS(q->ack(forged), std::invalid_argument);
+        CHECK_THROWS_AS(q->nack(forged, 0ms), std::invalid_argument);
+        CHECK_THROWS_AS(q->ack_many(std::vector<job>{forged}), std::invalid_argument);
+    }
+    CHECK(q->size() == 0);  // a put_many with one bad id puts none of its jobs
+}
+
 TEMPLATE_LIST_TEST_CASE("contract: a take waiting for a later job wakes for an earlier put",
                         "[contract]", delayq_contract_fixtures) {
     using namespace delayq_contract;

@@ -32,10 +32,9 @@ namespace pg = delayq::postgres;
 namespace {
 
 // A connection of the queue's kind (detail::connection), with a limit of 10 s to connect.
-std::unique_ptr<pg::detail::connection> connect_to(const std::string& conninfo,
-                                                   pg::detail::raise_fn raise) {
+std::unique_ptr<pg::detail::connection> connect_to(const std::string& conninfo) {
     return std::make_unique<pg::detail::connection>(conninfo, 10s,
-                                                    std::chrono::steady_clock::now() + 10s, raise);
+                                                    std::chrono::steady_clock::now() + 10s);
 }
 
 }  // namespace
@@ -262,18 +261,13 @@ TEST_CASE("postgres: the probe for a pooler that does not keep sessions", "[post
     // Without a pooler, every connection is answered by a server process of its own: the probe
     // passes. Answered by the first connection's process, as a pooler in transaction mode
     // answers, it throws the pooler's message.
-    struct seen {
-        static void raise(pg::detail::problem, const std::string& what, const std::string&) {
-            throw std::runtime_error(what);
-        }
-    };
-    const auto a = connect_to(server().conninfo(), &seen::raise);
-    const auto b = connect_to(server().conninfo(), &seen::raise);
+    const auto a = connect_to(server().conninfo());
+    const auto b = connect_to(server().conninfo());
     const long long pid = pg::detail::set_up_session(*a);
     CHECK(pid == PQbackendPID(a->get()));  // the server itself answers
-    pg::detail::check_own_session(*b, pid, &seen::raise);
-    const auto m = message_of<std::runtime_error>(
-        [&] { pg::detail::check_own_session(*b, PQbackendPID(b->get()), &seen::raise); });
+    pg::detail::check_own_session(*b, pid);
+    const auto m =
+        message_of<pg::error>([&] { pg::detail::check_own_session(*b, PQbackendPID(b->get())); });
     CHECK(contains(m, "transaction or statement mode"));
     CHECK(contains(m, "session mode"));
 }

@@ -5,7 +5,7 @@
 // it passes every call to the real one, and fails the WAL's syncs while `fail_wal_sync` is set.
 //
 // Also: the callers of one failed group commit (a failed fsync) each get an exception of their
-// own, with a message of its own (include/delayq/detail/exception_copy.hpp says why).
+// own, with a message of its own (include/delayq/detail/job_queue/exception_copy.hpp says why).
 #include <sqlite3.h>
 
 #include <atomic>

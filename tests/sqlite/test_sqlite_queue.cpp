@@ -12,7 +12,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
-#include <delayq/detail/exception_copy.hpp>
+#include <delayq/detail/job_queue/exception_copy.hpp>
 #include <exception>
 #include <fstream>
 #include <iterator>
@@ -444,6 +444,8 @@ TEST_CASE("errors: a lock held past busy_timeout is busy_error, and then the que
     CHECK(contains(msg, dir.file()));
     CHECK(contains(msg, "busy_timeout (100 ms)"));
     CHECK_THROWS_AS(q.take(0ms), delayq::sqlite::busy_error);
+    CHECK_THROWS_AS(q.take(0ms), delayq::unavailable_error);  // any backend's "retry later"
+    CHECK_THROWS_AS(q.take(0ms), delayq::queue_error);
     REQUIRE(sqlite3_exec(other, "COMMIT", nullptr, nullptr, nullptr) == SQLITE_OK);
     sqlite3_close(other);
     CHECK(q.put_after("x", "y", 0ms));
@@ -454,7 +456,7 @@ TEST_CASE("errors: a lock held past busy_timeout is busy_error, and then the que
 
 TEST_CASE(
     "errors: a failure copied for another caller is a new object of its type, with its code and "
-    "a message of its own (delayq/detail/exception_copy.hpp)") {
+    "a message of its own (delayq/detail/job_queue/exception_copy.hpp)") {
     const auto copy = [](const std::exception_ptr& e) {
         return delayq::detail::copy_for_caller<delayq::sqlite::error, delayq::sqlite::busy_error>(
             e, [](const auto& x) {

@@ -1,7 +1,7 @@
-// Time as the job queues store it (Redis and SQLite alike): whole milliseconds since the system
-// clock's epoch. Going in, a time point is rounded up and a delay clamped, so that nothing is ever
-// due early and every sum stays below max_ms; coming out, milliseconds become a system_clock time
-// point, rounded up.
+// Time as the job queues store it (Redis, SQLite and PostgreSQL alike): whole milliseconds since
+// the system clock's epoch. Going in, a time point is rounded up and a delay clamped, so that
+// nothing is ever due early and every sum stays below max_ms; coming out, milliseconds become a
+// system_clock time point, rounded up.
 #pragma once
 
 #include <algorithm>

@@ -1,5 +1,5 @@
-// delayq::postgres::delay_queue: the job API of the Redis and SQLite queues (delayq::job_queue)
-// on a PostgreSQL server, and a put that joins the application's own transaction, so that a job
+// delayq::postgres::delay_queue: the job API that every job queue has (delayq::job_queue) on a
+// PostgreSQL server, and a put that joins the application's own transaction, so that a job
 // exists exactly when the application's write commits. See docs/postgres.md.
 //
 // The idea. The jobs are rows of one table (detail/schema.hpp has the layout); every call is one
@@ -19,7 +19,7 @@
 // sends no query at all while nothing is due.
 //
 // The takes of one object wait together. One of them, the leader, listens, and claims for itself
-// and for every other waiting take at once (up to max_take jobs), handing the jobs out in the
+// and for every other waiting take at once (up to max_claim jobs), handing the jobs out in the
 // order the takes came; the others sleep on a condition variable. What a claim learns (nothing is
 // due before a time to come) stays with the object until a notification comes or that time does:
 // a take that arrives meanwhile sends nothing, and a new leader goes on from there. So a claim
@@ -82,11 +82,13 @@
 #include <vector>
 
 #include "../detail/epoch_ms.hpp"
-#include "../detail/exception_copy.hpp"
+#include "../detail/job_queue/exception_copy.hpp"
+#include "../detail/job_queue/front.hpp"
 #include "../detail/time.hpp"
 #include "../job.hpp"
 #include "detail/connection.hpp"
 #include "detail/schema.hpp"
+#include "error.hpp"
 
 namespace delayq::postgres {
 
@@ -122,44 +124,6 @@ struct options {
     bool durable_leases = true;
 };
 
-/// A server or connection problem. `what()` names what the call was doing and carries the
-/// server's own words; sqlstate() is the server's SQLSTATE (empty when the problem is not the
-/// server's answer).
-class error : public queue_error {
-  public:
-    /// An error saying `what`, with SQLSTATE `sqlstate`.
-    error(const std::string& what, std::string sqlstate)
-        : queue_error(what), sqlstate_(std::move(sqlstate)) {}
-    /// The server's SQLSTATE, or empty.
-    const std::string& sqlstate() const noexcept { return sqlstate_; }
-
-  private:
-    std::string sqlstate_;
-};
-/// The connection could not be made, broke, or the server did not answer within io_timeout (or
-/// is shutting down, restarting, or not yet accepting connections), or no pooled connection was
-/// free within io_timeout, or the server stopped the statement at its limit (SQLSTATE 57014:
-/// not applied). The call may have been applied; retrying it is safe (see "Connections" above).
-class connection_error : public error {
-  public:
-    using error::error;  ///< as error's
-};
-/// The schema holds delayq tables of another version (see "Upgrading" in docs/postgres.md).
-class schema_version_error : public error {
-  public:
-    using error::error;  ///< as error's
-};
-/// The server refused a statement for a missing privilege (SQLSTATE 42501); what() names it.
-class permission_error : public error {
-  public:
-    using error::error;  ///< as error's
-};
-/// The server is older than PostgreSQL 12.
-class server_version_error : public error {
-  public:
-    using error::error;  ///< as error's
-};
-
 /// Whether a put in the caller's transaction wakes the waiting consumers when that transaction
 /// commits (see delay_queue::put_in_transaction).
 enum class notify {
@@ -182,17 +146,8 @@ class delay_queue {
     explicit delay_queue(options o)
         : opt_(checked(std::move(o))),
           channel_(channel_of(opt_.schema, opt_.name)),
-          sql_{detail::put_sql(quoted_schema()),
-               detail::put_many_sql(quoted_schema()),
-               detail::cancel_sql(quoted_schema()),
-               detail::reschedule_sql(quoted_schema()),
-               detail::claim_sql(quoted_schema(), opt_.durable_leases, opt_.max_attempts > 0),
-               detail::ack_sql(quoted_schema(), opt_.durable_leases),
-               detail::ack_many_sql(quoted_schema(), opt_.durable_leases),
-               detail::nack_sql(quoted_schema(), opt_.durable_leases),
-               detail::size_sql(quoted_schema()),
-               detail::dead_size_sql(quoted_schema()),
-               detail::wake_sql(quoted_schema())},
+          statements_(
+              detail::statements(quoted_schema(), opt_.durable_leases, opt_.max_attempts > 0)),
           put_in_transaction_sql_{detail::put_in_transaction_sql(quoted_schema(), true),
                                   detail::put_in_transaction_sql(quoted_schema(), false)} {
         // One connection now: the server is there, new enough, and holds the tables.
@@ -214,13 +169,13 @@ class delay_queue {
     /// `id` is already queued (waiting or leased); nothing changes then. Committed when it returns.
     bool put(std::string_view id, std::string_view payload,
              std::chrono::system_clock::time_point deadline) {
-        check_id(id);
+        front.id(id);
         return run_put(id, payload, delayq::detail::to_ms(deadline), false);
     }
 
     /// Queues `id` to be due `delay` from now (the server's clock). False if already queued.
     bool put_after(std::string_view id, std::string_view payload, std::chrono::milliseconds delay) {
-        check_id(id);
+        front.id(id);
         return run_put(id, payload, delayq::detail::clamp_delay(delay), true);
     }
 
@@ -238,7 +193,7 @@ class delay_queue {
     bool put_in_transaction(PGconn* conn, std::string_view id, std::string_view payload,
                             std::chrono::system_clock::time_point deadline,
                             notify n = notify::at_commit) {
-        check_id(id);
+        front.id(id);
         return run_put_in(conn, id, payload, delayq::detail::to_ms(deadline), false, n);
     }
 
@@ -246,7 +201,7 @@ class delay_queue {
     /// the statement runs, by the server's clock.
     bool put_after_in_transaction(PGconn* conn, std::string_view id, std::string_view payload,
                                   std::chrono::milliseconds delay, notify n = notify::at_commit) {
-        check_id(id);
+        front.id(id);
         return run_put_in(conn, id, payload, delayq::detail::clamp_delay(delay), true, n);
     }
 
@@ -269,7 +224,7 @@ class delay_queue {
     std::vector<bool> put_many(std::span<const put_request> jobs) {
         std::vector<bool> out(jobs.size());
         if (jobs.empty()) return out;
-        for (const auto& r : jobs) check_id(r.id);
+        for (const auto& r : jobs) front.id(r.id);
         detail::params p;
         p.text(opt_.name)
             .bytes_array(jobs, [](const put_request& r) { return r.id; })
@@ -292,7 +247,7 @@ class delay_queue {
     /// Removes a waiting or leased job (the holder's ack or nack then returns false). False if
     /// `id` is not queued. Committed when it returns.
     bool cancel(std::string_view id) {
-        check_id(id);
+        front.id(id);
         detail::params p;
         p.text(opt_.name).bytes(id);
         return run(st_cancel, p, "cancel").changed() == 1;
@@ -300,7 +255,7 @@ class delay_queue {
 
     /// Gives a waiting job a new due time, `delay` from now. False for an unknown or leased id.
     bool reschedule(std::string_view id, std::chrono::milliseconds delay) {
-        check_id(id);
+        front.id(id);
         detail::params p;
         p.text(opt_.name).bytes(id).int8(delayq::detail::clamp_delay(delay));
         return run_then(st_reschedule, p, wake_params(id), "reschedule").changed() == 1;
@@ -313,17 +268,18 @@ class delay_queue {
         return std::move(jobs.front());
     }
 
-    /// Leases up to `max_jobs` (at most 1000) due jobs, earliest first, in one statement, waiting
-    /// up to `max_wait` for the first. Every job has its own token. `max_jobs` 0: none, at once.
+    /// Leases up to `max_jobs` (at most max_take_many) due jobs, earliest first, in one statement,
+    /// waiting up to `max_wait` for the first. Every job has its own token. `max_jobs` 0: none, at
+    /// once.
     std::vector<job> take_many(std::size_t max_jobs, std::chrono::milliseconds max_wait) {
         if (max_jobs == 0) return {};  // asks for nothing: leases nothing, waits for nothing
-        return take_jobs(std::clamp<std::size_t>(max_jobs, 1, max_take), max_wait);
+        return take_jobs(front.take_count(max_jobs), max_wait);
     }
 
     /// Done with the job: it is gone for good. False if the lease was lost (ended, or cancelled,
     /// or the job delivered again).
     bool ack(const job& j) {
-        check_id(j.id);
+        front.id(j.id);
         detail::params p;
         p.text(opt_.name).bytes(j.id).int8(token_of(j));
         return run(st_ack, p, "ack").changed() == 1;
@@ -333,7 +289,7 @@ class delay_queue {
     std::vector<bool> ack_many(std::span<const job> jobs) {
         std::vector<bool> out(jobs.size());
         if (jobs.empty()) return out;
-        for (const auto& j : jobs) check_id(j.id);
+        for (const auto& j : jobs) front.id(j.id);
         detail::params p;
         p.text(opt_.name)
             .bytes_array(jobs, [](const job& j) { return std::string_view(j.id); })
@@ -347,7 +303,7 @@ class delay_queue {
     /// Back to the queue, due `retry_after` from now, or to the dead letters if this was its
     /// max_attempts-th delivery. False if the lease was lost.
     bool nack(const job& j, std::chrono::milliseconds retry_after) {
-        check_id(j.id);
+        front.id(j.id);
         detail::params p;
         p.text(opt_.name)
             .bytes(j.id)
@@ -368,71 +324,14 @@ class delay_queue {
     using milliseconds = std::chrono::milliseconds;
     using conn_ptr = std::unique_ptr<detail::connection>;
 
-    static constexpr std::size_t max_take = 1000;  // jobs per take_many: one short statement
-    static constexpr std::size_t max_id = 1024;    // bytes: a key of the primary key's b-tree
+    static constexpr delayq::detail::job_queue::front front{"delayq::postgres::delay_queue"};
+    static constexpr std::size_t max_claim = 1000;  // jobs per claim for all takes: one statement
 
-    // The statements every connection prepares, by index (their names are "dq0", "dq1", ...).
-    enum statement_index : unsigned char {
-        st_put,
-        st_put_many,
-        st_cancel,
-        st_reschedule,
-        st_claim,
-        st_ack,
-        st_ack_many,
-        st_nack,
-        st_size,
-        st_dead_size,
-        st_wake,
-        st_count
-    };
-    static const std::vector<Oid>& types_of(int st) {
-        using namespace detail;
-        static const std::vector<Oid> t[st_count] = {
-            {text_oid, bytea_oid, bytea_oid, int8_oid, bool_oid},          // put
-            {text_oid, bytea_array_oid, bytea_array_oid, int8_array_oid},  // put_many
-            {text_oid, bytea_oid},                                         // cancel
-            {text_oid, bytea_oid, int8_oid},                               // reschedule
-            {text_oid, int8_oid, int8_oid, int8_oid},                      // claim
-            {text_oid, bytea_oid, int8_oid},                               // ack
-            {text_oid, bytea_array_oid, int8_array_oid},                   // ack_many
-            {text_oid, bytea_oid, int8_oid, int8_oid, int8_oid},           // nack
-            {text_oid},                                                    // size
-            {text_oid},                                                    // dead_size
-            {text_oid, bytea_array_oid, text_oid},                         // wake
-        };
-        return t[st];
-    }
-    static const char* name_of(int st) {
-        static const char* const n[st_count] = {"dq0", "dq1", "dq2", "dq3", "dq4", "dq5",
-                                                "dq6", "dq7", "dq8", "dq9", "dq10"};
-        return n[st];
-    }
-
-    [[noreturn]] static void raise(detail::problem p, const std::string& what,
-                                   const std::string& sqlstate) {
-        std::string m = "delayq::postgres: " + what;
-        if (sqlstate == "26000")  // a statement the connection prepared is not there
-            m += std::string(" (") + detail::pooler_message + ")";
-        switch (p) {
-            case detail::problem::connection:
-                throw connection_error(m, sqlstate);
-            case detail::problem::schema_version:
-                throw schema_version_error(m, sqlstate);
-            case detail::problem::permission:
-                throw permission_error(m, sqlstate);
-            case detail::problem::server_version:
-                throw server_version_error(m, sqlstate);
-            default:
-                throw error(m, sqlstate);
-        }
-    }
+    // The statements every connection prepares (detail/schema.hpp), by their index.
+    using enum detail::statement_index;
 
     static options checked(options o) {
-        const auto check = [](bool ok, const char* what) {
-            if (!ok)
-                throw std::invalid_argument(std::string("delayq::postgres::delay_queue: ") + what);
-        };
+        const auto check = [](bool ok, const char* what) { front.option(ok, what); };
         check(!o.name.empty(), "options.name is empty");
         check(o.name.size() <= 200, "options.name is longer than 200 bytes");
         check(o.name.find('\0') == std::string::npos, "options.name contains a NUL byte");
@@ -496,15 +395,6 @@ class delay_queue {
     // The schema as an identifier in the statements: quoted.
     std::string quoted_schema() const { return detail::quote_ident(opt_.schema); }
 
-    static void check_id(std::string_view id) {
-        if (id.empty())
-            throw std::invalid_argument(
-                "delayq::postgres::delay_queue: a job id must not be empty");
-        if (id.size() > max_id)
-            throw std::invalid_argument(
-                "delayq::postgres::delay_queue: a job id must be at most 1024 bytes");
-    }
-
     static long long token_of(const job& j) noexcept {
         return static_cast<long long>(
             std::min<std::uint64_t>(j.token, std::numeric_limits<long long>::max()));
@@ -549,11 +439,11 @@ class delay_queue {
             std::unique_lock lk(pool_m_);
             if (!pool_cv_.wait_until(lk, b.deadline,
                                      [&] { return !idle_.empty() || open_ < opt_.connections; }))
-                raise(detail::problem::connection,
-                      "waiting for a connection: all " + std::to_string(opt_.connections) +
-                          " of the object's connections stayed busy for io_timeout (" +
-                          std::to_string(opt_.io_timeout.count()) + " ms)",
-                      "");
+                detail::raise(detail::problem::connection,
+                              "waiting for a connection: all " + std::to_string(opt_.connections) +
+                                  " of the object's connections stayed busy for io_timeout (" +
+                                  std::to_string(opt_.io_timeout.count()) + " ms)",
+                              "");
             while (!idle_.empty()) {
                 conn_ptr c = std::move(idle_.back());
                 idle_.pop_back();
@@ -598,7 +488,7 @@ class delay_queue {
         auto c = std::make_unique<detail::connection>(
             opt_.conninfo, opt_.io_timeout,
             b.connected ? b.deadline : delayq::detail::saturating_add(start, opt_.io_timeout),
-            &raise, &last_host_);
+            &last_host_);
         struct extend {  // however the connect ends: the call has had its connect
             budget& b;
             steady::time_point start;
@@ -607,12 +497,12 @@ class delay_queue {
                 b.connected = true;
             }
         } e{b, start};
-        detail::check_server_version(c->server_version(), &raise);
+        detail::check_server_version(c->server_version());
         if (!prepare) return c;
         {
             std::lock_guard lk(schema_m_);
             if (!schema_checked_) {
-                detail::ensure_schema(*c, opt_.schema, &raise);
+                detail::ensure_schema(*c, opt_.schema);
                 schema_checked_ = true;
             }
         }
@@ -622,11 +512,11 @@ class delay_queue {
             // one that does not keep a session per connection (detail/schema.hpp).
             std::lock_guard lk(schema_m_);
             if (!pooler_checked_) {
-                detail::check_own_session(*connect(false), pid, &raise);
+                detail::check_own_session(*connect(false), pid);
                 pooler_checked_ = true;
             }
         }
-        for (int i = 0; i < st_count; ++i) c->prepare(name_of(i), sql_[i], types_of(i));
+        for (const auto& st : statements_) c->prepare(st.name, st.sql, st.types);
         return c;
     }
 
@@ -649,8 +539,8 @@ class delay_queue {
         return run(st, p, doing, b);
     }
     detail::result run(int st, const detail::params& p, const char* doing, budget& b) {
-        return with_connection([&](detail::connection& c) { return c.exec(name_of(st), p, doing); },
-                               b);
+        return with_connection(
+            [&](detail::connection& c) { return c.exec(statements_[st].name, p, doing); }, b);
     }
 
     // Runs statement `st`, then the wake-up with `wake` in a transaction of its own, in one
@@ -660,7 +550,8 @@ class delay_queue {
         budget b = call_budget();
         return with_connection(
             [&](detail::connection& c) {
-                return c.exec_then(name_of(st), p, name_of(st_wake), wake, doing).first;
+                return c.exec_then(statements_[st].name, p, statements_[st_wake].name, wake, doing)
+                    .first;
             },
             b);
     }
@@ -691,17 +582,17 @@ class delay_queue {
                     "delayq::postgres::delay_queue: put_in_transaction needs a connection inside "
                     "a transaction block (BEGIN first)");
             case PQTRANS_INERROR:
-                raise(detail::problem::other,
-                      "put_in_transaction: the caller's transaction has failed already "
-                      "(ROLLBACK it)",
-                      "25P02");
+                detail::raise(detail::problem::other,
+                              "put_in_transaction: the caller's transaction has failed already "
+                              "(ROLLBACK it)",
+                              "25P02");
             case PQTRANS_ACTIVE:
                 throw std::invalid_argument(
                     "delayq::postgres::delay_queue: put_in_transaction: the connection is busy "
                     "with another command");
             default:
-                raise(detail::problem::connection, "put_in_transaction: the connection is broken",
-                      "");
+                detail::raise(detail::problem::connection,
+                              "put_in_transaction: the connection is broken", "");
         }
         // The name as bytes, read as UTF-8 by the server: a text parameter would be read in the
         // caller's client_encoding, and a name that is not ASCII would name another queue.
@@ -724,7 +615,7 @@ class delay_queue {
             while (!m.empty() && (m.back() == '\n' || m.back() == ' ')) m.pop_back();
             const auto problem = PQstatus(conn) != CONNECTION_OK ? detail::problem::connection
                                                                  : detail::classify(sqlstate);
-            raise(problem, "put_in_transaction: " + m, sqlstate);
+            detail::raise(problem, "put_in_transaction: " + m, sqlstate);
         }
         const detail::result res(r);
         return res.integer(0, 0) == 1;
@@ -822,19 +713,19 @@ class delay_queue {
         if (forget) known_ = false;
     }
 
-    // The leader's claim, for its own request and every other waiting one (up to max_take jobs):
+    // The leader's claim, for its own request and every other waiting one (up to max_claim jobs):
     // the jobs go to the leader first, then to the others in the order they came, each up to
     // what it asked for. Learns when the next claim is due (known_, until_).
     void claim_for_all(std::unique_lock<std::mutex>& lk, request& own, budget& b) {
         std::vector<request*> batch{&own};
         std::size_t total = own.want;
         for (request* r : pending_)
-            if (r != &own && total < max_take) {
+            if (r != &own && total < max_claim) {
                 batch.push_back(r);
                 total += r->want;
             }
         for (request* r : batch) r->in_claim = true;
-        const std::size_t asked = std::min(total, max_take);
+        const std::size_t asked = std::min(total, max_claim);
         claimed c;
         try {
             unlocked u(lk);
@@ -886,7 +777,7 @@ class delay_queue {
     }
 
     // One waiting take's own copy of the failure of a claim made for several: of the same type,
-    // with a message of its own (delayq/detail/exception_copy.hpp).
+    // with a message of its own (delayq/detail/job_queue/exception_copy.hpp).
     static std::exception_ptr copy_error(const std::exception_ptr& e) noexcept {
         return delayq::detail::copy_for_caller<error, connection_error, schema_version_error,
                                                permission_error, server_version_error>(
@@ -983,8 +874,8 @@ class delay_queue {
 
     options opt_;
     std::string channel_;
-    std::string sql_[st_count];
-    std::string put_in_transaction_sql_[2];  // notifying, not notifying
+    std::vector<detail::prepared_statement> statements_;  // by statement_index
+    std::string put_in_transaction_sql_[2];               // notifying, not notifying
 
     std::mutex pool_m_;
     std::condition_variable pool_cv_;

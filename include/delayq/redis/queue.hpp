@@ -33,6 +33,7 @@
 #include <utility>
 #include <vector>
 
+#include "../detail/job_queue/front.hpp"
 #include "detail/cluster.hpp"
 #include "detail/script_client.hpp"
 #include "detail/scripts.hpp"
@@ -54,7 +55,7 @@ class queue_base {
     /// `id` is already queued (waiting or leased); nothing changes then.
     bool put(std::string_view id, std::string_view payload,
              std::chrono::system_clock::time_point deadline) {
-        check_id(id);
+        front.id(id);
         return guarded([&]() -> bool {
             const std::string at = std::to_string(to_ms(deadline));
             const std::array<std::string_view, 4> args{id, payload, "a", at};
@@ -64,7 +65,7 @@ class queue_base {
 
     /// Queues `id` to be due `delay` from now by the server's clock. False if already queued.
     bool put_after(std::string_view id, std::string_view payload, std::chrono::milliseconds delay) {
-        check_id(id);
+        front.id(id);
         return guarded([&]() -> bool {
             const std::string ms = std::to_string(clamp_delay(delay));
             const std::array<std::string_view, 4> args{id, payload, "r", ms};
@@ -79,7 +80,7 @@ class queue_base {
     std::vector<bool> put_many(std::span<const put_request> jobs) {
         std::vector<std::string> ms(jobs.size());
         for (std::size_t i = 0; i < jobs.size(); ++i) {
-            check_id(jobs[i].id);
+            front.id(jobs[i].id);
             ms[i] = std::to_string(clamp_delay(jobs[i].delay));
         }
         std::vector<std::string_view> args;
@@ -97,7 +98,7 @@ class queue_base {
 
     /// Removes a waiting or leased job. False if `id` is not queued.
     bool cancel(std::string_view id) {
-        check_id(id);
+        front.id(id);
         const std::array<std::string_view, 1> args{id};
         return guarded([&] {
             return script_client::integer(client_.eval(client_.shard_of(id), s_cancel, args)) == 1;
@@ -106,7 +107,7 @@ class queue_base {
 
     /// Gives a waiting job a new due time, `delay` from now. False for an unknown or leased id.
     bool reschedule(std::string_view id, std::chrono::milliseconds delay) {
-        check_id(id);
+        front.id(id);
         const std::string ms = std::to_string(clamp_delay(delay));
         const std::array<std::string_view, 2> args{id, ms};
         return guarded([&] {
@@ -122,24 +123,24 @@ class queue_base {
         return std::move(jobs.front());
     }
 
-    /// Leases up to `max_jobs` (at most 500) due jobs of one shard, earliest first, waiting up to
-    /// `max_wait` for the first. Every job has its own lease and token. `max_jobs` 0: nothing,
-    /// at once.
+    /// Leases up to `max_jobs` (at most max_take_many) due jobs of one shard, earliest first,
+    /// waiting up to `max_wait` for the first. Every job has its own lease and token. `max_jobs` 0:
+    /// nothing, at once.
     std::vector<job> take_many(std::size_t max_jobs, std::chrono::milliseconds max_wait) {
         if (max_jobs == 0) return {};
-        return guarded([&] { return room_.take(std::min(max_jobs, max_batch), max_wait); });
+        return guarded([&] { return room_.take(front.take_count(max_jobs), max_wait); });
     }
 
     /// Done with the job: it is gone for good. False if the lease was lost (ended, or cancelled).
     bool ack(const job& j) {
-        check_id(j.id);
+        front.id(j.id);
         return settle(j, "a");
     }
 
     /// ack for many jobs, one script call per shard and 500 jobs; element i is what ack(jobs[i])
     /// would have returned.
     std::vector<bool> ack_many(std::span<const job> jobs) {
-        for (const auto& j : jobs) check_id(j.id);
+        for (const auto& j : jobs) front.id(j.id);
         std::vector<std::string> tokens(jobs.size());
         for (std::size_t i = 0; i < jobs.size(); ++i) tokens[i] = std::to_string(jobs[i].token);
         std::vector<std::string_view> args;
@@ -157,7 +158,7 @@ class queue_base {
     /// Back to the queue, due `retry_after` from now (or dead-lettered after max_attempts).
     /// False if the lease was lost.
     bool nack(const job& j, std::chrono::milliseconds retry_after) {
-        check_id(j.id);
+        front.id(j.id);
         return settle(j, tagged('n', clamp_delay(retry_after)));
     }
 
@@ -188,11 +189,9 @@ class queue_base {
   private:
     // `o`, if it is good for a queue of `shards` shards; else std::invalid_argument.
     static options checked(options o, std::size_t shards, bool sharded) {
-        const std::string type =
-            sharded ? "delayq::redis::sharded_delay_queue: " : "delayq::redis::delay_queue: ";
-        const auto check = [&](bool ok, const char* what) {
-            if (!ok) throw std::invalid_argument(type + what);
-        };
+        const delayq::detail::job_queue::front who(sharded ? "delayq::redis::sharded_delay_queue"
+                                                           : "delayq::redis::delay_queue");
+        const auto check = [&](bool ok, const char* what) { who.option(ok, what); };
         check(!o.name.empty(), "options.name is empty");
         check(o.name.find_first_of("{}") == std::string::npos,
               "options.name must not contain '{' or '}' (it is the hash tag)");
@@ -207,8 +206,8 @@ class queue_base {
 
     // Runs `f`, a call to the server, and returns what it returns. What reaches the user is a
     // public type: the layers below throw types of their own (detail::unsent_error: nothing was
-    // sent, which the router acts on), which become delayq::redis::error here, with the message a
-    // user reads (user_message()).
+    // sent, which the router acts on), which become delayq::redis::connection_error (or error)
+    // here, with the message a user reads (user_message()).
     // (A vector<bool>'s element is a proxy into the vector: `f` returns bool, not that.)
     template <class F>
     static auto guarded(F&& f) -> decltype(f()) {
@@ -217,6 +216,9 @@ class queue_base {
             return f();
         } catch (const layout_error&) {
             throw;
+        } catch (const connection_error& e) {
+            if (typeid(e) == typeid(connection_error)) throw;
+            throw connection_error(user_message(e.what()));
         } catch (const error& e) {
             if (typeid(e) == typeid(error)) throw;
             throw error(user_message(e.what()));
@@ -244,10 +246,7 @@ class queue_base {
         return std::string(what);
     }
 
-    static void check_id(std::string_view id) {
-        if (id.empty())
-            throw std::invalid_argument("delayq::redis::delay_queue: a job id must not be empty");
-    }
+    static constexpr delayq::detail::job_queue::front front{"delayq::redis::delay_queue"};
 
     // Settles `j` by the consume script (`how`: see scripts.hpp); false if the lease was lost.
     bool settle(const job& j, std::string_view how) {

@@ -1,12 +1,12 @@
-// The public types of the Redis backend: the options a queue is made with, the job that take()
-// hands out, and the error that any call may throw. Part of <delayq/redis/delay_queue.hpp>.
+// The public types of the Redis backend: the options a queue is made with, and its errors
+// (error.hpp). Part of <delayq/redis/delay_queue.hpp>.
 //
 // The idea. Plain data with no code and nothing beyond the standard library and the job queues'
 // shared vocabulary (<delayq/job.hpp>: the job, the put request, the base of the errors, which the
-// SQLite backend shares), so that every part of the backend can name them: the queue classes, and
-// the parts under detail/ too (a job is what the scripts' replies are decoded into; every layer,
-// down to the wire, throws error). This is the one public header that detail/ includes: moved
-// into detail/, the types would leave the API reference, which documents no detail/ header.
+// SQLite and PostgreSQL backends share), so that every part of the backend can name them: the
+// queue classes, and the parts under detail/ too. Public headers that detail/ includes, as the
+// other backends' detail/ include theirs: moved into detail/, the types would leave the API
+// reference, which documents no detail/ header.
 #pragma once
 
 #include <chrono>
@@ -17,30 +17,9 @@
 #include <utility>
 
 #include "../job.hpp"
+#include "error.hpp"
 
 namespace delayq::redis {
-
-/// A server or connection problem: the message names the command and carries the server's own
-/// words, or says what went wrong with the connection.
-class error : public delayq::queue_error {
-  public:
-    using queue_error::queue_error;
-};
-
-/// The queue's keys on the server were written in an older key layout, which this version does
-/// not read (docs/redis.md, "Upgrading"). Nothing was changed: the jobs are still there for the
-/// version that wrote them. version() names that layout ("v2").
-class layout_error : public error {
-  public:
-    /// An error saying `what`, about a queue in key layout `version`.
-    layout_error(const std::string& what, std::string version)
-        : error(what), version_(std::move(version)) {}
-    /// The layout the queue's keys are in ("v2").
-    const std::string& version() const noexcept { return version_; }
-
-  private:
-    std::string version_;
-};
 
 /// The options of delay_queue and sharded_delay_queue. Bad values (an empty `name`, a name with
 /// `{` or `}`, `lease` or `io_timeout` <= 0, `max_block` < 2 ms, `reclaim_batch` 0) make the

@@ -1,5 +1,5 @@
 // delayq::sqlite::delay_queue: a durable delay queue in one SQLite file, with no server. The job
-// API of delayq::redis::delay_queue (delayq::job_queue), for work that must survive a crash or a
+// API that every job queue has (delayq::job_queue), for work that must survive a crash or a
 // restart on one machine. See docs/sqlite.md.
 //
 // The idea. The jobs live in the file (detail/schema.hpp has the layout), never wholesale in
@@ -65,13 +65,15 @@
 #include <vector>
 
 #include "../detail/epoch_ms.hpp"
-#include "../detail/exception_copy.hpp"
+#include "../detail/job_queue/exception_copy.hpp"
+#include "../detail/job_queue/front.hpp"
 #include "../detail/time.hpp"
 #include "../job.hpp"
 #include "detail/group_commit.hpp"
 #include "detail/handle.hpp"
 #include "detail/schema.hpp"
 #include "detail/wal_file.hpp"
+#include "error.hpp"
 
 namespace delayq::sqlite {
 
@@ -103,50 +105,6 @@ struct options {
     bool allow_other_tables = false;
 };
 
-/// What went wrong with the queue's file; the subclasses name the problems a caller can act on.
-/// `what()` names the file and the problem; code() is SQLite's extended result code (0 when the
-/// problem is delayq's own finding).
-class error : public queue_error {
-  public:
-    /// An error saying `what`, with SQLite's extended result code `code` (0: delayq's own).
-    error(const std::string& what, int code) : queue_error(what), code_(code) {}
-    /// SQLite's extended result code, or 0 when the problem is delayq's own finding.
-    int code() const noexcept { return code_; }
-
-  private:
-    int code_;
-};
-/// The file holds something else: not SQLite at all, or another application's database.
-class not_a_queue_error : public error {
-  public:
-    using error::error;  ///< as error's
-};
-/// The file is a queue of a later format, written by a newer delayq.
-class newer_version_error : public error {
-  public:
-    using error::error;  ///< as error's
-};
-/// The file is damaged (SQLITE_CORRUPT, a damaged header).
-class corrupt_error : public error {
-  public:
-    using error::error;  ///< as error's
-};
-/// The disk is full, or the file reached options::max_size or RLIMIT_FSIZE (SQLITE_FULL).
-class disk_full_error : public error {
-  public:
-    using error::error;  ///< as error's
-};
-/// Another connection held the file's lock for longer than options::busy_timeout (SQLITE_BUSY).
-class busy_error : public error {
-  public:
-    using error::error;  ///< as error's
-};
-/// The file (or its directory, for the WAL) cannot be written (SQLITE_READONLY).
-class read_only_error : public error {
-  public:
-    using error::error;  ///< as error's
-};
-
 /// A durable delay queue in one SQLite file; see docs/sqlite.md. Every member may be called from
 /// many threads at once, and several processes may open the same file.
 class delay_queue {
@@ -158,7 +116,7 @@ class delay_queue {
     /// an error of this family when the file cannot be a queue (see the classes above).
     explicit delay_queue(options o)
         : opt_(checked(std::move(o))),
-          db_(opt_.path, &raise, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE),
+          db_(opt_.path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE),
           where_(set_up(db_, opt_)),
           st_(db_, where_),
           insert_sql_(where_("INSERT OR IGNORE INTO {jobs}(id, payload, due) VALUES(?1, ?2, ?3)")),
@@ -180,7 +138,7 @@ class delay_queue {
     /// job is queued). Any other error rolled the put back.
     bool put(std::string_view id, std::string_view payload,
              std::chrono::system_clock::time_point deadline) {
-        check_id(id);
+        front.id(id);
         op o{op::put, id};
         o.payload = payload;
         o.due = delayq::detail::to_ms(deadline);
@@ -190,7 +148,7 @@ class delay_queue {
     /// Queues `id` to be due `delay` from now. False if already queued. Durable, and if it throws
     /// applied or not, as put().
     bool put_after(std::string_view id, std::string_view payload, std::chrono::milliseconds delay) {
-        check_id(id);
+        front.id(id);
         op o{op::put, id};
         o.payload = payload;
         o.due = due_after(delay);
@@ -204,7 +162,7 @@ class delay_queue {
         std::vector<op> ops;
         ops.reserve(jobs.size());
         for (const auto& r : jobs) {
-            check_id(r.id);
+            front.id(r.id);
             ops.push_back(op{op::put, r.id});
             ops.back().payload = r.payload;
             ops.back().due = due_after(r.delay);
@@ -226,14 +184,14 @@ class delay_queue {
     /// lock (until busy_timeout).
     bool put_in_transaction(sqlite3* conn, std::string_view id, std::string_view payload,
                             std::chrono::system_clock::time_point deadline) {
-        check_id(id);
+        front.id(id);
         return insert_in(conn, id, payload, delayq::detail::to_ms(deadline));
     }
 
     /// put_in_transaction() of a job due `delay` from now (from this call, not from the commit).
     bool put_after_in_transaction(sqlite3* conn, std::string_view id, std::string_view payload,
                                   std::chrono::milliseconds delay) {
-        check_id(id);
+        front.id(id);
         return insert_in(conn, id, payload, due_after(delay));
     }
 
@@ -241,7 +199,7 @@ class delay_queue {
     /// `id` is not queued. Durable when it returns (durable_puts); if it throws, it may have been
     /// applied, as put().
     bool cancel(std::string_view id) {
-        check_id(id);
+        front.id(id);
         op o{op::cancel, id};
         return run_one(o);
     }
@@ -249,7 +207,7 @@ class delay_queue {
     /// Gives a waiting job a new due time, `delay` from now. False for an unknown or leased id.
     /// Durable when it returns (durable_puts); if it throws, it may have been applied, as put().
     bool reschedule(std::string_view id, std::chrono::milliseconds delay) {
-        check_id(id);
+        front.id(id);
         op o{op::reschedule, id};
         o.due = due_after(delay);
         return run_one(o);
@@ -262,18 +220,18 @@ class delay_queue {
         return std::move(jobs.front());
     }
 
-    /// Leases up to `max_jobs` (at most 500) due jobs, earliest first, in one transaction,
-    /// waiting up to `max_wait` for the first. Every job has its own token. `max_jobs` 0 returns
-    /// an empty vector at once: it leases nothing and does not wait.
+    /// Leases up to `max_jobs` (at most max_take_many) due jobs, earliest first, in one
+    /// transaction, waiting up to `max_wait` for the first. Every job has its own token. `max_jobs`
+    /// 0 returns an empty vector at once: it leases nothing and does not wait.
     std::vector<job> take_many(std::size_t max_jobs, std::chrono::milliseconds max_wait) {
         if (max_jobs == 0) return {};
-        return take_jobs(std::min(max_jobs, max_take), max_wait);
+        return take_jobs(front.take_count(max_jobs), max_wait);
     }
 
     /// Done with the job: it is gone for good. False if the lease was lost (ended, or cancelled,
     /// or the job delivered again).
     bool ack(const job& j) {
-        check_id(j.id);
+        front.id(j.id);
         op o{op::ack, j.id};
         o.token = token_of(j);
         return run_one(o);
@@ -284,7 +242,7 @@ class delay_queue {
         std::vector<op> ops;
         ops.reserve(jobs.size());
         for (const auto& j : jobs) {
-            check_id(j.id);
+            front.id(j.id);
             ops.push_back(op{op::ack, j.id});
             ops.back().token = token_of(j);
         }
@@ -294,7 +252,7 @@ class delay_queue {
     /// Back to the queue, due `retry_after` from now, or to the dead letters if this was its
     /// max_attempts-th delivery. False if the lease was lost.
     bool nack(const job& j, std::chrono::milliseconds retry_after) {
-        check_id(j.id);
+        front.id(j.id);
         op o{op::nack, j.id};
         o.token = token_of(j);
         o.due = due_after(retry_after);
@@ -316,8 +274,9 @@ class delay_queue {
     // added to one never overflows (delayq/detail/epoch_ms.hpp).
     static constexpr long long max_ms = delayq::detail::max_ms;
     static constexpr long long never = std::numeric_limits<long long>::max();
-    static constexpr std::size_t max_take = 500;    // jobs per take_many: one short transaction
-    static constexpr long long token_scale = 1024;  // > max_take: see lease_due()
+    static constexpr delayq::detail::job_queue::front front{"delayq::sqlite::delay_queue"};
+    static constexpr long long token_scale = 1024;  // > max_take_many: see lease_due()
+    static_assert(token_scale > static_cast<long long>(max_take_many));
     static_assert(max_ms <= std::numeric_limits<long long>::max() / token_scale - 1);
 
     // One change to the file, as the group commit runs it (see "Durability" above): every
@@ -376,27 +335,8 @@ class delay_queue {
             data_version;
     };
 
-    [[noreturn]] static void raise(detail::problem p, const std::string& what, int code) {
-        switch (p) {
-            case detail::problem::not_a_queue:
-                throw not_a_queue_error(what, code);
-            case detail::problem::newer_version:
-                throw newer_version_error(what, code);
-            case detail::problem::corrupt:
-                throw corrupt_error(what, code);
-            case detail::problem::disk_full:
-                throw disk_full_error(what, code);
-            case detail::problem::busy:
-                throw busy_error(what, code);
-            case detail::problem::read_only:
-                throw read_only_error(what, code);
-            default:
-                throw error(what, code);
-        }
-    }
-
     // One caller's own copy of the failure of a group commit that several callers share: of the
-    // same type, with a message of its own (delayq/detail/exception_copy.hpp).
+    // same type, with a message of its own (delayq/detail/job_queue/exception_copy.hpp).
     static std::exception_ptr copy_error(const std::exception_ptr& e) noexcept {
         return delayq::detail::copy_for_caller<error, not_a_queue_error, newer_version_error,
                                                corrupt_error, disk_full_error, busy_error,
@@ -406,10 +346,7 @@ class delay_queue {
     }
 
     static options checked(options o) {
-        const auto check = [](bool ok, const char* what) {
-            if (!ok)
-                throw std::invalid_argument(std::string("delayq::sqlite::delay_queue: ") + what);
-        };
+        const auto check = [](bool ok, const char* what) { front.option(ok, what); };
         check(!o.path.empty(), "options.path is empty");
         check(o.lease > milliseconds::zero(), "options.lease must be > 0");
         check(o.lease.count() <= max_ms, "options.lease is too long");
@@ -437,11 +374,6 @@ class delay_queue {
             db.exec(("PRAGMA max_page_count=" + std::to_string(pages)).c_str());
         }
         return where;
-    }
-
-    static void check_id(std::string_view id) {
-        if (id.empty())
-            throw std::invalid_argument("delayq::sqlite::delay_queue: a job id must not be empty");
     }
 
     static long long token_of(const job& j) noexcept {

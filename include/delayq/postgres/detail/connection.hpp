@@ -59,8 +59,8 @@
 // received as is (no escaping, payloads are binary-safe and cost no hex step), integers are
 // big-endian. The parameter types are given to PQprepare, so the binary layouts always match.
 //
-// Errors go through the raise function that the public header supplies (detail headers never
-// include public ones): it turns a problem into the typed exception of the backend's family.
+// Errors are thrown as the typed exceptions of delayq::postgres's family, through raise()
+// (delayq/postgres/error.hpp).
 #pragma once
 
 #include <libpq-fe.h>
@@ -81,13 +81,9 @@
 #include <utility>
 #include <vector>
 
+#include "../error.hpp"
+
 namespace delayq::postgres::detail {
-
-/// What went wrong, as the error family names it.
-enum class problem { other, connection, schema_version, permission, server_version };
-
-/// Throws the exception for `p`; never returns. `sqlstate` is the server's SQLSTATE, or empty.
-using raise_fn = void (*)(problem p, const std::string& message, const std::string& sqlstate);
 
 // Type OIDs of the parameters the statements take (pg_type.h; stable across versions).
 inline constexpr Oid bool_oid = 16, bytea_oid = 17, int8_oid = 20, text_oid = 25,
@@ -231,12 +227,11 @@ class connection {
     /// `last_host`, if given, is where the connections of one queue object keep the host that
     /// answered last, which the next connect tries first.
     connection(const std::string& conninfo, std::chrono::milliseconds io_timeout,
-               clock::time_point deadline, raise_fn raise,
-               std::atomic<std::size_t>* last_host = nullptr)
-        : raise_(raise), timeout_(io_timeout), deadline_(deadline) {
+               clock::time_point deadline, std::atomic<std::size_t>* last_host = nullptr)
+        : timeout_(io_timeout), deadline_(deadline) {
         std::string why;
         const auto targets = targets_of(conninfo, why);
-        if (targets.hosts.empty()) raise_(problem::connection, "cannot connect: " + why, "");
+        if (targets.hosts.empty()) raise(problem::connection, "cannot connect: " + why, "");
         const std::size_t n = targets.hosts.size();
         const std::size_t first =
             last_host != nullptr && !targets.shuffled ? last_host->load() % n : 0;
@@ -263,11 +258,11 @@ class connection {
         }
         if (!conn_) {
             broken_ = true;
-            if (n == 1) raise_(problem::connection, "cannot connect: " + why, "");
-            raise_(problem::connection,
-                   "cannot connect to any of " + std::to_string(n) + " hosts within io_timeout (" +
-                       std::to_string(timeout_.count()) + " ms): " + why,
-                   "");
+            if (n == 1) raise(problem::connection, "cannot connect: " + why, "");
+            raise(problem::connection,
+                  "cannot connect to any of " + std::to_string(n) + " hosts within io_timeout (" +
+                      std::to_string(timeout_.count()) + " ms): " + why,
+                  "");
         }
         if (PQsetnonblocking(conn_.get(), 1) != 0) fail_connect();
         // The server's notices (CREATE ... IF NOT EXISTS skipping) are not the caller's business;
@@ -587,10 +582,10 @@ class connection {
         const auto left = std::chrono::floor<milliseconds>(deadline_ - clock::now());
         const auto g = guard();
         if (left <= 2 * g)
-            raise_(problem::connection,
-                   std::string(doing) + ": no time left within io_timeout (" +
-                       std::to_string(timeout_.count()) + " ms) to send the statement",
-                   "");
+            raise(problem::connection,
+                  std::string(doing) + ": no time left within io_timeout (" +
+                      std::to_string(timeout_.count()) + " ms) to send the statement",
+                  "");
         if (fence_.count() > 0 && fence_ <= left - g && fence_ >= left - 3 * g) return;
         const auto limit = left - 2 * g;
         fence_ = milliseconds::zero();  // unknown until the server said yes
@@ -602,13 +597,13 @@ class connection {
 
     [[noreturn]] void fail_connect() {
         broken_ = true;
-        raise_(problem::connection, std::string("cannot connect: ") + message(), "");
+        raise(problem::connection, std::string("cannot connect: ") + message(), "");
         __builtin_unreachable();
     }
     [[noreturn]] void lost(const char* doing) {
         broken_ = true;
-        raise_(problem::connection, std::string(doing) + ": the connection failed: " + message(),
-               "");
+        raise(problem::connection, std::string(doing) + ": the connection failed: " + message(),
+              "");
         __builtin_unreachable();
     }
     std::string message() const {
@@ -641,10 +636,10 @@ class connection {
         if (r < 0) lost(doing);
         if (r == 0) {
             broken_ = true;
-            raise_(problem::connection,
-                   std::string(doing) + ": no answer from the server within io_timeout (" +
-                       std::to_string(timeout_.count()) + " ms)",
-                   "");
+            raise(problem::connection,
+                  std::string(doing) + ": no answer from the server within io_timeout (" +
+                      std::to_string(timeout_.count()) + " ms)",
+                  "");
         }
     }
 
@@ -695,8 +690,8 @@ class connection {
             if (PQresultStatus(sync.get()) != PGRES_PIPELINE_SYNC &&
                 PQstatus(conn_.get()) == CONNECTION_OK) {
                 broken_ = true;
-                raise_(problem::connection,
-                       std::string(doing) + ": the server's answers are out of step", "");
+                raise(problem::connection,
+                      std::string(doing) + ": the server's answers are out of step", "");
             }
         }
 #else
@@ -709,21 +704,21 @@ class connection {
     void check(const answer& a, const char* doing) {
         if (PQstatus(conn_.get()) != CONNECTION_OK) {
             broken_ = true;
-            raise_(problem::connection,
-                   std::string(doing) +
-                       ": the connection failed: " + (a.err.empty() ? message() : a.err),
-                   a.state);
+            raise(problem::connection,
+                  std::string(doing) +
+                      ": the connection failed: " + (a.err.empty() ? message() : a.err),
+                  a.state);
         }
         if (a.state == "57014")  // query_canceled: by the fence, or by an operator
-            raise_(problem::connection,
-                   std::string(doing) + ": " + a.err + " (SQLSTATE 57014): the server stopped " +
-                       "the statement before the call's deadline (io_timeout " +
-                       std::to_string(timeout_.count()) + " ms)",
-                   a.state);
+            raise(problem::connection,
+                  std::string(doing) + ": " + a.err + " (SQLSTATE 57014): the server stopped " +
+                      "the statement before the call's deadline (io_timeout " +
+                      std::to_string(timeout_.count()) + " ms)",
+                  a.state);
         if (!a.err.empty()) {
             const problem p = classify(a.state);
             if (p == problem::connection) broken_ = true;
-            raise_(p, std::string(doing) + ": " + a.err + " (SQLSTATE " + a.state + ")", a.state);
+            raise(p, std::string(doing) + ": " + a.err + " (SQLSTATE " + a.state + ")", a.state);
         }
     }
 
@@ -736,7 +731,6 @@ class connection {
         return std::move(a.last);
     }
 
-    raise_fn raise_;
     std::chrono::milliseconds timeout_;
     clock::time_point deadline_;  // the current call's (set_deadline)
     std::unique_ptr<PGconn, conn_deleter> conn_;

@@ -43,6 +43,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "connection.hpp"
 
@@ -57,7 +58,7 @@ inline constexpr long long schema_lock_key = 0x64656c617971LL;
 
 /// Throws server_version_error for a server older than PostgreSQL 12 (`version` as
 /// PQserverVersion gives it, e.g. 150004).
-inline void check_server_version(int version, raise_fn raise) {
+inline void check_server_version(int version) {
     if (version < oldest_server)
         raise(problem::server_version,
               "the server is PostgreSQL " + std::to_string(version / 10000) + " (version " +
@@ -128,7 +129,7 @@ inline schema_state probe_schema(connection& c, const std::string& schema) {
 // Makes sure schema `schema` (unquoted) holds version 1 of the tables, creating them if needed.
 // A privilege that is missing is named: the schema's USAGE, the meta table's SELECT, or what the
 // creation needs.
-inline void ensure_schema(connection& c, const std::string& schema, raise_fn raise) {
+inline void ensure_schema(connection& c, const std::string& schema) {
     const std::string s = quote_ident(schema);
     long long v = -1;
     try {
@@ -184,13 +185,6 @@ inline constexpr const char* session_sql =
     "SET plan_cache_mode = force_generic_plan; SET jit = off; SET enable_seqscan = off; "
     "SET enable_bitmapscan = off; SET client_encoding = 'UTF8'";
 
-// What the queue says when its connections do not each have a server session of their own.
-inline constexpr const char* pooler_message =
-    "a connection pooler in transaction or statement mode (e.g. pgbouncer pool_mode=transaction) "
-    "sits between the queue and the server: its connections do not keep a server session of "
-    "their own, so LISTEN and the connection's settings do not hold; connect to the server, or "
-    "through a pooler in session mode (see \"Connection poolers\" in docs/postgres.md)";
-
 // Sets a new connection of the queue up (session_sql), in one round trip; returns the server
 // process that answered (pg_backend_pid()). Where it is not the process the connection was
 // given at connect (PQbackendPID), something between speaks for the server: a pooler.
@@ -207,7 +201,7 @@ inline long long set_up_session(connection& c) {
 // it lives. A pooler in transaction or statement mode gave `pid` back to its pool when `c`'s last
 // statement ended, and hands out the most recently freed server connection first (pgbouncer's
 // default, server_round_robin = 0): `other` is answered by `pid`.
-inline void check_own_session(connection& other, long long pid, raise_fn raise) {
+inline void check_own_session(connection& other, long long pid) {
     const result r = other.exec_simple("SELECT pg_backend_pid()", "looking for a pooler");
     if (std::stoll(r.bytes(0, 0)) == pid) raise(problem::other, pooler_message, "");
 }
@@ -400,6 +394,50 @@ inline std::string size_sql(const std::string& s) {
 }
 inline std::string dead_size_sql(const std::string& s) {
     return "SELECT count(*) FROM " + s + ".dead WHERE queue = $1";
+}
+
+// The statements every connection of a queue prepares, one row each: the name it is prepared
+// under, its SQL, and its parameters' types in the order of $1, $2, ... (the comment above each
+// *_sql function says what they are), so that the three cannot drift apart. A row's index is its
+// statement_index.
+enum statement_index : unsigned char {
+    st_put,
+    st_put_many,
+    st_cancel,
+    st_reschedule,
+    st_claim,
+    st_ack,
+    st_ack_many,
+    st_nack,
+    st_size,
+    st_dead_size,
+    st_wake,
+    st_count
+};
+
+struct prepared_statement {
+    const char* name;  // "dq0", "dq1", ...
+    std::string sql;
+    std::vector<Oid> types;  // of $1, $2, ...
+};
+
+// The statements of a queue in schema `s` (quoted), with its options' durable_leases and whether
+// it has a max_attempts (`bury`).
+inline std::vector<prepared_statement> statements(const std::string& s, bool durable, bool bury) {
+    std::vector<prepared_statement> v{
+        {"dq0", put_sql(s), {text_oid, bytea_oid, bytea_oid, int8_oid, bool_oid}},
+        {"dq1", put_many_sql(s), {text_oid, bytea_array_oid, bytea_array_oid, int8_array_oid}},
+        {"dq2", cancel_sql(s), {text_oid, bytea_oid}},
+        {"dq3", reschedule_sql(s), {text_oid, bytea_oid, int8_oid}},
+        {"dq4", claim_sql(s, durable, bury), {text_oid, int8_oid, int8_oid, int8_oid}},
+        {"dq5", ack_sql(s, durable), {text_oid, bytea_oid, int8_oid}},
+        {"dq6", ack_many_sql(s, durable), {text_oid, bytea_array_oid, int8_array_oid}},
+        {"dq7", nack_sql(s, durable), {text_oid, bytea_oid, int8_oid, int8_oid, int8_oid}},
+        {"dq8", size_sql(s), {text_oid}},
+        {"dq9", dead_size_sql(s), {text_oid}},
+        {"dq10", wake_sql(s), {text_oid, bytea_array_oid, text_oid}},
+    };
+    return v;
 }
 
 }  // namespace delayq::postgres::detail

@@ -97,6 +97,12 @@ constexpr std::uint16_t slot_of(std::string_view key) noexcept {
     return static_cast<std::uint16_t>(crc16(key) % slot_count);
 }
 
+// Answers that mean "not now": the command did not run, and may run a little later.
+inline bool transient(std::string_view t) noexcept {
+    return t.starts_with("TRYAGAIN") || t.starts_with("CLUSTERDOWN") || t.starts_with("LOADING") ||
+           t.starts_with("MASTERDOWN");
+}
+
 class router {
   public:
     router(endpoint seed, milliseconds io_timeout)
@@ -225,12 +231,6 @@ class router {
         bool unsent = true;  // every failure was a node that could not be reached
     };
 
-    // Answers that mean "not now": the command did not run, and may run a little later.
-    static bool transient(std::string_view t) {
-        return t.starts_with("TRYAGAIN") || t.starts_with("CLUSTERDOWN") ||
-               t.starts_with("LOADING") || t.starts_with("MASTERDOWN");
-    }
-
     // "MOVED 3999 127.0.0.1:6381"; an empty host means the host we asked.
     static endpoint redirect_target(std::string_view t, const endpoint& asked) {
         const auto at = t.rfind(' ');
@@ -282,7 +282,7 @@ class router {
                 if (!cv_.wait_until(lk, b.deadline, [&] { return !loading_; }))
                     return {nullptr,
                             std::make_exception_ptr(
-                                error("delayq::redis: no slot map within io_timeout (" +
+                                connection_error("delayq::redis: no slot map within io_timeout (" +
                                       std::to_string(b.io_timeout.count()) +
                                       " ms): the nodes asked for CLUSTER SLOTS did not answer")),
                             false};
@@ -321,8 +321,9 @@ class router {
         return good;
     }
 
-    static error unserved(std::uint16_t slot) {
-        return error("delayq::redis: no node of the cluster serves slot " + std::to_string(slot));
+    static connection_error unserved(std::uint16_t slot) {
+        return connection_error("delayq::redis: no node of the cluster serves slot " +
+                                std::to_string(slot));
     }
 
     // Asks the nodes of `ask` in turn for CLUSTER SLOTS until one answers with a map (or says

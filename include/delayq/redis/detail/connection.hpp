@@ -79,11 +79,13 @@
 #include <string_view>
 #include <system_error>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "../../detail/time.hpp"
 #include "../types.hpp"
+#include "failure.hpp"
 #include "shared_in_process.hpp"
 
 namespace delayq::redis::detail {
@@ -91,58 +93,6 @@ namespace delayq::redis::detail {
 using std::chrono::milliseconds;
 using steady = std::chrono::steady_clock;
 using command = std::span<const std::string_view>;  // one command's arguments
-
-/// Nothing was sent: the connection could not be made, or the call ran out of time before it was
-/// written. Safe to retry, elsewhere too.
-class unsent_error : public error {
-  public:
-    using error::error;
-};
-
-// What a connection throws: the whole message, and its end (why) apart, so that a link can name
-// each of its callers' own commands.
-class io_failure : public error {
-  public:
-    io_failure(const std::string& what, std::string why, bool unsent)
-        : error("delayq::redis: " + what + why), why_(std::move(why)), unsent_(unsent) {}
-    const std::string& why() const noexcept { return why_; }
-    bool unsent() const noexcept { return unsent_; }
-    /// The same failure with a message of its own (copy_of() says why).
-    io_failure deep_copy() const { return io_failure(std::string(what()), why_, unsent_, 0); }
-
-  private:
-    io_failure(const std::string& whole, std::string why, bool unsent, int)
-        : error(whole), why_(std::move(why)), unsent_(unsent) {}
-
-    std::string why_;  // " timed out after 300 ms (io_timeout)", ": Connection reset by peer"
-    bool unsent_;
-};
-
-// A copy of the exception in `e`, for one of several callers that a failure answers (the calls of
-// a merged call, the calls that waited for one slot map reload): each caller gets its own
-// exception object, made before it is woken, and a message of its own. Callers that shared one
-// would read it (what()) while another's last reference destroys it; a plain copy would still
-// share its message (libstdc++'s std::runtime_error keeps it in a reference-counted string), and
-// ThreadSanitizer sees neither release, made inside uninstrumented libstdc++. These are the types
-// a call of the link, the router and the scripts throws; anything else is shared as it is.
-inline std::exception_ptr copy_of(const std::exception_ptr& e) noexcept {
-    if (e == nullptr) return e;
-    try {
-        std::rethrow_exception(e);
-    } catch (const layout_error& x) {
-        return std::make_exception_ptr(layout_error(std::string(x.what()), x.version()));
-    } catch (const unsent_error& x) {
-        return std::make_exception_ptr(unsent_error(std::string(x.what())));
-    } catch (const io_failure& x) {
-        return std::make_exception_ptr(x.deep_copy());
-    } catch (const error& x) {
-        return std::make_exception_ptr(error(std::string(x.what())));
-    } catch (const std::bad_alloc& x) {
-        return std::make_exception_ptr(x);
-    } catch (...) {
-        return std::current_exception();
-    }
-}
 
 struct reply_deleter {
     void operator()(redisReply* r) const noexcept { freeReplyObject(r); }
@@ -585,7 +535,7 @@ class link {
         if (!r.failure.empty()) {
             const std::string msg = "delayq::redis: " + name_of(cmds.front()) + r.failure;
             if (r.unsent) throw unsent_error(msg);
-            throw error(msg);
+            throw connection_error(msg);
         }
         return std::move(r.replies);
     }

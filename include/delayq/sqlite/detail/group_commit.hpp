@@ -18,7 +18,7 @@
 //
 // A failed commit fails every batch of its group, each with an exception object of its own, made
 // by the owner's copy function before the batches' callers are woken: callers that shared one
-// would read it while another thread destroys it (delayq/detail/exception_copy.hpp).
+// would read it while another thread destroys it (delayq/detail/job_queue/exception_copy.hpp).
 #pragma once
 
 #include <condition_variable>

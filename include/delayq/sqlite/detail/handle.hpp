@@ -1,10 +1,8 @@
 // RAII over SQLite's C API for delayq::sqlite: one connection (database), one prepared statement
 // (statement), one write transaction (write_transaction). Part of <delayq/sqlite/delay_queue.hpp>.
 //
-// Errors. Every failure goes through the connection's raise function, which the public header
-// supplies: it turns the problem into the typed exception of delayq::sqlite's error family. The
-// function is passed in, rather than the exceptions defined here, because detail headers never
-// include public ones (the family's base, delayq::queue_error, is public).
+// Errors. Every failure is thrown as the typed exception of delayq::sqlite's error family, by
+// fail() through raise() (delayq/sqlite/error.hpp).
 //
 // Threads. A connection is opened with SQLITE_OPEN_NOMUTEX: its owner serializes every use of it
 // (and of its statements) with a mutex of its own, which it needs anyway to keep a transaction's
@@ -25,14 +23,9 @@
 #include <string_view>
 #include <utility>
 
+#include "../error.hpp"
+
 namespace delayq::sqlite::detail {
-
-/// What went wrong, as the error family names it.
-enum class problem { other, not_a_queue, newer_version, corrupt, disk_full, busy, read_only };
-
-/// Throws the exception for `p`; never returns. `message` names the file and the problem; `code`
-/// is SQLite's extended result code (0 when the problem is not SQLite's).
-using raise_fn = void (*)(problem p, const std::string& message, int code);
 
 /// The problem an SQLite result code (extended) stands for; `sys_errno` is the OS error behind an
 /// I/O error, where SQLite knows it.
@@ -87,7 +80,7 @@ inline bool out_of_room(const std::string& path) {
 /// One SQLite connection to one file.
 class database {
   public:
-    database(const std::string& path, raise_fn raise, int flags) : path_(path), raise_(raise) {
+    database(const std::string& path, int flags) : path_(path) {
         const int rc = sqlite3_open_v2(path.c_str(), &db_, flags | SQLITE_OPEN_NOMUTEX, nullptr);
         if (rc != SQLITE_OK) {
             // sqlite3_open_v2 hands back a connection even when it fails, for its message.
@@ -160,13 +153,11 @@ class database {
         fail(p, what + " (in `" + std::string(doing) + "`: " + why + ")", rc);
     }
     [[noreturn]] void fail(problem p, const std::string& what, int rc = 0) {
-        raise_(p, "delayq::sqlite: " + path_ + ": " + what, rc);
-        std::abort();  // raise_ always throws
+        raise(p, "delayq::sqlite: " + path_ + ": " + what, rc);
     }
 
   private:
     std::string path_;
-    raise_fn raise_;
     sqlite3* db_ = nullptr;
     long long busy_timeout_ms_ = 0;
 };

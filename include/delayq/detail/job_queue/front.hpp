@@ -1,0 +1,53 @@
+// The front of every job queue: the checks of a call's arguments and of a queue's options, made
+// before anything reaches the store, with one rule and one message for every backend. A queue
+// type holds one `front` that names it ("delayq::sqlite::delay_queue"), so that its messages say
+// whose call was refused: `front.id(id)` before every call that names a job, `front.option(ok,
+// "options.lease must be > 0")` for each option, `front::take_count(n)` for the jobs a
+// take_many() may lease. The rules are public (delayq/job.hpp): max_id_size, max_take_many.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+#include "../../job.hpp"
+
+namespace delayq::detail::job_queue {
+
+class front {
+  public:
+    /// A front whose messages begin with `who`, a string that outlives it (a literal).
+    explicit constexpr front(std::string_view who) noexcept : who_(who) {}
+
+    /// Throws std::invalid_argument unless `id` is a job id: not empty, at most max_id_size bytes.
+    void id(std::string_view id) const {
+        if (id.empty()) refuse("a job id must not be empty");
+        if (id.size() > max_id_size)
+            refuse("a job id must be at most " + std::to_string(max_id_size) +
+                   " bytes (this one has " + std::to_string(id.size()) + ")");
+    }
+
+    /// Throws std::invalid_argument saying `what` (an option's rule) unless `ok`.
+    void option(bool ok, std::string_view what) const {
+        if (!ok) refuse(what);
+    }
+
+    /// Throws std::invalid_argument saying `what`, after the queue type's name.
+    [[noreturn]] void refuse(std::string_view what) const {
+        std::string m(who_);
+        m.append(": ").append(what);
+        throw std::invalid_argument(m);
+    }
+
+    /// The jobs a take_many(asked, ...) leases at most: asked, up to max_take_many.
+    static constexpr std::size_t take_count(std::size_t asked) noexcept {
+        return std::min(asked, max_take_many);
+    }
+
+  private:
+    std::string_view who_;
+};
+
+}  // namespace delayq::detail::job_queue
