@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <delayq/redis/delay_queue.hpp>
+#include <future>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "redis_proxy.hpp"
 #include "redis_server.hpp"
 
 using namespace std::chrono_literals;
@@ -193,4 +195,35 @@ TEST_CASE("a put publishes exactly when it makes the shard's next event earlier"
     REQUIRE(q.put("h", "", std::chrono::system_clock::now()));  // an absolute time, due now
     CHECK(publishes() == 4);
     CHECK(q.size() == 8);
+}
+
+TEST_CASE(
+    "a take asleep until a put's due time is not put back to sleep by an older answer that comes "
+    "later") {
+    // One object, two threads. The first waits for jobs, reading the queue's messages. The
+    // second's take looks at the server (nothing is due) and its answer is slow to come back (the
+    // proxy holds it 1.5 s). Meanwhile another client puts a job due in 2 s: the first thread
+    // hears it and sleeps until then. The second's answer, older than the put, must not move the
+    // object's next event back to "nothing for max_block" (20 s): the job comes out when due.
+    redis_server srv;
+    delayq_test::redis_proxy proxy(srv.port());
+    auto o = delayq_test::queue_options(proxy.port());
+    o.max_block = 20s;
+    delay_queue q(o);
+    delay_queue producer(opts(srv));
+    auto waiter = std::async(std::launch::async, [&] { return q.take(60s); });
+    std::this_thread::sleep_for(1s);  // its first look done, it reads the messages (or soon will)
+    proxy.delay_replies(1500ms);
+    auto looker = std::async(std::launch::async, [&] { return q.take(0ms); });
+    std::this_thread::sleep_for(300ms);  // the look has run on the server, its answer is held
+    const auto put_at = std::chrono::steady_clock::now();
+    REQUIRE(producer.put_after("due-in-2s", "x", 2s));
+    const auto j = waiter.get();
+    const auto waited = std::chrono::steady_clock::now() - put_at;
+    REQUIRE(j);
+    CHECK(j->id == "due-in-2s");
+    // Due after 2 s, then one look through the proxy (1.5 s): about 3.5 s. Put back to sleep, it
+    // comes after max_block, 20 s.
+    CHECK(waited < 12s);
+    CHECK_FALSE(looker.get());
 }

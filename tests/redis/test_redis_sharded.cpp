@@ -1,9 +1,5 @@
 // delayq::redis::sharded_delay_queue on one redis-server: one logical queue over N hash tags.
 // (tests/redis-cluster runs it on a cluster, where the shards live on different masters.)
-#include <netinet/in.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -21,6 +17,7 @@
 
 #include "catch.hpp"
 #include "flow.hpp"
+#include "redis_proxy.hpp"
 #include "redis_server.hpp"
 
 using namespace std::chrono_literals;
@@ -172,125 +169,12 @@ TEST_CASE(
     CHECK(q.size() == 0);
 }
 
-namespace {
-
-// A loopback TCP proxy in front of a redis-server that closes, as soon as it arrives, each of
-// the first `drops` connections on which a SUBSCRIBE comes: a node that dies just after a
-// subscription reached it. Everything else passes through both ways.
-class subscribe_dropper {
-  public:
-    subscribe_dropper(int upstream, int drops)
-        : upstream_(upstream), drops_(drops), listen_(::socket(AF_INET, SOCK_STREAM, 0)) {
-        sockaddr_in a = loopback(0);
-        socklen_t len = sizeof a;
-        if (listen_ < 0 || ::bind(listen_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-            ::listen(listen_, 16) != 0 ||
-            ::getsockname(listen_, reinterpret_cast<sockaddr*>(&a), &len) != 0 ||
-            ::pipe(stop_.data()) != 0)
-            throw std::runtime_error("subscribe_dropper: cannot listen");
-        port_ = ntohs(a.sin_port);
-        acceptor_ = std::thread([this] { accept_all(); });
-    }
-    subscribe_dropper(const subscribe_dropper&) = delete;
-    subscribe_dropper& operator=(const subscribe_dropper&) = delete;
-    ~subscribe_dropper() {
-        (void)!::write(stop_[1], "!", 1);  // never read: every poll sees it from now on
-        acceptor_.join();
-        for (auto& t : pumps_) t.join();
-        ::close(listen_);
-        ::close(stop_[0]);
-        ::close(stop_[1]);
-    }
-    int port() const noexcept { return port_; }
-    int dropped() const noexcept { return dropped_.load(); }
-
-  private:
-    static sockaddr_in loopback(int port) {
-        sockaddr_in a{};
-        a.sin_family = AF_INET;
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        a.sin_port = htons(static_cast<std::uint16_t>(port));
-        return a;
-    }
-
-    static bool send_all(int fd, const char* p, long n) {
-        while (n > 0) {
-            const long w = ::write(fd, p, static_cast<std::size_t>(n));
-            if (w <= 0) return false;
-            p += w;
-            n -= w;
-        }
-        return true;
-    }
-
-    void accept_all() {  // pumps_ is this thread's until the destructor joins it
-        for (;;) {
-            std::array<pollfd, 2> p{};
-            p[0] = {listen_, POLLIN, 0};
-            p[1] = {stop_[0], POLLIN, 0};
-            if (::poll(p.data(), 2, -1) < 0) continue;
-            if ((p[1].revents & POLLIN) != 0) return;
-            const int client = ::accept(listen_, nullptr, nullptr);
-            if (client >= 0) pumps_.emplace_back([this, client] { pump(client); });
-        }
-    }
-
-    void pump(int client) {
-        const int up = ::socket(AF_INET, SOCK_STREAM, 0);
-        sockaddr_in a = loopback(upstream_);
-        if (up < 0 || ::connect(up, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-            if (up >= 0) ::close(up);
-            ::close(client);
-            return;
-        }
-        std::array<char, 65536> buf{};
-        for (bool open = true; open;) {
-            std::array<pollfd, 3> p{};
-            p[0] = {client, POLLIN, 0};
-            p[1] = {up, POLLIN, 0};
-            p[2] = {stop_[0], POLLIN, 0};
-            if (::poll(p.data(), 3, -1) < 0) continue;
-            if ((p[2].revents & POLLIN) != 0) break;
-            if ((p[0].revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
-                const long n = ::read(client, buf.data(), buf.size());
-                const std::string_view got(buf.data(), n > 0 ? static_cast<std::size_t>(n) : 0);
-                if (n <= 0) break;
-                if (got.find("\r\nSUBSCRIBE\r\n") != std::string_view::npos) {
-                    int left = drops_.load();
-                    while (left > 0 && !drops_.compare_exchange_weak(left, left - 1)) {
-                    }
-                    if (left > 0) {
-                        ++dropped_;
-                        break;
-                    }
-                }
-                open = send_all(up, buf.data(), n);
-            }
-            if (open && (p[1].revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
-                const long n = ::read(up, buf.data(), buf.size());
-                open = n > 0 && send_all(client, buf.data(), n);
-            }
-        }
-        ::close(up);
-        ::close(client);
-    }
-
-    int upstream_;
-    std::atomic<int> drops_, dropped_{0};
-    int listen_;
-    int port_ = 0;
-    std::array<int, 2> stop_{-1, -1};
-    std::thread acceptor_;
-    std::vector<std::thread> pumps_;
-};
-
-}  // namespace
-
 TEST_CASE(
     "a take whose SUBSCRIBE reaches a node that dies at once subscribes again, within "
     "io_timeout, and then gets its job") {
     redis_server srv;
-    subscribe_dropper proxy(srv.port(), 3);
+    delayq_test::redis_proxy proxy(srv.port());
+    proxy.drop_subscriptions(3);
     auto o = delayq_test::queue_options(proxy.port());
     sharded_delay_queue consumer(o, 4);
     auto taken = std::async(std::launch::async, [&] { return consumer.take(30s); });
@@ -321,7 +205,8 @@ TEST_CASE(
     "a take whose every SUBSCRIBE dies keeps trying for io_timeout, then throws "
     "delayq::redis::error") {
     redis_server srv;
-    subscribe_dropper proxy(srv.port(), 1'000'000);
+    delayq_test::redis_proxy proxy(srv.port());
+    proxy.drop_subscriptions(1'000'000);
     auto o = delayq_test::queue_options(proxy.port());
     o.io_timeout = 500ms;
     delayq::redis::delay_queue consumer(o);

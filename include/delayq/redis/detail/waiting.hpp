@@ -79,24 +79,29 @@ class waiting_room {
             if (const auto s = pick(now, !asked, patient)) {
                 hint& h = hints_[*s];
                 ++h.takers;
+                flight f{*s};
+                depart(f);
                 lk.unlock();
                 consumed c;
                 try {
                     c = client_.consume(*s, {}, want, patient);
                 } catch (const error&) {
                     lk.lock();
+                    arrive(f);
                     --h.takers;
                     set_aside(h, clock::now());
                     if (patient) throw;  // no other shard could serve this call
                     continue;            // the others may: an error only when none can
                 } catch (...) {
                     lk.lock();
+                    arrive(f);
                     --h.takers;
                     throw;
                 }
                 lk.lock();
+                arrive(f);
                 --h.takers;
-                learn(*s, c.next);
+                learn(*s, c.next, f.heard);
                 asked = true;
                 if (!c.jobs.empty()) return std::move(c.jobs);
                 continue;
@@ -130,17 +135,55 @@ class waiting_room {
 
     // The consume script for the calls that settle leases: the hints learn from it at once.
     consumed consume_and_learn(std::size_t s, std::span<const std::string_view> settle) {
-        consumed c = client_.consume(s, settle, 0);
-        std::lock_guard lk(m_);
+        flight f{s};
+        std::unique_lock lk(m_);
         if (generation_ != fork_generation()) forget_the_parent();
-        learn(s, c.next);
+        depart(f);
+        lk.unlock();
+        consumed c;
+        try {
+            c = client_.consume(s, settle, 0);
+        } catch (...) {
+            lk.lock();
+            arrive(f);
+            throw;
+        }
+        lk.lock();
+        arrive(f);
+        learn(s, c.next, f.heard);
         return c;
     }
 
   private:
+    // A consume script on its way, from its sending to its learn(): the earliest next event heard
+    // for its shard meanwhile. Its answer may be older than what was heard (the script ran before
+    // another client's put, whose message the reader handled before this answer came back), so
+    // learn() keeps the earlier of the two: an answer must not move a shard's next event past
+    // news that came after it (that job would come out up to max_block late).
+    struct flight {
+        std::size_t shard;
+        clock::time_point heard = clock::time_point::max();
+        flight* next = nullptr;
+    };
+
+    // Under m_: `f` is on its way, and arrive(f) ends that (f may be gone from the list: a child
+    // after fork() starts without the parent's flights).
+    void depart(flight& f) noexcept {
+        f.next = flights_;
+        flights_ = &f;
+    }
+    void arrive(flight& f) noexcept {
+        for (flight** at = &flights_; *at != nullptr; at = &(*at)->next)
+            if (*at == &f) {
+                *at = f.next;
+                return;
+            }
+    }
+
     // Under m_: shard `s`'s next event is `next_ms` away (+1 ms: the server rounds its now down,
-    // so the distance may be short by less than a millisecond), and at most max_block.
-    void learn(std::size_t s, long long next_ms) {
+    // so the distance may be short by less than a millisecond), and at most max_block; or at
+    // `heard`, if that is earlier: a message heard while the answer was on its way (see flight).
+    void learn(std::size_t s, long long next_ms, clock::time_point heard) {
         const auto now = clock::now();
         hint& h = hints_[s];
         h.failures = 0;  // it answered: no longer set aside
@@ -149,7 +192,7 @@ class waiting_room {
         const milliseconds d =
             next_ms < 0 ? max_block
                         : std::min(milliseconds(next_ms + (next_ms > 0 ? 1 : 0)), max_block);
-        h.next = now + d;
+        h.next = std::min(now + d, heard);
         h.backlog = next_ms == 0;
         if (next_ms == 0)
             wake_one();  // more is due now: one more thread may take it
@@ -194,8 +237,10 @@ class waiting_room {
                 std::errc() ||
             i >= hints_.size())
             return;  // not ours (a newer layout on the same channel): ignore it
-        hints_[i].next =
-            std::min(hints_[i].next, clock::now() + milliseconds(ms + (ms > 0 ? 1 : 0)));
+        const auto at = clock::now() + milliseconds(ms + (ms > 0 ? 1 : 0));
+        hints_[i].next = std::min(hints_[i].next, at);
+        for (flight* f = flights_; f != nullptr; f = f->next)
+            if (f->shard == i) f->heard = std::min(f->heard, at);
     }
 
     // Under m_: a consume on the shard of `h` failed (its node is down, the cluster is failing
@@ -329,6 +374,7 @@ class waiting_room {
             h.takers = 0;
             h.next = clock::time_point::min();  // look again: what the parent knew may be old
         }
+        flights_ = nullptr;
         sub_.reset();
         heard_.clear();
         for (int& fd : poke_)
@@ -349,6 +395,7 @@ class waiting_room {
     std::mutex m_;  // the hints, the reader's post
     std::condition_variable cv_;
     std::vector<hint> hints_;          // one per shard
+    flight* flights_ = nullptr;        // the consume scripts on their way (see flight)
     std::unique_ptr<subscriber> sub_;  // used by the reading thread only
     std::vector<std::string> heard_;   // likewise
     bool reading_ = false;
