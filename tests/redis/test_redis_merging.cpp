@@ -10,6 +10,8 @@
 #include <chrono>
 #include <delayq/redis/delay_queue.hpp>
 #include <memory>
+#include <mutex>
+#include <random>
 #include <set>
 #include <string>
 #include <thread>
@@ -225,4 +227,77 @@ TEST_CASE(
     for (const auto& f : r.failures) FAIL_CHECK(f);
     CHECK(r.all_acked_once());
     CHECK(objects[0]->size() == 0);
+}
+
+// The merger alone, with a stand-in for the server, so that its hand-overs (a call told to send,
+// another thread sending in its place, calls giving up while they wait and while carried) happen
+// thousands of times a second, under TSan too.
+TEST_CASE(
+    "the merger under a storm of short deadlines: every batch is sent by its youngest call, and "
+    "each call is answered once, or gives up by itself at its own deadline") {
+    using delayq::redis::detail::merged_call;
+    using delayq::redis::detail::merger;
+    using clock = std::chrono::steady_clock;
+    struct test_call : merged_call {
+        int answers = 0;  // signalled done by a sender (or its own, for the sender)
+    };
+    merger<test_call> m(4);  // four calls at most in one
+    std::atomic<long> sent{0}, carried{0}, answered{0}, unsent{0}, abandoned{0};
+    std::atomic<long> younger_carried{0}, twice{0}, late{0};
+    std::atomic<bool> stop{false};
+    std::vector<std::thread> ts;
+    for (int t = 0; t < 8; ++t)
+        ts.emplace_back([&, t] {
+            std::minstd_rand rnd(static_cast<unsigned>(t + 1));
+            while (!stop) {
+                test_call c;
+                c.deadline = c.start + std::chrono::microseconds(200 + rnd() % 3000);
+                const auto exchange = std::chrono::microseconds(rnd() % 1500);
+                const auto f = m.run(
+                    c,
+                    [&](const test_call& k) {
+                        if (k.deadline > c.deadline) ++younger_carried;
+                    },
+                    [&](test_call& me, merger<test_call>::batch& b) noexcept {
+                        ++sent;
+                        std::this_thread::sleep_for(exchange);  // the server
+                        b.claim();
+                        ++me.answers;
+                        for (std::size_t i = 0; i < b.size(); ++i)
+                            if (test_call* k = b.at(i)) {
+                                ++carried;
+                                ++k->answers;
+                                k->signal(merged_call::done);
+                            }
+                    });
+                const auto now = clock::now();
+                switch (f) {
+                    case merger<test_call>::fate::answered:
+                        ++answered;
+                        if (c.answers != 1) ++twice;
+                        break;
+                    case merger<test_call>::fate::unsent:
+                        ++unsent;
+                        if (c.answers != 0) ++twice;
+                        break;
+                    case merger<test_call>::fate::abandoned:
+                        ++abandoned;
+                        if (c.answers != 0) ++twice;
+                        // It gave up at its own deadline, not an older call's.
+                        if (now < c.deadline) ++late;
+                        break;
+                }
+            }
+        });
+    std::this_thread::sleep_for(1500ms);
+    stop = true;
+    for (auto& t : ts) t.join();
+    INFO(sent << " sent, " << carried << " carried, " << answered << " answered, " << unsent
+              << " unsent, " << abandoned << " abandoned");
+    CHECK(sent > 0);
+    CHECK(carried > 0);  // calls were merged
+    CHECK(answered == sent + carried);
+    CHECK(younger_carried == 0);  // a batch's exchange spends its youngest call's budget
+    CHECK(twice == 0);
+    CHECK(late == 0);
 }

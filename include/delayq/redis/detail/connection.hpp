@@ -392,46 +392,17 @@ class connection {
     std::string out_;  // commands queued by append(), not yet sent; one thread at a time
 };
 
-// How a thread that hands in a request learns its fate: waits on its own lock and condition
-// until the thread that does the I/O says the request is done, or that it leads now.
-struct combined {
-    enum state : int { waiting, done, lead };
-
-    // Tells the waiting thread `what`, under the item's own lock: its thread cannot see the new
-    // state, return and destroy the item before this has let go of it (POSIX lets a mutex be
-    // destroyed right after another thread unlocked it).
-    void signal(state what) noexcept {
-        std::lock_guard lk(m);
-        st = what;
-        cv.notify_one();
-    }
-    // Waits for signal() and returns what it said.
-    state await() noexcept {
-        std::unique_lock lk(m);
-        cv.wait(lk, [&] { return st != waiting; });
-        return st;
-    }
-    // The same, until `t`: `waiting` when nothing was said by then.
-    state await_until(steady::time_point t) noexcept {
-        std::unique_lock lk(m);
-        cv.wait_until(lk, t, [&] { return st != waiting; });
-        return st;
-    }
-
-  private:
-    std::mutex m;
-    std::condition_variable cv;
-    state st = waiting;
-};
-
-// How a call of the link learns its fate: as combined, plus `write` (the writer's role, handed
-// to it; taken by the wait that sees it, so that the next wait waits for the next signal). The
-// link signals only under its own lock, while the call is still its (link, R1): so the call is
-// alive.
+// How a call of the link learns its fate: waits on its own lock and condition until a thread that
+// does the I/O says the call is done, that it reads now (`lead`), or that it writes now (`write`:
+// the writer's role, handed to it; taken by the wait that sees it, so that the next wait waits for
+// the next signal). The link signals only under its own lock, while the call is still its (link,
+// R1): so the call is alive.
 struct link_waiter {
     enum state : int { waiting, done, lead, write };
 
-    // As combined::signal().
+    // Tells the waiting thread `what`, under the call's own lock: its thread cannot see the new
+    // state, return and destroy the call before this has let go of it (POSIX lets a mutex be
+    // destroyed right after another thread unlocked it).
     void signal(state what) noexcept {
         std::lock_guard lk(m);
         st = what;

@@ -10,25 +10,36 @@
 // them returns; each ack or put gets its own answer. A thread alone waits for nobody: its call
 // goes at once, as before.
 //
-// Who sends: flat combining. A thread that hands in a call when fewer than `depth` calls of that
-// kind are on their way sends it, with the calls waiting (oldest first, up to max_batch jobs in
-// all); the others wait on their own condition, each woken once: answered, or told that it sends
-// the next call. So no thread serves others for longer than its own call takes, and a thread hands
-// off no more than it did to the link alone.
+// Who sends: flat combining. One call of a kind is on its way at a time. A thread that hands in
+// a call when none is sends it, with the calls waiting (oldest first, up to max_batch jobs in
+// all); the others wait on their own condition: answered, or told that it sends the next call.
+// When a call returns, the oldest calls waiting that fit in one call go next, and the newest of
+// them is told to send them. Until that thread has woken and taken its batch, a thread that hands
+// in a call that fits with them (often the one whose call just returned: it is running already)
+// sends in its place, at once, with those calls and its own, and the one told goes back to
+// waiting, to be answered with the others. Why: the sender must be the youngest call of its batch
+// (see "Time"), so a call handed in during that wake-up cannot be carried by the one told; left
+// to wait, it would go a round trip later, in smaller batches (more script calls a job, more
+// server time); sending in its place, it goes in the next call, which leaves without waiting for
+// a thread to wake. So no thread serves others for longer than its own call takes, and the oldest
+// call waiting always goes next: a stream of younger calls cannot starve it.
 //
 // Time. Every call keeps its own deadline, its io_timeout after it was handed in, and returns or
 // fails by then: a call merged with others is never failed at an older call's deadline. So the
-// call that sends a batch is its youngest (when a call returns, the oldest calls waiting that fit
-// in one call go next, sent by the newest of them), and the batch's exchange with the server
-// spends the sender's budget, which ends last; the older calls in it wait only until their own
-// deadlines. One whose deadline passes while it waits for its turn leaves the queue and fails
-// unsent (nothing of it reached the server); one whose deadline passes while its batch is on its
-// way gives up there, alone, with an error that says it may have run (as a call of the link does
-// whose reply is late), and the sender drops its answer when it comes (the jobs leased for a take
-// that gave up go to the takes still waiting, or back to the queue: script_client.hpp's
-// consume()). A call that gives up is gone at once, so the sender copies the arguments of the
-// calls it carries when it takes them into its batch, and touches none of them afterwards but
-// under the merger's lock, once it has claimed those still waiting for their answers.
+// call that sends a batch is its youngest (the one told to send is the newest of the calls it
+// takes; one that sends in its place was handed in after all of them), and the batch's exchange
+// with the server spends the sender's budget, which ends last; the older calls in it wait only
+// until their own deadlines. (Every object that shares a merger has the same io_timeout, so the
+// newest call's deadline is the latest; a call whose deadline is later than its sender's, handed
+// in a moment after it yet queued first, waits for the next call.) One whose deadline passes
+// while it waits for its turn leaves the queue and fails unsent (nothing of it reached the
+// server); one whose deadline passes while its batch is on its way gives up there, alone, with
+// an error that says it may have run (as a call of the link does whose reply is late), and the
+// sender drops its answer when it comes (the jobs leased for a take that gave up go to the takes
+// still waiting, or back to the queue: script_client.hpp's consume()). A call that gives up is
+// gone at once, so the sender copies the arguments of the calls it carries when it takes them
+// into its batch, and touches none of them afterwards but under the merger's lock, once it has
+// claimed those still waiting for their answers.
 //
 // Sharing. Every queue object of the process that uses the same shard of the same queue on the
 // same server as the same user, with the same options, shares one merger for it
@@ -38,6 +49,7 @@
 // for them again in a child).
 #pragma once
 
+#include <condition_variable>
 #include <cstddef>
 #include <memory>
 #include <mutex>
@@ -52,19 +64,56 @@
 namespace delayq::redis::detail {
 
 // One call handed in to a merger: how many jobs (or settlements) it carries, its deadline, and how
-// it learns its fate (combined: answered, or its turn to send).
-struct merged_call : combined {
+// it learns its fate: answered (`done`), or its turn to send (`lead`).
+struct merged_call {
+    enum state : int { waiting, done, lead };
+
     std::size_t units = 1;
     steady::time_point start = steady::now();  // its budget begins here, merged or not
     steady::time_point deadline = steady::time_point::max();  // the caller's: start + io_timeout
 
-    // The merger's, under its lock. Where the call is: in the queue; told to send (the signal is
-    // on its way); carried by another call's batch (member `slot` of it); being answered.
+    // The merger's, under its lock. Where the call is: in the queue (`leading` too: told to send,
+    // not yet woken to do it); carried by another call's batch (member `slot` of it); being
+    // answered.
     enum class spot { alone, queued, leading, carried, answering };
     spot at = spot::alone;
     merged_call* prev = nullptr;  // in the queue: the calls before and after it
     merged_call* next = nullptr;
     merged_call** slot = nullptr;  // carried: its place in the batch, nulled when it gives up
+
+    // Tells the waiting thread `what`, under the call's own lock: its thread cannot see it, return
+    // and destroy the call before this has let go of it (POSIX lets a mutex be destroyed right
+    // after another thread unlocked it). `lead` is said only under the merger's lock.
+    void signal(state what) noexcept {
+        std::lock_guard lk(m_);
+        st_ = what;
+        cv_.notify_one();
+    }
+    // Waits until `t` for signal() and returns what it said: `waiting` when nothing was said by
+    // then. A `lead` is taken: the next wait waits for the next signal (its `done`).
+    state await_until(steady::time_point t) noexcept {
+        std::unique_lock lk(m_);
+        cv_.wait_until(lk, t, [&] { return st_ != waiting; });
+        const state said = st_;
+        if (said == lead) st_ = waiting;
+        return said;
+    }
+    // Waits for its answer (signal(done)), however long it takes: the call is being answered.
+    void await_done() noexcept {
+        std::unique_lock lk(m_);
+        cv_.wait(lk, [&] { return st_ == done; });
+    }
+    // Under the merger's lock: a `lead` not yet taken is taken back (another thread sends in
+    // its place); the thread, if it woke for it, finds nothing said and waits on.
+    void take_back_lead() noexcept {
+        std::lock_guard lk(m_);
+        if (st_ == lead) st_ = waiting;
+    }
+
+  private:
+    std::mutex m_;
+    std::condition_variable cv_;
+    state st_ = waiting;
 };
 
 // Calls of one kind for one shard; `Call` derives from merged_call.
@@ -98,9 +147,8 @@ class merger {
         std::vector<merged_call*> members_;
     };
 
-    // `depth`: calls of this kind on their way at a time; `most`: units in one call (a call
-    // with more goes alone).
-    merger(std::size_t depth, std::size_t most) : depth_(depth), most_(most) {}
+    // `most`: units in one call (a call with more goes alone).
+    explicit merger(std::size_t most) : most_(most) {}
     merger(const merger&) = delete;
     merger& operator=(const merger&) = delete;
 
@@ -109,114 +157,139 @@ class merger {
     // (oldest first): it copies what it needs of k (its arguments), or throws to leave k waiting
     // (out of memory). Then `send(c, b)`, on c's thread, sends c and the calls of b in one script
     // call, claims b (batch::claim) and answers each member still there: its result or failure,
-    // then combined::signal(done), after which it touches that call no more. c's own answer is
+    // then merged_call::signal(done), after which it touches that call no more. c's own answer is
     // put in c, unsignalled. `send` must not throw. Returns c's fate.
     template <class Carry, class Send>
     fate run(Call& c, Carry&& carry, Send&& send) {
         c.next = c.prev = nullptr;
         c.slot = nullptr;
+        c.at = merged_call::spot::alone;
+        batch b(m_);
         bool queued = false;
         {
             std::lock_guard lk(m_);
-            if (on_way_ < depth_) {
-                ++on_way_;
-                c.at = merged_call::spot::leading;
+            if (lead_ != nullptr && c.units + lead_units_ <= most_ &&
+                lead_->deadline <= c.deadline) {
+                // The call told to send has not taken its batch yet: c, which can carry that
+                // batch, sends in its place, and the call told waits with the others, to be
+                // carried below.
+                lead_->at = merged_call::spot::queued;
+                lead_->take_back_lead();
+                lead_ = nullptr;
+            } else if (!busy_) {
+                busy_ = true;
             } else {
                 enqueue(c);
                 queued = true;
             }
+            if (!queued && !take(c, b, carry)) {
+                hand_on_locked();  // its time is up already: it is not sent
+                return fate::unsent;
+            }
         }
         if (queued)
-            if (const std::optional<fate> f = wait(c)) return *f;
-        if (steady::now() >= c.deadline) {  // its turn came too late: it is not sent
-            hand_on();
-            return fate::unsent;
-        }
-        batch b(m_);
+            if (const std::optional<fate> f = wait(c, b, carry)) return *f;
+        send(c, b);
         {
             std::lock_guard lk(m_);
-            c.at = merged_call::spot::alone;
-            const auto now = steady::now();
-            std::size_t units = c.units;
-            try {
-                for (merged_call* k = head_; k != nullptr && units + k->units <= most_;) {
-                    merged_call* const after = k->next;
-                    // One whose time is up leaves by itself; one younger than c (handed in after
-                    // c was told to send) waits for a sender whose budget ends no earlier.
-                    if (k->deadline > now && k->deadline <= c.deadline) {
-                        b.members_.push_back(nullptr);
-                        try {
-                            carry(static_cast<Call&>(*k));
-                        } catch (...) {
-                            b.members_.pop_back();
-                            throw;
-                        }
-                        b.members_.back() = k;
-                        unlink(*k);
-                        k->at = merged_call::spot::carried;
-                        units += k->units;
-                    }
-                    k = after;
-                }
-            } catch (...) {  // out of memory: the batch is what it holds so far
-            }
-            for (merged_call*& k : b.members_) k->slot = &k;  // the array is final now
+            hand_on_locked();
         }
-        send(c, b);
-        hand_on();
         return fate::answered;
     }
 
   private:
-    // Waits for c's turn or answer, until its deadline: an answer is its fate; nullopt: it sends.
-    std::optional<fate> wait(Call& c) noexcept {
-        switch (c.await_until(c.deadline)) {
-            case combined::done:
-                return fate::answered;
-            case combined::lead:
-                return std::nullopt;
-            case combined::waiting:
-                break;
-        }
-        std::unique_lock lk(m_);
-        switch (c.at) {
-            case merged_call::spot::queued:  // not sent
-                unlink(c);
-                c.at = merged_call::spot::alone;
-                return fate::unsent;
-            case merged_call::spot::carried:  // on its way: its sender will find it gone
-                *c.slot = nullptr;
-                c.at = merged_call::spot::alone;
-                return fate::abandoned;
-            default:  // leading, answering: the signal is on its way
-                lk.unlock();
-                return c.await() == combined::done ? std::optional<fate>(fate::answered)
-                                                   : std::nullopt;
+    // Waits for c's turn or answer, until its deadline (then it gives up: unsent while it waits
+    // for its turn, abandoned while carried). An answer or a give-up is its fate; nullopt: c
+    // sends, with `b` taken.
+    template <class Carry>
+    std::optional<fate> wait(Call& c, batch& b, Carry& carry) noexcept {
+        for (;;) {
+            if (c.await_until(c.deadline) == merged_call::done) return fate::answered;
+            // Told to send, or out of time, or its lead taken back: where is it now?
+            std::unique_lock lk(m_);
+            const bool late = steady::now() >= c.deadline;
+            switch (c.at) {
+                case merged_call::spot::leading:  // its turn (said under m_, so said already)
+                    c.take_back_lead();
+                    lead_ = nullptr;
+                    unlink(c);
+                    c.at = merged_call::spot::alone;
+                    if (late || !take(c, b, carry)) {  // its turn came too late: it is not sent
+                        hand_on_locked();
+                        return fate::unsent;
+                    }
+                    return std::nullopt;
+                case merged_call::spot::queued:
+                    if (!late) break;  // another thread sent in its place: it waits on
+                    unlink(c);
+                    c.at = merged_call::spot::alone;
+                    return fate::unsent;
+                case merged_call::spot::carried:
+                    if (!late) break;   // on its way, sent by another
+                    *c.slot = nullptr;  // its sender will find it gone
+                    c.at = merged_call::spot::alone;
+                    return fate::abandoned;
+                case merged_call::spot::answering:  // its answer is on its way: it waits for it
+                    lk.unlock();
+                    c.await_done();
+                    return fate::answered;
+                case merged_call::spot::alone:
+                    break;
+            }
         }
     }
 
-    // A call's sender is done with it: the next batch is the oldest calls waiting, as many as
-    // fit in one call, and the newest of them sends it (its deadline is the latest, so its budget
-    // serves every call it carries); or, with none waiting, one call fewer is on its way. The
-    // oldest call waiting always goes next: a stream of younger calls cannot starve it.
-    void hand_on() noexcept {
-        merged_call* after = nullptr;
-        {
-            std::lock_guard lk(m_);
-            std::size_t units = 0;
-            for (merged_call* k = head_;
-                 k != nullptr && (after == nullptr || units + k->units <= most_); k = k->next) {
-                units += k->units;
-                after = k;
+    // Under m_: c (alone, not in the queue) is to send: it takes into `b` the calls waiting,
+    // oldest first, as many as fit with it in one call, but those out of time (they leave by
+    // themselves) or younger than c. False, with nothing taken, when c itself is out of time.
+    template <class Carry>
+    bool take(Call& c, batch& b, Carry& carry) noexcept {
+        const auto now = steady::now();
+        if (now >= c.deadline) return false;
+        std::size_t units = c.units;
+        try {
+            for (merged_call* k = head_; k != nullptr && units + k->units <= most_;) {
+                merged_call* const after = k->next;
+                if (k->deadline > now && k->deadline <= c.deadline) {
+                    b.members_.push_back(nullptr);
+                    try {
+                        carry(static_cast<Call&>(*k));
+                    } catch (...) {
+                        b.members_.pop_back();
+                        throw;
+                    }
+                    b.members_.back() = k;
+                    unlink(*k);
+                    k->at = merged_call::spot::carried;
+                    units += k->units;
+                }
+                k = after;
             }
-            if (after == nullptr) {
-                --on_way_;
-            } else {
-                unlink(*after);
-                after->at = merged_call::spot::leading;
-            }
+        } catch (...) {  // out of memory: the batch is what it holds so far
         }
-        if (after != nullptr) after->signal(combined::lead);
+        for (merged_call*& k : b.members_) k->slot = &k;  // the array is final now
+        return true;
+    }
+
+    // Under m_: a call's sender is done with it, or the call told to send gave up. The next batch
+    // is the oldest calls waiting, as many as fit in one call, and the newest of them is told to
+    // send it (its deadline is the latest, so its budget serves every call it carries); with none
+    // waiting, no call is on its way. Said under m_, so that whoever finds the call `leading`
+    // knows that the signal has been given (and may take it back).
+    void hand_on_locked() noexcept {
+        merged_call* after = nullptr;
+        std::size_t units = 0;
+        for (merged_call* k = head_;
+             k != nullptr && (after == nullptr || units + k->units <= most_); k = k->next) {
+            units += k->units;
+            after = k;
+        }
+        lead_ = after;
+        lead_units_ = units;
+        busy_ = after != nullptr;
+        if (after == nullptr) return;
+        after->at = merged_call::spot::leading;
+        after->signal(merged_call::lead);
     }
 
     // Under m_: `c` joins the queue, newest last.
@@ -238,8 +311,10 @@ class merger {
     std::mutex m_;
     merged_call* head_ = nullptr;  // under m_: the calls waiting, oldest first
     merged_call* tail_ = nullptr;
-    std::size_t on_way_ = 0;  // under m_: batches being sent (each by the thread of its sender)
-    std::size_t depth_, most_;
+    bool busy_ = false;  // under m_: a call is on its way, or lead_ is told to send the next
+    merged_call* lead_ = nullptr;  // under m_: told to send, not yet woken to take its batch
+    std::size_t lead_units_ = 0;   // under m_: the units of lead_ and the calls before it
+    std::size_t most_;
 };
 
 }  // namespace delayq::redis::detail

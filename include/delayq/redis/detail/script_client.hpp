@@ -97,9 +97,8 @@ struct put_call : script_call {
 // The mergers of one shard: one for the puts, one for the consumes that may wait for a failing
 // node and one for those that may not (router::call's `patient`: they are sent apart).
 struct shard_mergers {
-    static constexpr std::size_t depth = 1;  // calls of a kind on their way at a time
-    merger<consume_call> patient{depth, max_batch}, impatient{depth, max_batch};
-    merger<put_call> puts{depth, max_batch};
+    merger<consume_call> patient{max_batch}, impatient{max_batch};
+    merger<put_call> puts{max_batch};
 };
 
 // The shards of one queue object and the scripts it runs on them. Shards are numbered 0..N-1.
@@ -151,8 +150,12 @@ class script_client {
     }
 
     [[noreturn]] static void bad_reply(std::string_view what, const redisReply* r) {
-        if (r->type == REDIS_REPLY_ERROR)
-            throw error("delayq::redis: " + std::string(what) + ": " + std::string(text_of(r)));
+        if (r->type == REDIS_REPLY_ERROR) {
+            std::string msg =
+                "delayq::redis: " + std::string(what) + ": " + std::string(text_of(r));
+            if (transient(text_of(r))) throw connection_error(msg);  // not now: the router gave up
+            throw error(msg);
+        }
         throw error("delayq::redis: " + std::string(what) + ": unexpected reply type " +
                     std::to_string(r->type));
     }
@@ -245,7 +248,7 @@ class script_client {
                             const std::size_t n = more.count[i] / 4;
                             if (put_call* k = b.at(i)) {
                                 answer(*k, n);
-                                k->signal(combined::done);
+                                k->signal(merged_call::done);
                             }
                             at += n;
                         }
@@ -414,7 +417,7 @@ class script_client {
             const std::size_t settled = more.count[i] / 3;
             if (consume_call* k = b.at(i)) {
                 answer(*k, settled);
-                k->signal(combined::done);
+                k->signal(merged_call::done);
             }
             ok_at += settled;
         }
