@@ -15,11 +15,12 @@
 #include <pthread.h>
 
 #include <atomic>
+#include <cstddef>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <utility>
-#include <vector>
 
 namespace delayq::redis::detail {
 
@@ -41,34 +42,35 @@ inline unsigned fork_generation() noexcept {
 }
 
 // The one `T` of this process for `key`, made by `make()` (a shared_ptr<T>) on first use and
-// shared by everyone who asks with that key while anyone holds it.
+// shared by everyone who asks with that key while anyone holds it. A lookup is a hash lookup: a
+// process may hold many (a sharded queue of 16384 shards asks once per shard), and a scan of the
+// table per lookup made those quadratic. Entries whose thing is gone are swept when the table has
+// doubled since the last sweep, so the table stays within twice the things alive, at O(1) a
+// lookup amortized.
 template <class T, class Make>
 std::shared_ptr<T> shared_in_process(const std::string& key, Make make) {
     struct table {
         std::mutex m;
         unsigned generation = 0;
-        std::vector<std::pair<std::string, std::weak_ptr<T>>> items;
+        std::unordered_map<std::string, std::weak_ptr<T>> items;
+        std::size_t swept_at = 0;  // the table's size after the last sweep
     };
     static table* const t = new table;  // never destroyed: objects may outlive static destruction
     const unsigned generation = fork_generation();
     std::lock_guard lk(t->m);
     if (t->generation != generation) {  // the parent's
         t->items.clear();
+        t->swept_at = 0;
         t->generation = generation;
     }
-    std::shared_ptr<T> found;
-    for (auto it = t->items.begin(); it != t->items.end();) {
-        std::shared_ptr<T> item = it->second.lock();
-        if (item == nullptr) {  // its last holder is gone
-            it = t->items.erase(it);
-            continue;
-        }
-        if (it->first == key) found = std::move(item);
-        ++it;
-    }
-    if (found != nullptr) return found;
+    auto& slot = t->items[key];
+    if (std::shared_ptr<T> found = slot.lock()) return found;
     std::shared_ptr<T> made = make();
-    t->items.emplace_back(key, made);
+    slot = made;
+    if (t->items.size() > 2 * t->swept_at + 16) {
+        std::erase_if(t->items, [](const auto& item) { return item.second.expired(); });
+        t->swept_at = t->items.size();
+    }
     return made;
 }
 
