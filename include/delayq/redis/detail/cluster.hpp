@@ -281,10 +281,10 @@ class router {
                     return {n, nullptr, false};  // only invalidate() wants it: no need to wait
                 if (!cv_.wait_until(lk, b.deadline, [&] { return !loading_; }))
                     return {nullptr,
-                            std::make_exception_ptr(
-                                connection_error("delayq::redis: no slot map within io_timeout (" +
-                                      std::to_string(b.io_timeout.count()) +
-                                      " ms): the nodes asked for CLUSTER SLOTS did not answer")),
+                            std::make_exception_ptr(connection_error(
+                                "delayq::redis: no slot map within io_timeout (" +
+                                std::to_string(b.io_timeout.count()) +
+                                " ms): the nodes asked for CLUSTER SLOTS did not answer")),
                             false};
                 continue;
             }
