@@ -84,6 +84,7 @@
 #include "../detail/epoch_ms.hpp"
 #include "../detail/job_queue/exception_copy.hpp"
 #include "../detail/job_queue/front.hpp"
+#include "../detail/job_queue/unlocked.hpp"
 #include "../detail/time.hpp"
 #include "../job.hpp"
 #include "detail/connection.hpp"
@@ -664,14 +665,7 @@ class delay_queue {
         return out;
     }
 
-    // Unlocks `lk` while it lives, and locks it again however the scope is left.
-    struct unlocked {
-        explicit unlocked(std::unique_lock<std::mutex>& lk) : lk_(lk) { lk_.unlock(); }
-        ~unlocked() { lk_.lock(); }
-        unlocked(const unlocked&) = delete;
-        unlocked& operator=(const unlocked&) = delete;
-        std::unique_lock<std::mutex>& lk_;
-    };
+    using unlocked = delayq::detail::job_queue::unlocked;
 
     // One waiting take (on its caller's stack): what it asks for and what it got.
     struct request {

@@ -67,6 +67,7 @@
 #include "../detail/epoch_ms.hpp"
 #include "../detail/job_queue/exception_copy.hpp"
 #include "../detail/job_queue/front.hpp"
+#include "../detail/job_queue/unlocked.hpp"
 #include "../detail/time.hpp"
 #include "../job.hpp"
 #include "detail/group_commit.hpp"
@@ -653,14 +654,7 @@ class delay_queue {
         return true;
     }
 
-    // Unlocks `lk` while it lives, and locks it again however the scope is left.
-    struct unlocked {
-        explicit unlocked(std::unique_lock<std::mutex>& lk) : lk_(lk) { lk_.unlock(); }
-        ~unlocked() { lk_.lock(); }
-        unlocked(const unlocked&) = delete;
-        unlocked& operator=(const unlocked&) = delete;
-        std::unique_lock<std::mutex>& lk_;
-    };
+    using unlocked = delayq::detail::job_queue::unlocked;
 
     // The leader-follower wait of delay_queue (see the top of this file). Looks at the file on
     // entry (another process may have put something), then whenever what the object knows says
