@@ -376,6 +376,8 @@ TEST_CASE("server errors are delayq::redis::error with the server's message: the
         FAIL("no error for a put beyond maxmemory");
     } catch (const delayq::redis::error& e) {
         CHECK(std::string(e.what()).find("OOM") != std::string::npos);
+        // A refusal, not a server out of reach: retrying later would not help by itself.
+        CHECK(dynamic_cast<const delayq::unavailable_error*>(&e) == nullptr);
     }
     srv.command({"CONFIG", "SET", "maxmemory", "0"});
     CHECK(q.put_after("b", "", 0ms));
@@ -392,6 +394,9 @@ TEST_CASE(
     delay_queue refused(o);
     CHECK_THROWS_AS(refused.put_after("a", "", 0ms), delayq::redis::error);
     CHECK_THROWS_AS(refused.take(1s), delayq::redis::error);
+    // Out of reach: every job queue's "retry later" (delayq/job.hpp), by the Redis name too.
+    CHECK_THROWS_AS(refused.put_after("a", "", 0ms), delayq::unavailable_error);
+    CHECK_THROWS_AS(refused.take(1s), delayq::redis::connection_error);
 
     const delayq_test::silent_server hung;
     o.port = hung.port();
@@ -402,6 +407,7 @@ TEST_CASE(
         FAIL("no error from a server that never answers");
     } catch (const delayq::redis::error& e) {
         CHECK(std::string(e.what()).find("delayq::redis") != std::string::npos);
+        CHECK(dynamic_cast<const delayq::unavailable_error*>(&e) != nullptr);  // timed out
     }
     const auto took = std::chrono::steady_clock::now() - start;
     CHECK(took >= 250ms);

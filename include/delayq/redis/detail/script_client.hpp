@@ -122,12 +122,12 @@ class script_client {
         }
         lease_ms_ = std::to_string(opt_.lease.count());
         max_attempts_ = std::to_string(opt_.max_attempts);
-        batch_ = std::to_string(opt_.reclaim_batch);
+        reclaim_batch_ = std::to_string(opt_.reclaim_batch);
         // Objects merge their calls when every word of those calls, and where and how they go,
         // is the same.
         for (const std::string& part :
              {opt_.host, std::to_string(opt_.port), opt_.user, opt_.password, channel_, lease_ms_,
-              max_attempts_, batch_, std::to_string(opt_.io_timeout.count())})
+              max_attempts_, reclaim_batch_, std::to_string(opt_.io_timeout.count())})
             merge_key_.append(part).push_back('\0');
         const unsigned generation = fork_generation();
         for (shard& at : shards_) {
@@ -476,7 +476,7 @@ class script_client {
         args.reserve(4 + settle.size());
         const std::string count = std::to_string(take);
         args.insert(args.end(), {std::string_view(lease_ms_), std::string_view(max_attempts_),
-                                 std::string_view(batch_), std::string_view(count)});
+                                 std::string_view(reclaim_batch_), std::string_view(count)});
         args.insert(args.end(), settle.begin(), settle.end());
         auto r = eval(s, s_consume, args, patient, b);
         const std::size_t k = settle.size() / 3;
@@ -586,7 +586,7 @@ class script_client {
     options opt_;
     router router_;
     std::vector<shard> shards_;
-    std::string channel_, lease_ms_, max_attempts_, batch_;
+    std::string channel_, lease_ms_, max_attempts_, reclaim_batch_;
     std::string merge_key_;  // what objects that share mergers have in common (see "Merging")
     std::mutex merge_m_;     // a child's first calls replace the parent's mergers
     std::mutex sha_m_;

@@ -213,12 +213,12 @@ if earliest and added[redis.call('ZRANGE', events, '0', '0')[1]] then publish(ea
 return out
 )lua");
 
-// ARGV channel shard lease_ms max_attempts bury_batch take_count (how id token)*
+// ARGV channel shard lease_ms max_attempts reclaim_batch take_count (how id token)*
 // Settles the listed leases (how: 'a' ack, 'n<ms>' nack due ms from now, 'r<ms>' release: due
 // again at ms, the due time the job was leased at, its attempt taken back; for the jobs a merged
 // take leased for a caller that had given up, script_client.hpp), then leases up to take_count
 // due jobs, earliest first, each counting its attempt. A due job whose lease ended
-// after its last attempt (max_attempts) goes to `dead` instead, at most bury_batch of them per
+// after its last attempt (max_attempts) goes to `dead` instead, at most reclaim_batch of them per
 // call. meta holds "attempts:token:lease_end", so one HGET proves a lease; a settled lease's token
 // is cleared (0), so it cannot settle again.
 // Returns {next, ok*, n, (id, payload, due, attempts, token, lease_end)*n}: next is the ms until
