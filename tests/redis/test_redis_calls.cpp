@@ -1,5 +1,5 @@
 // delayq::redis against a real redis-server: what one call promises its caller, whatever the
-// other threads and processes of the program do. A call merged with others (merger.hpp) keeps its
+// other threads and processes of the program do. A call merged with others (combiner.hpp) keeps its
 // own deadline; a child process after fork() can use the objects its parent made; and what a call
 // throws is a public type whose message a user reads (no internal type, no internal command).
 #include <signal.h>

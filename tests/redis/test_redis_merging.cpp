@@ -1,7 +1,8 @@
 // delayq::redis against a real redis-server: calls that threads of a process hand in for one
-// queue shard while one is on its way go as one script call (redis/detail/merger.hpp), and each
-// still gets exactly its own answer: its own jobs, leased and counted, its own ack's verdict.
-// The server is held with CLIENT PAUSE WRITE so that the calls pile up while the first waits.
+// queue shard while one is on its way go as one script call (delayq/detail/job_queue/combiner.hpp),
+// and each still gets exactly its own answer: its own jobs, leased and counted, its own ack's
+// verdict. The server is held with CLIENT PAUSE WRITE so that the calls pile up while the first
+// waits.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -229,19 +230,19 @@ TEST_CASE(
     CHECK(objects[0]->size() == 0);
 }
 
-// The merger alone, with a stand-in for the server, so that its hand-overs (a call told to send,
+// The combiner alone, with a stand-in for the server, so that its hand-overs (a call told to send,
 // another thread sending in its place, calls giving up while they wait and while carried) happen
 // thousands of times a second, under TSan too.
 TEST_CASE(
-    "the merger under a storm of short deadlines: every batch is sent by its youngest call, and "
+    "the combiner under a storm of short deadlines: every batch is sent by its youngest call, and "
     "each call is answered once, or gives up by itself at its own deadline") {
-    using delayq::redis::detail::merged_call;
-    using delayq::redis::detail::merger;
+    using delayq::redis::detail::combined_call;
+    using delayq::redis::detail::combiner;
     using clock = std::chrono::steady_clock;
-    struct test_call : merged_call {
+    struct test_call : combined_call {
         int answers = 0;  // signalled done by a sender (or its own, for the sender)
     };
-    merger<test_call> m(4);  // four calls at most in one
+    combiner<test_call> m(4);  // four calls at most in one
     std::atomic<long> sent{0}, carried{0}, answered{0}, unsent{0}, abandoned{0};
     std::atomic<long> younger_carried{0}, twice{0}, late{0};
     std::atomic<bool> stop{false};
@@ -258,7 +259,7 @@ TEST_CASE(
                     [&](const test_call& k) {
                         if (k.deadline > c.deadline) ++younger_carried;
                     },
-                    [&](test_call& me, merger<test_call>::batch& b) noexcept {
+                    [&](test_call& me, combiner<test_call>::batch& b) noexcept {
                         ++sent;
                         std::this_thread::sleep_for(exchange);  // the server
                         b.claim();
@@ -267,20 +268,20 @@ TEST_CASE(
                             if (test_call* k = b.at(i)) {
                                 ++carried;
                                 ++k->answers;
-                                k->signal(merged_call::done);
+                                k->signal(combined_call::done);
                             }
                     });
                 const auto now = clock::now();
                 switch (f) {
-                    case merger<test_call>::fate::answered:
+                    case combiner<test_call>::fate::answered:
                         ++answered;
                         if (c.answers != 1) ++twice;
                         break;
-                    case merger<test_call>::fate::unsent:
+                    case combiner<test_call>::fate::unsent:
                         ++unsent;
                         if (c.answers != 0) ++twice;
                         break;
-                    case merger<test_call>::fate::abandoned:
+                    case combiner<test_call>::fate::abandoned:
                         ++abandoned;
                         if (c.answers != 0) ++twice;
                         // It gave up at its own deadline, not an older call's.

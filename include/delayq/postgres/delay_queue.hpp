@@ -18,13 +18,16 @@
 // commit, and a consumer that looked in between would sleep past the new job. An idle consumer
 // sends no query at all while nothing is due.
 //
-// The takes of one object wait together. One of them, the leader, listens, and claims for itself
-// and for every other waiting take at once (up to max_claim jobs), handing the jobs out in the
-// order the takes came; the others sleep on a condition variable. What a claim learns (nothing is
-// due before a time to come) stays with the object until a notification comes or that time does:
-// a take that arrives meanwhile sends nothing, and a new leader goes on from there. So a claim
-// that finds nothing is rare, and takes of many threads do not race each other for the same rows.
-// A take that does not wait (max_wait <= 0) claims by itself.
+// The takes of one object wait together, in the shared taker (detail/job_queue/taker.hpp): one
+// of them, the leader, listens; the take that claims claims for every waiting take at once (up to
+// max_claim jobs), handing the jobs out in the order the takes came. The object is its store
+// (delay_queue::taker_store): a claim whose answer says when to look again (the next due row or the
+// end of a lease just granted; at once when more is due; after a short backoff while other
+// transactions hold due rows), and the listening connection as its wake source, whose loss
+// forgets what was learned. What a claim learned holds until a notification comes or that time
+// does: a take that arrives meanwhile sends nothing. So a claim that finds nothing is rare, and
+// takes of many threads do not race each other for the same rows. A take that does not wait
+// (max_wait <= 0) claims once, for itself.
 //
 // A put in the caller's transaction. put_in_transaction() runs one statement on the caller's own
 // connection, inside the caller's BEGIN: the job is a row of that transaction, there when it
@@ -84,7 +87,7 @@
 #include "../detail/epoch_ms.hpp"
 #include "../detail/job_queue/exception_copy.hpp"
 #include "../detail/job_queue/front.hpp"
-#include "../detail/job_queue/unlocked.hpp"
+#include "../detail/job_queue/taker.hpp"
 #include "../detail/time.hpp"
 #include "../job.hpp"
 #include "detail/connection.hpp"
@@ -264,7 +267,7 @@ class delay_queue {
 
     /// Leases the earliest due job, waiting up to `max_wait` for one (not at all when <= 0).
     std::optional<job> take(std::chrono::milliseconds max_wait) {
-        auto jobs = take_jobs(1, max_wait);
+        auto jobs = taker_.take(1, max_wait);
         if (jobs.empty()) return std::nullopt;
         return std::move(jobs.front());
     }
@@ -274,7 +277,7 @@ class delay_queue {
     /// once.
     std::vector<job> take_many(std::size_t max_jobs, std::chrono::milliseconds max_wait) {
         if (max_jobs == 0) return {};  // asks for nothing: leases nothing, waits for nothing
-        return take_jobs(front.take_count(max_jobs), max_wait);
+        return taker_.take(front.take_count(max_jobs), max_wait);
     }
 
     /// Done with the job: it is gone for good. False if the lease was lost (ended, or cancelled,
@@ -665,206 +668,131 @@ class delay_queue {
         return out;
     }
 
-    using unlocked = delayq::detail::job_queue::unlocked;
+    // The queue as the shared taker's store (detail/job_queue/taker.hpp; see the top of this
+    // file): one lane, the table; a claim for every waiting take at once; LISTEN as the wake
+    // source.
+    struct taker_store {
+        using clock = steady;
+        using time_point = steady::time_point;
+        using answer = delayq::detail::job_queue::claimed<steady>;
+        using news = delayq::detail::job_queue::news<steady>;
 
-    // One waiting take (on its caller's stack): what it asks for and what it got.
-    struct request {
-        std::size_t want = 0;
-        std::vector<job> jobs;
-        bool in_claim = false;  // the leader's claim in flight counts it: it waits for the answer
-        bool done = false;      // jobs (or error) are its answer
-        std::exception_ptr error;
-    };
+        static constexpr bool external_wake = true;  // NOTIFY on channel_
+        // One statement per round trip and nothing that merges concurrent claims below: the take
+        // that claims claims for all.
+        static constexpr bool claim_for_all = true;
+        // Every put, nack and reschedule NOTIFYs when it makes a job due earlier than the object
+        // knows (wake_sql), so what a claim learned holds while the listener lives: a take that
+        // comes meanwhile sends nothing.
+        static constexpr bool look_on_entry = false;
+        static constexpr std::size_t claim_cap = max_claim;
+        // The listening connection may die once in a take (a restart, a terminated backend) and
+        // is replaced without the caller knowing; a second time, the caller hears of it.
+        static constexpr unsigned wake_losses_per_take = 1;
 
-    // The leader's: makes sure the listening connection is there and well, and takes in what it
-    // received. Forgets what the object knew (known_) when notifications came or may have been
-    // missed (a connection made anew).
-    // A listening connection that died while idle (a restart, a terminated backend) is
-    // replaced within the budget `b`: nothing was sent on it, so the caller need not know; the
-    // second death within one take (`relistened`) is the caller's business.
-    void listen_and_drain(std::unique_lock<std::mutex>& lk, budget& b, bool& relistened) {
-        bool forget = true;
-        {
-            unlocked u(lk);
-            if (listener_ && listener_->alive(true)) {
-                try {
-                    forget = listener_->wait_notification(steady::time_point::min());
-                } catch (const connection_error&) {
-                    if (relistened) throw;
-                    relistened = true;
-                    listener_.reset();
-                }
+        explicit taker_store(delay_queue& owner) : q(owner) {}
+
+        std::size_t lanes() const noexcept { return 1; }
+        // No recheck: a notification is never missed while the listener lives, and its loss
+        // forgets what was learned.
+        steady::duration recheck_every() const noexcept { return steady::duration::max(); }
+        bool changed_elsewhere() noexcept { return false; }
+
+        // One claim statement, with a budget of its own, for `n` jobs; its trailer says when to
+        // look again.
+        answer claim(std::size_t /*lane*/, std::size_t n, bool /*patient*/) {
+            budget b = q.call_budget();
+            claimed c = q.claim(n, b);
+            // The leases just granted end: the earliest event the trailer leaves out.
+            if (!c.jobs.empty())
+                c.next = std::min(c.next.value_or(delayq::detail::max_ms),
+                                  std::min(c.now + q.opt_.lease.count(), delayq::detail::max_ms));
+            answer out;
+            if (c.buried > 0 || (c.next && *c.next <= c.now && c.jobs.size() == n)) {
+                out.next = c.seen;  // dead-lettered what was due, or more is due than was asked for
+            } else if (!c.next) {
+                out.next = time_point::max();  // nothing queued: only a notification wakes
+                reset_backoff();
+            } else if (*c.next <= c.now) {
+                // Due rows that other transactions hold (being claimed, acked): look again
+                // shortly, backing off, until they settle.
+                out.next = c.seen + next_backoff();
             } else {
-                listener_.reset();
+                out.next = delayq::detail::saturating_add(c.seen, milliseconds(*c.next - c.now));
+                reset_backoff();
             }
-            if (!listener_) {
-                auto c = connect(false, b);
-                c->exec_simple("LISTEN " + channel_, "take (LISTEN)");
-                listener_ = std::move(c);
-                forget = true;
-            }
+            out.jobs = std::move(c.jobs);
+            return out;
         }
-        if (forget) known_ = false;
-    }
 
-    // The leader's claim, for its own request and every other waiting one (up to max_claim jobs):
-    // the jobs go to the leader first, then to the others in the order they came, each up to
-    // what it asked for. Learns when the next claim is due (known_, until_).
-    void claim_for_all(std::unique_lock<std::mutex>& lk, request& own, budget& b) {
-        std::vector<request*> batch{&own};
-        std::size_t total = own.want;
-        for (request* r : pending_)
-            if (r != &own && total < max_claim) {
-                batch.push_back(r);
-                total += r->want;
-            }
-        for (request* r : batch) r->in_claim = true;
-        const std::size_t asked = std::min(total, max_claim);
-        claimed c;
-        try {
-            unlocked u(lk);
-            c = claim(asked, b);
-        } catch (...) {
-            // Every take the claim was for learns of the failure, at once, each from an
-            // exception object of its own (copy_error); the leader rethrows the original.
-            const std::exception_ptr failure = std::current_exception();
-            for (request* r : batch) {
-                r->in_claim = false;
-                if (r != &own) {
-                    r->error = copy_error(failure);
-                    finish(*r);
-                }
-            }
-            known_ = false;
-            cv_.notify_all();
-            throw;
+        // The leader's (I1 in taker.hpp: never two at once): a new listening connection, with a
+        // budget of its own.
+        void open_wake() {
+            listener.reset();
+            budget b = q.call_budget();
+            auto c = q.connect(false, b);
+            c->exec_simple("LISTEN " + q.channel_, "take (LISTEN)");
+            listener = std::move(c);
         }
-        std::size_t next = 0;
-        for (request* r : batch) {
-            r->in_claim = false;
-            while (next < c.jobs.size() && r->jobs.size() < r->want)
-                r->jobs.push_back(std::move(c.jobs[next++]));
-            if (!r->jobs.empty()) finish(*r);
+
+        // The leader's: waits for a notification until `until`, or until the taker pokes. A
+        // listener that died (while idle, or now) is a loss: dropped, and, if the taker may lose
+        // it, false (it listens anew and forgets); else the caller's error.
+        bool wait_wake(time_point until, int poke, std::vector<news>& heard, bool may_lose) {
+            try {
+                if (!listener || !listener->alive(true))
+                    detail::raise(detail::problem::connection,
+                                  "take: the listening connection died (for the second time in "
+                                  "this take)",
+                                  "");
+                if (listener->wait_notification(until, poke))
+                    heard.push_back({0, time_point::min()});
+                return true;
+            } catch (const connection_error&) {
+                listener.reset();
+                if (may_lose) return false;
+                throw;
+            }
         }
-        // The leases just granted end: the earliest event the trailer leaves out.
-        if (!c.jobs.empty())
-            c.next = std::min(c.next.value_or(delayq::detail::max_ms),
-                              std::min(c.now + opt_.lease.count(), delayq::detail::max_ms));
-        if (c.buried > 0 || (c.next && *c.next <= c.now && c.jobs.size() == asked)) {
-            known_ = false;  // dead-lettered what was due, or more is due than was asked for
-        } else if (!c.next) {
-            known_ = true;
-            until_ = steady::time_point::max();
-            backoff_ = milliseconds(1);
-        } else if (*c.next <= c.now) {
-            // Due rows that other transactions hold (being claimed, acked): look again shortly,
-            // backing off, until they settle.
-            known_ = true;
-            until_ = c.seen + backoff_;
+
+        // One waiting take's own copy of the failure of a claim made for several: of the same
+        // type, with a message of its own (delayq/detail/job_queue/exception_copy.hpp).
+        static std::exception_ptr copy_error(const std::exception_ptr& e) noexcept {
+            return delayq::detail::copy_for_caller<error, connection_error, schema_version_error,
+                                                   permission_error, server_version_error>(
+                e, [](const auto& x) {
+                    return std::remove_cvref_t<decltype(x)>(std::string(x.what()), x.sqlstate());
+                });
+        }
+        static bool lane_failure(const std::exception_ptr&) noexcept { return false; }  // one lane
+
+        // A child after fork() (unsupported for this queue: the pool's connections are the
+        // parent's too). The listener is the parent's: PQfinish would send Terminate on the
+        // parent's socket, and libpq frees a connection only that way, so it is leaked, not
+        // closed.
+        void drop_inherited() noexcept { (void)listener.release(); }
+
+      private:
+        delay_queue& q;
+        conn_ptr listener;  // LISTENs on channel_; the leader's alone (open_wake, wait_wake)
+
+        // The wait for due rows that others hold: 1 ms, doubling up to 250 ms while they stay
+        // held. Claims run at once (a take that does not wait beside the takes' claim): its own
+        // lock.
+        milliseconds next_backoff() {
+            std::lock_guard lk(backoff_m_);
+            const milliseconds b = backoff_;
             backoff_ = std::min(backoff_ * 2, milliseconds(250));
-        } else {
-            known_ = true;
-            until_ = delayq::detail::saturating_add(c.seen, milliseconds(*c.next - c.now));
+            return b;
+        }
+        void reset_backoff() {
+            std::lock_guard lk(backoff_m_);
             backoff_ = milliseconds(1);
         }
-        cv_.notify_all();
-    }
 
-    // One waiting take's own copy of the failure of a claim made for several: of the same type,
-    // with a message of its own (delayq/detail/job_queue/exception_copy.hpp).
-    static std::exception_ptr copy_error(const std::exception_ptr& e) noexcept {
-        return delayq::detail::copy_for_caller<error, connection_error, schema_version_error,
-                                               permission_error, server_version_error>(
-            e, [](const auto& x) {
-                return std::remove_cvref_t<decltype(x)>(std::string(x.what()), x.sqlstate());
-            });
-    }
-
-    // Marks `r` answered and no longer waiting.
-    void finish(request& r) {
-        r.done = true;
-        pending_.erase(std::find(pending_.begin(), pending_.end(), &r));
-    }
-
-    // The wait (see the top of this file). One waiting take at a time, the leader, listens and
-    // claims, for itself and every other waiting take of the object, which sleep on cv_ meanwhile.
-    // It claims when it knows nothing (on entry, after a notification) or when what it learned
-    // comes due; a take that arrives while the object knows that nothing is due before a time to
-    // come sends nothing. A take that waits no time claims by itself.
-    std::vector<job> take_jobs(std::size_t want, milliseconds max_wait) {
-        if (max_wait <= milliseconds::zero()) {
-            budget b = call_budget();
-            claimed c = claim(want, b);
-            if (!c.jobs.empty()) {  // the object wakes when these leases end, as for its own
-                std::lock_guard lk(m_);
-                until_ = std::min(until_, delayq::detail::saturating_add(c.seen, opt_.lease));
-            }
-            return std::move(c.jobs);
-        }
-        const auto limit = delayq::detail::saturating_add(steady::now(), max_wait);
-        std::unique_lock lk(m_);
-        request own;
-        own.want = want;
-        pending_.push_back(&own);
-        struct leave {  // however the call ends: no longer waiting, and no longer leading
-            delay_queue& q;
-            request& own;
-            bool leads = false;
-            ~leave() {
-                if (!own.done) q.finish(own);
-                if (leads) {
-                    q.leading_ = false;
-                    q.cv_.notify_all();  // a waiting take leads now
-                }
-            }
-        } guard{*this, own};
-        bool relistened = false;  // the listening connection died once in this take
-        for (;;) {
-            if (own.done) {
-                if (own.error) std::rethrow_exception(own.error);
-                return std::move(own.jobs);
-            }
-            if (!guard.leads && leading_) {
-                // Another take leads: it claims for this one too.
-                if (own.in_claim)
-                    cv_.wait(lk);
-                else if (steady::now() >= limit)
-                    return {};
-                else
-                    cv_.wait_until(lk, limit);
-                continue;
-            }
-            if (!guard.leads) {
-                leading_ = true;
-                guard.leads = true;
-            }
-            // Each round (listen, claim) has a budget of its own: a take returns or fails within
-            // max_wait plus io_timeout plus a connect.
-            budget b = call_budget();
-            listen_and_drain(lk, b, relistened);
-            if (!known_ || steady::now() >= until_) {
-                claim_for_all(lk, own, b);
-                continue;
-            }
-            if (steady::now() >= limit) return {};
-            const auto until = std::min(limit, until_);
-            bool notified;
-            {
-                unlocked u(lk);
-                try {
-                    notified = listener_->wait_notification(until);
-                } catch (const connection_error&) {
-                    // Died while the take waited: the next round listens afresh (once per take)
-                    // and claims, for a notification may have been missed meanwhile.
-                    if (relistened) throw;
-                    relistened = true;
-                    listener_.reset();
-                    notified = true;
-                }
-            }
-            if (notified) known_ = false;
-        }
-    }
+        std::mutex backoff_m_;
+        milliseconds backoff_{1};
+    };
 
     options opt_;
     std::string channel_;
@@ -882,15 +810,9 @@ class delay_queue {
     bool schema_checked_ = false;
     bool pooler_checked_ = false;  // the probe for a pooler ran (or was not needed)
 
-    // The waiting takes (see take_jobs).
-    std::mutex m_;
-    std::condition_variable cv_;     // the takes that do not lead sleep here
-    std::vector<request*> pending_;  // the waiting takes, in the order they came
-    bool leading_ = false;           // a take leads: it listens, and claims for all
-    conn_ptr listener_;              // LISTENs on channel_; used by the leader only
-    bool known_ = false;             // nothing is due before until_, as far as the object knows
-    steady::time_point until_;       // ... when known_
-    milliseconds backoff_{1};        // the next wait for due rows that others hold
+    // The waiting takes (see the top of this file): the store the taker waits on, then the taker.
+    taker_store store_{*this};
+    delayq::detail::job_queue::taker<taker_store> taker_{store_};
 };
 
 }  // namespace delayq::postgres

@@ -19,10 +19,8 @@
 //   detail/scripts.hpp        the Lua scripts, the key layout and a job's states and transitions
 //   detail/script_client.hpp  running the scripts on an object's shards (EVALSHA, NOSCRIPT), and
 //                             decoding their replies
-//   detail/merger.hpp         calls that threads hand in for one shard while one is on its way,
-//                             sent together as one script call
-//   detail/waiting.hpp        how threads wait for due jobs without polling: one reader on the
-//                             subscription, the others asleep until there is work for them
+//   detail/waiting.hpp        how threads wait for due jobs without polling: the job queues'
+//                             taker over the shards, woken by the subscription
 //   queue.hpp                 delay_queue and sharded_delay_queue, which tie those together
 #include "../detail/config.hpp"  // first: below C++20, one clear error
 #pragma once

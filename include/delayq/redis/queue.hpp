@@ -13,10 +13,10 @@
 // (docs/redis.md, "Prefetch, and why there is none").
 //
 // Threads. The puts and consumes (takes, acks, nacks) that threads of the process hand in for a
-// shard while one is on its way go as one script call (detail/merger.hpp), and every command goes
+// shard while one is on its way go as one script call (delayq/detail/job_queue/combiner.hpp), and every command goes
 // through a link (detail/connection.hpp), which sends what the threads send at the same time in
 // one write. A take that waits holds the subscription, not a link, so it holds up no other call.
-// The object's lock is the waiting room's.
+// The object's lock is its taker's (delayq/detail/job_queue/taker.hpp).
 #pragma once
 
 #include <algorithm>

@@ -8,15 +8,15 @@
 // ends its lease.
 //
 // Durability. A put that returned is in the file and fsynced (options::durable_puts). Every write
-// goes through one of two group commits (detail/group_commit.hpp), where the calls of concurrent
-// threads share one transaction: puts, cancels and reschedules (they decide whether and when a
-// job runs) in one, whose leader commits its group and then fsyncs the WAL after releasing the
-// file, so that the next group gathers meanwhile and shares the next fsync; the take's lease,
-// ack, nack in the other, which commits without waiting for the disk (synchronous=NORMAL in WAL
-// mode) and never waits for an fsync: they survive a crash of the process, and a power cut may
-// undo the last of them, which only means a redelivery (at-least-once). A put group whose fsync
-// fails has committed already: its calls throw, yet their jobs are in the file (docs/sqlite.md,
-// "Durability").
+// goes through one of two group commits (the job queues' combiner, detail/job_queue/combiner.hpp),
+// where the calls of concurrent threads share one transaction: puts, cancels and reschedules (they
+// decide whether and when a job runs) in one, whose leader commits its group and then fsyncs the
+// WAL after releasing the file, so that the next group gathers meanwhile and shares the next fsync;
+// the take's lease, ack, nack in the other, which commits without waiting for the disk
+// (synchronous=NORMAL in WAL mode) and never waits for an fsync: they survive a crash of the
+// process, and a power cut may undo the last of them, which only means a redelivery
+// (at-least-once). A put group whose fsync fails has committed already: its calls throw, yet their
+// jobs are in the file (docs/sqlite.md, "Durability").
 //
 // Delivery. take() leases its jobs in the file, their attempt counted and a fencing token given,
 // in the transaction that hands them out: no job waits in the object's memory for a later take.
@@ -24,15 +24,16 @@
 // starts after it, and a job that kills its consumer has had its delivery counted (max_attempts
 // bounds a crash loop). docs/sqlite.md, "Why no prefetch", has what keeping one would buy.
 //
-// Waiting without polling. take() follows delay_queue's leader-follower pattern: one waiting
-// thread, the leader, sleeps until the next event it knows of; the others sleep on a condition
-// variable until the leader leaves. A put, nack or reschedule through this object that makes the
-// next event earlier wakes the leader, so within a process nothing polls. Another process (or
-// another object on the same file) cannot wake it: the leader looks at `PRAGMA data_version`,
-// which changes when another connection commits, every options::foreign_changes while it waits,
-// and at the file again when it changed. That read costs no I/O (it reads the WAL index in shared
-// memory), so the default, 200 ms, costs an idle consumer five cheap checks a second; it is also
-// the bound on how late a system clock stepped forward is noticed.
+// Waiting without polling. take() waits in the job queues' one taker (detail/job_queue/
+// taker.hpp), delay_queue's leader-follower pattern: one waiting thread, the leader, sleeps until
+// the next event it knows of; the others sleep on a condition variable until the leader leaves. A
+// put, nack or reschedule through this object that makes the next event earlier wakes the leader,
+// so within a process nothing polls. Another process (or another object on the same file) cannot
+// wake it: the leader looks at `PRAGMA data_version`, which changes when another connection
+// commits, every options::foreign_changes while it waits, and at the file again when it changed.
+// That read costs no I/O (it reads the WAL index in shared memory), so the default, 200 ms, costs
+// an idle consumer five cheap checks a second; it is also the bound on how late a system clock
+// stepped forward is noticed.
 //
 // Time. Due times and lease ends are milliseconds on std::chrono::system_clock, so that they mean
 // the same after a reboot and in every process. A job is due once the system clock, rounded down
@@ -47,7 +48,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -65,12 +65,12 @@
 #include <vector>
 
 #include "../detail/epoch_ms.hpp"
+#include "../detail/job_queue/combiner.hpp"
 #include "../detail/job_queue/exception_copy.hpp"
 #include "../detail/job_queue/front.hpp"
-#include "../detail/job_queue/unlocked.hpp"
+#include "../detail/job_queue/taker.hpp"
 #include "../detail/time.hpp"
 #include "../job.hpp"
-#include "detail/group_commit.hpp"
 #include "detail/handle.hpp"
 #include "detail/schema.hpp"
 #include "detail/wal_file.hpp"
@@ -216,7 +216,7 @@ class delay_queue {
 
     /// Leases the earliest due job, waiting up to `max_wait` for one (not at all when <= 0).
     std::optional<job> take(std::chrono::milliseconds max_wait) {
-        auto jobs = take_jobs(1, max_wait);
+        auto jobs = taker_.take(1, max_wait);
         if (jobs.empty()) return std::nullopt;
         return std::move(jobs.front());
     }
@@ -226,7 +226,7 @@ class delay_queue {
     /// 0 returns an empty vector at once: it leases nothing and does not wait.
     std::vector<job> take_many(std::size_t max_jobs, std::chrono::milliseconds max_wait) {
         if (max_jobs == 0) return {};
-        return take_jobs(front.take_count(max_jobs), max_wait);
+        return taker_.take(front.take_count(max_jobs), max_wait);
     }
 
     /// Done with the job: it is gone for good. False if the lease was lost (ended, or cancelled,
@@ -294,7 +294,12 @@ class delay_queue {
         bool ok = false;                   // the result: queued, removed, moved, settled
     };
 
-    using group_type = detail::group_commit<op>;
+    // One caller's ops handed to a group commit, and the error its group's commit ended with.
+    struct write_call : delayq::detail::job_queue::combined_call {
+        std::span<op> ops;
+        std::exception_ptr error;
+    };
+    using group_commit = delayq::detail::job_queue::combiner<write_call>;
 
     // Every statement the queue runs, prepared once (SQLITE_PREPARE_PERSISTENT).
     struct statements {
@@ -458,18 +463,41 @@ class delay_queue {
 
     // Runs `ops` in one transaction, shared with the ops of the calls that run at the same time;
     // returns once the puts, cancels and reschedules among them are on disk (durable_puts).
+    // A failed commit fails every call of its group, each with an exception object of its own,
+    // made before its caller is woken (delayq/detail/job_queue/exception_copy.hpp).
     void run(std::span<op> ops) {
-        group_type::batch b{ops, nullptr, false};
+        write_call c;
+        c.units = ops.size();
+        c.ops = ops;
         const auto k = ops.front().kind;
-        if (k == op::put || k == op::cancel || k == op::reschedule) {
-            puts_.submit(b, opt_.commit_batch, [this](std::span<group_type::batch* const> group) {
-                commit(group);
-                if (opt_.durable_puts) sync_wal();
-            });
-            return;
-        }
-        writes_.submit(b, opt_.commit_batch,
-                       [this](std::span<group_type::batch* const> group) { commit(group); });
+        const bool durable = k == op::put || k == op::cancel || k == op::reschedule;
+        // A call has no deadline (each lock wait has busy_timeout), so a carried call never gives
+        // up and its ops need no copy.
+        (durable ? puts_ : writes_)
+            .run(
+                c, [](write_call&) noexcept {},
+                [&](write_call& me, group_commit::batch& b) noexcept {
+                    b.claim();
+                    std::vector<write_call*> group;
+                    std::exception_ptr error;
+                    try {
+                        group.reserve(b.size() + 1);
+                        for (std::size_t i = 0; i < b.size(); ++i)
+                            if (b.at(i) != nullptr) group.push_back(b.at(i));
+                        group.push_back(&me);
+                        commit(group);
+                        if (durable && opt_.durable_puts) sync_wal();
+                    } catch (...) {
+                        error = std::current_exception();
+                    }
+                    for (std::size_t i = 0; i < b.size(); ++i)
+                        if (write_call* k = b.at(i)) {
+                            if (error) k->error = copy_error(error);
+                            k->signal(write_call::done);
+                        }
+                    me.error = error;
+                });
+        if (c.error) std::rethrow_exception(c.error);
     }
 
     // An fsync of the WAL, which holds every commit so far (a checkpoint fsyncs what it copies
@@ -486,13 +514,13 @@ class delay_queue {
 
     // A group commit's leader, under db_m_: one transaction for the whole group (never fsynced
     // here: see run()); then what it learned about the next event.
-    void commit(std::span<group_type::batch* const> group) {
+    void commit(std::span<write_call* const> group) {
         std::lock_guard g(db_m_);
         detail::write_transaction t = begin();
         const long long now = now_ms();
         bool reclaimed = false;
-        for (auto* b : group)
-            for (op& o : b->items) {
+        for (write_call* c : group)
+            for (op& o : c->ops) {
                 if (o.kind == op::lease && !reclaimed) {
                     reclaim(now);
                     reclaimed = true;
@@ -517,14 +545,17 @@ class delay_queue {
         t.commit();
         data_version_ = version;
 
-        // Under db_m_, so that these updates come in the order of the commits.
-        std::lock_guard lk(m_);
-        const bool earlier = next < next_ms_;
+        // Under db_m_, so that the taker learns these in the order of the commits: the last is
+        // the truth, and may move the next event later (an ack) as well as earlier (a put).
         next_ms_ = next;
-        if (earlier) {  // a put, nack or reschedule came before what the leader waits for
-            leader_cv_.notify_one();
-            if (leader_ == nullptr) cv_.notify_one();
-        }
+        taker_.learn(0, steady_at(next));
+    }
+
+    // The steady time at which the system clock reaches `ms` (as now_ms() reads it).
+    static steady::time_point steady_at(long long ms) {
+        if (ms == never) return steady::time_point::max();
+        return delayq::detail::saturating_add(steady::now(),
+                                              milliseconds(std::max(ms - now_ms(), 0LL)));
     }
 
     // Under db_m_, in a write transaction: one op.
@@ -643,9 +674,12 @@ class delay_queue {
         }
     }
 
-    // Whether another connection committed since this object last looked at the file.
+    // Whether another connection committed since this object last looked at the file, or the
+    // system clock has reached the next event this object knows of (it was stepped forward: the
+    // taker counts on the steady clock).
     bool foreign_changed() {
         std::lock_guard g(db_m_);
+        if (next_ms_ <= now_ms()) return true;
         detail::statement::use u(st_.data_version);
         if (!u->step()) return false;
         const long long v = u->integer(0);
@@ -654,70 +688,44 @@ class delay_queue {
         return true;
     }
 
-    using unlocked = delayq::detail::job_queue::unlocked;
+    // What the taker (delayq/detail/job_queue/taker.hpp) needs of the file: one lane, no wake
+    // source outside the process (commit() tells it of this object's writes), and a look at
+    // PRAGMA data_version every foreign_changes for another connection's.
+    struct taker_store {
+        delay_queue& q;
 
-    // The leader-follower wait of delay_queue (see the top of this file). Looks at the file on
-    // entry (another process may have put something), then whenever what the object knows says
-    // something is due, or another connection committed.
-    std::vector<job> take_jobs(std::size_t want, milliseconds max_wait) {
-        const auto start = steady::now();
-        const auto limit = max_wait > milliseconds::zero()
-                               ? delayq::detail::saturating_add(start, max_wait)
-                               : start;
-        auto checked_at = start;  // when this call last knew of every foreign commit
-        bool look = true;
-        std::unique_lock lk(m_);
-        const char self = 0;
-        struct hand_over {  // however the call ends, it no longer leads; a follower may
-            delay_queue& q;
-            const void* self;
-            ~hand_over() {
-                if (q.leader_ == self) {
-                    q.leader_ = nullptr;
-                    q.cv_.notify_one();
-                }
-            }
-        } guard{*this, &self};
+        using clock = steady;
+        static constexpr bool external_wake = false;
+        static constexpr bool claim_for_all = false;  // the combiner merges concurrent leases
+        static constexpr bool look_on_entry = true;   // another process may have put something
+        static constexpr std::size_t claim_cap = max_take_many;
+        static constexpr unsigned wake_losses_per_take = 0;
 
-        for (;;) {
-            if (look || next_ms_ <= now_ms()) {
-                look = false;
-                std::vector<job> got;
-                {
-                    unlocked u(lk);
-                    op o{op::lease, {}};
-                    o.want = want;
-                    o.jobs = &got;
-                    run_one(o);
-                }
-                if (!got.empty()) {
-                    if (next_ms_ <= now_ms()) cv_.notify_one();  // more is due: a follower
-                    return got;
-                }
-                continue;
-            }
-            const auto now = steady::now();
-            if (now >= limit) return {};
-            if (leader_ != nullptr && leader_ != &self) {
-                cv_.wait_until(lk, limit);
-                continue;
-            }
-            leader_ = &self;
-            auto until = std::min(limit, checked_at + opt_.foreign_changes);
-            if (next_ms_ != never) {
-                const long long sys = now_ms();
-                until = std::min(until, delayq::detail::saturating_add(
-                                            now, milliseconds(std::max(next_ms_ - sys, 0LL))));
-            }
-            leader_cv_.wait_until(lk, until);
-            const auto woke = steady::now();
-            if (woke >= checked_at + opt_.foreign_changes) {
-                checked_at = woke;
-                unlocked u(lk);
-                if (foreign_changed()) look = true;
-            }
+        static std::size_t lanes() noexcept { return 1; }
+
+        // The lease op of a take; its commit() has told the taker the next event already.
+        delayq::detail::job_queue::claimed<clock> claim(std::size_t, std::size_t want, bool) {
+            delayq::detail::job_queue::claimed<clock> out;
+            op o{op::lease, {}};
+            o.want = want;
+            o.jobs = &out.jobs;
+            q.run_one(o);
+            return out;
         }
-    }
+
+        [[nodiscard]] milliseconds recheck_every() const noexcept { return q.opt_.foreign_changes; }
+
+        // Another connection committed, or the system clock reached the next event that this
+        // object knows of (a clock stepped forward: the taker's times are steady).
+        bool changed_elsewhere() { return q.foreign_changed(); }
+
+        static std::exception_ptr copy_error(const std::exception_ptr& e) noexcept {
+            return delay_queue::copy_error(e);
+        }
+        static bool lane_failure(const std::exception_ptr&) noexcept { return false; }
+        // SQLite connections must not cross fork(): docs/sqlite.md.
+        static void drop_inherited() noexcept {}
+    };
 
     options opt_;
     std::mutex db_m_;  // guards db_, st_ and data_version_; taken before m_, never after
@@ -729,14 +737,18 @@ class delay_queue {
     long long data_version_ = 0;  // PRAGMA data_version when this object last read the file
     detail::wal_file wal_;        // what sync_wal() fsyncs; used by one sync_wal() at a time
 
-    group_type puts_{&copy_error};    // puts, cancels and reschedules: committed, then fsynced
-    group_type writes_{&copy_error};  // the other writes: committed without waiting for the disk
+    // Two group commits. Puts, cancels and reschedules (they decide whether and when a job runs):
+    // the leader commits, then fsyncs the WAL with the file's write lock released (so takes and
+    // acks commit during the fsync) and before it hands on, so that the puts that arrive meanwhile
+    // share the next fsync. The other writes (takes, acks, nacks) need no fsync, and with one
+    // group commit they waited for the puts' disk too: consumers fell behind the producers
+    // (docs/sqlite.md has the measurements).
+    group_commit puts_{opt_.commit_batch};
+    group_commit writes_{opt_.commit_batch};
 
-    std::mutex m_;
-    std::condition_variable leader_cv_;  // the leader sleeps here
-    std::condition_variable cv_;         // the followers sleep here
-    long long next_ms_ = 0;              // nothing in the file is due or ends before (ms)
-    const void* leader_ = nullptr;       // the waiting take that sleeps with a timer
+    long long next_ms_ = 0;  // under db_m_: nothing in the file is due or ends before (ms)
+    taker_store store_{*this};
+    delayq::detail::job_queue::taker<taker_store> taker_{store_};  // the waiting takes
 };
 
 }  // namespace delayq::sqlite

@@ -67,6 +67,7 @@
 #include <poll.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -384,9 +385,11 @@ class connection {
         return finish(deadline_, doing);
     }
 
-    /// Waits until a notification arrives (true) or `until` passes (false). Throws when the
-    /// connection breaks.
-    bool wait_notification(clock::time_point until) {
+    /// Waits until a notification arrives (true), or `until` passes or the descriptor `poke` (if
+    /// >= 0) is readable (false); `poke` is left unread, for the caller to drain (the taker's
+    /// pipe: another thread brings the waiting take back). Throws when the connection breaks.
+    bool wait_notification(clock::time_point until, int poke = -1) {
+        bool poked = false;
         for (;;) {
             if (PQconsumeInput(conn_.get()) == 0 || goodbye_) lost("waiting for a notification");
             bool got = false;
@@ -394,13 +397,17 @@ class connection {
                 PQfreemem(n);
                 got = true;
             }
-            if (got) return true;
+            if (got) return true;  // what came with the poke counts: read, it is not lost
+            if (poked) return false;
             const auto now = clock::now();
             if (now >= until) return false;
-            pollfd fd{PQsocket(conn_.get()), POLLIN, 0};
+            // poll(2) ignores a negative descriptor: without `poke`, the socket alone.
+            std::array<pollfd, 2> fds{{{PQsocket(conn_.get()), POLLIN, 0}, {poke, POLLIN, 0}}};
             const auto ms = std::chrono::ceil<std::chrono::milliseconds>(until - now).count();
-            const int r = ::poll(&fd, 1, static_cast<int>(std::min<long long>(ms, 1 << 30)));
+            const int r =
+                ::poll(fds.data(), fds.size(), static_cast<int>(std::min<long long>(ms, 1 << 30)));
             if (r < 0 && errno != EINTR) lost("waiting for a notification");
+            poked = r > 0 && (fds[1].revents & (POLLIN | POLLHUP | POLLERR)) != 0;
         }
     }
 

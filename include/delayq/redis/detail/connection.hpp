@@ -83,6 +83,7 @@
 #include <utility>
 #include <vector>
 
+#include "../../detail/job_queue/handoff.hpp"
 #include "../../detail/time.hpp"
 #include "../types.hpp"
 #include "failure.hpp"
@@ -392,37 +393,16 @@ class connection {
     std::string out_;  // commands queued by append(), not yet sent; one thread at a time
 };
 
-// How a call of the link learns its fate: waits on its own lock and condition until a thread that
-// does the I/O says the call is done, that it reads now (`lead`), or that it writes now (`write`:
-// the writer's role, handed to it; taken by the wait that sees it, so that the next wait waits for
-// the next signal). The link signals only under its own lock, while the call is still its (link,
-// R1): so the call is alive.
-struct link_waiter {
+// How a call of the link learns its fate (delayq/detail/job_queue/handoff.hpp): a thread that does
+// the I/O says the call is done, that it reads now (`lead`), or that it writes now (`write`: the
+// writer's role, handed to it; taken by the wait that sees it, so that the next wait waits for the
+// next signal). The link signals only under its own lock, while the call is still its (link, R1):
+// so the call is alive.
+struct link_states {
     enum state : int { waiting, done, lead, write };
-
-    // Tells the waiting thread `what`, under the call's own lock: its thread cannot see the new
-    // state, return and destroy the call before this has let go of it (POSIX lets a mutex be
-    // destroyed right after another thread unlocked it).
-    void signal(state what) noexcept {
-        std::lock_guard lk(m);
-        st = what;
-        cv.notify_one();
-    }
-    // Waits until `t` for signal() and returns what it said: `waiting` when nothing was said by
-    // then. A `write` is taken: the next wait waits for the next signal.
-    state await_until(steady::time_point t) noexcept {
-        std::unique_lock lk(m);
-        cv.wait_until(lk, t, [&] { return st != waiting; });
-        const state said = st;
-        if (said == write) st = waiting;
-        return said;
-    }
-
-  private:
-    std::mutex m;
-    std::condition_variable cv;
-    state st = waiting;
 };
+struct link_waiter : link_states,
+                     delayq::detail::job_queue::handoff<link_states::state, link_states::write> {};
 
 // One server's connection, shared by every thread of every queue object of the process that
 // talks to that server as one user; see "The idea" and "Time" above. Two roles, each held by one

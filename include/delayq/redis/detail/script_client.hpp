@@ -19,8 +19,9 @@
 // is one call per shard and max_batch jobs, so that no single call stalls the server.
 //
 // Merging. The puts and the consumes (takes, acks, nacks) that threads of the process hand in for
-// a shard while one of that kind is on its way go together as one script call (merger.hpp): the
-// client splits the reply, each call gets its own answers and its own jobs.
+// a shard while one of that kind is on its way go together as one script call
+// (delayq/detail/job_queue/combiner.hpp): the client splits the reply, each call gets its own
+// answers and its own jobs.
 #pragma once
 
 #include <algorithm>
@@ -40,13 +41,16 @@
 #include <vector>
 
 #include "../../detail/epoch_ms.hpp"
+#include "../../detail/job_queue/combiner.hpp"
 #include "../types.hpp"
 #include "cluster.hpp"
 #include "connection.hpp"
-#include "merger.hpp"
 #include "scripts.hpp"
 
 namespace delayq::redis::detail {
+
+using delayq::detail::job_queue::combined_call;
+using delayq::detail::job_queue::combiner;
 
 inline constexpr std::size_t max_batch = 500;  // jobs per script call: no call stalls the server
 
@@ -77,28 +81,29 @@ struct consumed {
     std::vector<job> jobs;
 };
 
-// A call handed to a shard's merger (merger.hpp): its arguments, and its failure if it fails.
-struct script_call : merged_call {
+// A call handed to a shard's combiner (delayq/detail/job_queue/combiner.hpp): its arguments, and
+// its failure if it fails.
+struct script_call : combined_call {
     std::span<const std::string_view> args;  // the script's own, for this call's jobs
     std::exception_ptr failure;
 };
 
-// A consume call handed to a shard's merger: its settlements and how many jobs it takes.
+// A consume call handed to a shard's combiner: its settlements and how many jobs it takes.
 struct consume_call : script_call {
     std::size_t take = 0;  // args: (how id token)*
     consumed result;
 };
 
-// A put call handed to a shard's merger.
+// A put call handed to a shard's combiner.
 struct put_call : script_call {
     std::vector<bool> result;  // args: (id payload mode ms)*
 };
 
-// The mergers of one shard: one for the puts, one for the consumes that may wait for a failing
+// The combiners of one shard: one for the puts, one for the consumes that may wait for a failing
 // node and one for those that may not (router::call's `patient`: they are sent apart).
-struct shard_mergers {
-    merger<consume_call> patient{max_batch}, impatient{max_batch};
-    merger<put_call> puts{max_batch};
+struct shard_combiners {
+    combiner<consume_call> patient{max_batch}, impatient{max_batch};
+    combiner<put_call> puts{max_batch};
 };
 
 // The shards of one queue object and the scripts it runs on them. Shards are numbered 0..N-1.
@@ -131,7 +136,7 @@ class script_client {
             merge_key_.append(part).push_back('\0');
         const unsigned generation = fork_generation();
         for (shard& at : shards_) {
-            at.merge = shared_mergers(at);
+            at.merge = shared_combiners(at);
             at.merge_generation.store(generation, std::memory_order_relaxed);
         }
     }
@@ -173,7 +178,8 @@ class script_client {
         return eval(s, id, args, patient, budget::from_now(opt_.io_timeout));
     }
 
-    // The same within `b`, a budget that began earlier (a merged call's: see merger.hpp).
+    // The same within `b`, a budget that began earlier (a merged call's: see
+    // delayq/detail/job_queue/combiner.hpp).
     reply_ptr eval(std::size_t s, script_id id, std::span<const std::string_view> args,
                    bool patient, const budget& b) {
         shard& at = shards_[s];
@@ -209,10 +215,10 @@ class script_client {
         c.deadline = delayq::detail::saturating_add(c.start, opt_.io_timeout);
         carried more;
         const auto f =
-            mergers(shards_[s])
+            combiners(shards_[s])
                 .puts.run(
                     c, [&](const put_call& k) { more.add(k.args, 0); },
-                    [&](put_call& me, merger<put_call>::batch& b) noexcept {
+                    [&](put_call& me, combiner<put_call>::batch& b) noexcept {
                         std::vector<bool> out;
                         std::exception_ptr failed;
                         try {
@@ -248,12 +254,12 @@ class script_client {
                             const std::size_t n = more.count[i] / 4;
                             if (put_call* k = b.at(i)) {
                                 answer(*k, n);
-                                k->signal(merged_call::done);
+                                k->signal(combined_call::done);
                             }
                             at += n;
                         }
                     });
-        if (f != merger<put_call>::fate::answered) late(c, s_put, f);
+        if (f != combiner<put_call>::fate::answered) late(c, s_put, f);
         if (c.failure) std::rethrow_exception(c.failure);
         return std::move(c.result);
     }
@@ -262,9 +268,9 @@ class script_client {
     // `patient`: see router::call. Merged with other threads' consumes on the shard (see
     // "Merging"): the settlements of all go first, then the takes, each getting the next of the
     // jobs leased, in the order the calls were handed in. A take that gave up before the answer
-    // came (merger.hpp) gets none: the jobs go to the takes still waiting, and those that none of
-    // them wants (more were leased than they take) are released (release()): a take that failed
-    // leaves nothing leased, and no attempt counted.
+    // came (delayq/detail/job_queue/combiner.hpp) gets none: the jobs go to the takes still
+    // waiting, and those that none of them wants (more were leased than they take) are released
+    // (release()): a take that failed leaves nothing leased, and no attempt counted.
     consumed consume(std::size_t s, std::span<const std::string_view> settle, std::size_t take,
                      bool patient = true) {
         consume_call c;
@@ -272,16 +278,16 @@ class script_client {
         c.take = take;
         c.units = std::max<std::size_t>(1, settle.size() / 3 + take);
         c.deadline = delayq::detail::saturating_add(c.start, opt_.io_timeout);
-        shard_mergers& m = mergers(shards_[s]);
+        shard_combiners& m = combiners(shards_[s]);
         carried more;
         std::vector<job> unwanted;  // leased for takes that gave up
         const auto f = (patient ? m.patient : m.impatient)
                            .run(
                                c, [&](const consume_call& k) { more.add(k.args, k.take); },
-                               [&](consume_call& me, merger<consume_call>::batch& b) noexcept {
+                               [&](consume_call& me, combiner<consume_call>::batch& b) noexcept {
                                    send_consume(s, patient, me, b, more, unwanted);
                                });
-        if (f != merger<consume_call>::fate::answered) late(c, s_consume, f);
+        if (f != combiner<consume_call>::fate::answered) late(c, s_consume, f);
         if (!unwanted.empty()) release(s, unwanted, patient, c);
         if (c.failure) std::rethrow_exception(c.failure);
         return std::move(c.result);
@@ -318,8 +324,9 @@ class script_client {
     }
 
   private:
-    // The arguments of the calls that a sender carries (merger.hpp), copied when it takes them
-    // into its batch: a carried call may give up and be gone before they are sent.
+    // The arguments of the calls that a sender carries (delayq/detail/job_queue/combiner.hpp),
+    // copied when it takes them into its batch: a carried call may give up and be gone before they
+    // are sent.
     struct carried {
         std::string bytes;  // every argument, one after another
         std::vector<std::pair<std::size_t, std::size_t>> spans;  // each argument in `bytes`
@@ -358,17 +365,17 @@ class script_client {
     };
 
     // A call's own budget: io_timeout from when it was handed in.
-    budget budget_of(const merged_call& c) const noexcept {
+    budget budget_of(const combined_call& c) const noexcept {
         return budget{c.start, c.deadline, opt_.io_timeout};
     }
 
-    // Throws the error of a call that the merger did not answer (its `f`): its deadline passed
+    // Throws the error of a call that the combiner did not answer (its `f`): its deadline passed
     // before it was sent, or while a call that carried it was on its way.
     template <class Call>
-    [[noreturn]] void late(const Call& c, script_id id, typename merger<Call>::fate f) const {
+    [[noreturn]] void late(const Call& c, script_id id, typename combiner<Call>::fate f) const {
         const std::string what = "delayq::redis: " + std::string(script_names[id]) + " script" +
                                  budget_of(c).timed_out();
-        if (f == merger<Call>::fate::unsent)
+        if (f == combiner<Call>::fate::unsent)
             throw unsent_error(what + " before it could be sent (behind another call)");
         throw error(what +
                     " waiting for the reply to the call it was sent in with others: it may "
@@ -378,8 +385,9 @@ class script_client {
     // Sends `me` and the consumes that it carries (`b`, arguments copied in `more`) as one call
     // of the consume script, and answers each (see consume()). The jobs leased for takes that
     // gave up, more than the takes still waiting want, go to `unwanted`.
-    void send_consume(std::size_t s, bool patient, consume_call& me, merger<consume_call>::batch& b,
-                      const carried& more, std::vector<job>& unwanted) noexcept {
+    void send_consume(std::size_t s, bool patient, consume_call& me,
+                      combiner<consume_call>::batch& b, const carried& more,
+                      std::vector<job>& unwanted) noexcept {
         consumed out;
         std::exception_ptr failed;
         try {
@@ -417,7 +425,7 @@ class script_client {
             const std::size_t settled = more.count[i] / 3;
             if (consume_call* k = b.at(i)) {
                 answer(*k, settled);
-                k->signal(merged_call::done);
+                k->signal(combined_call::done);
             }
             ok_at += settled;
         }
@@ -432,13 +440,13 @@ class script_client {
     // reply came (consume()): each is due again at the time it was due when leased, with the
     // attempt that lease counted taken back (the consume script's release), as if those takes had
     // never run. This is one more call, made by the sender once it has answered its batch and
-    // handed on to the next (merger.hpp), so nobody else waits for it, within the sender's own
-    // io_timeout: it happens only when a carried take gave up, when the server was slow; riding
-    // on the next batch instead would tie it to another call's deadline and add state to every
-    // merged call for a rare case. If it fails (the budget spent, the server gone), the sender's
-    // own answer stands and those leases end as any other lease nobody settles: the jobs are due
-    // again at their lease end, that attempt counted. On success the sender learns the shard's next
-    // event from it (0: the jobs are due).
+    // handed on to the next (delayq/detail/job_queue/combiner.hpp), so nobody else waits for it,
+    // within the sender's own io_timeout: it happens only when a carried take gave up, when the
+    // server was slow; riding on the next batch instead would tie it to another call's deadline and
+    // add state to every merged call for a rare case. If it fails (the budget spent, the server
+    // gone), the sender's own answer stands and those leases end as any other lease nobody settles:
+    // the jobs are due again at their lease end, that attempt counted. On success the sender learns
+    // the shard's next event from it (0: the jobs are due).
     void release(std::size_t s, const std::vector<job>& jobs, bool patient,
                  consume_call& sender) noexcept {
         try {
@@ -507,30 +515,31 @@ class script_client {
         std::array<std::string, k_count> keys;  // KEYS, in scripts.hpp's order
         std::uint16_t slot = 0;
         std::atomic<bool> layout_checked{false};
-        // Shared with other objects (see "Merging"); replaced in a child process (mergers()).
-        std::shared_ptr<shard_mergers> merge;
+        // Shared with other objects (see "Merging"); replaced in a child process (combiners()).
+        std::shared_ptr<shard_combiners> merge;
         std::atomic<unsigned> merge_generation{0};  // the fork generation `merge` is of
     };
 
-    // The mergers of shard `at` for this process: a child after fork() asks for its own (the
+    // The combiners of shard `at` for this process: a child after fork() asks for its own (the
     // parent's may count calls of threads the child does not have, which would never return).
-    shard_mergers& mergers(shard& at) {
+    shard_combiners& combiners(shard& at) {
         const unsigned generation = fork_generation();
         if (at.merge_generation.load(std::memory_order_acquire) != generation) {
             std::lock_guard lk(merge_m_);  // only ever taken in a child
             if (at.merge_generation.load(std::memory_order_relaxed) != generation) {
                 // The parent's go with their last holder in the child: nothing in them needs
-                // the parent's threads to be destroyed (a merger holds a mutex and pointers).
-                at.merge = shared_mergers(at);
+                // the parent's threads to be destroyed (a combiner holds a mutex and pointers).
+                at.merge = shared_combiners(at);
                 at.merge_generation.store(generation, std::memory_order_release);
             }
         }
         return *at.merge;
     }
 
-    std::shared_ptr<shard_mergers> shared_mergers(const shard& at) const {
-        return shared_in_process<shard_mergers>(merge_key_ + at.keys[0] + '\0' + at.index,
-                                                [] { return std::make_shared<shard_mergers>(); });
+    std::shared_ptr<shard_combiners> shared_combiners(const shard& at) const {
+        return shared_in_process<shard_combiners>(merge_key_ + at.keys[0] + '\0' + at.index, [] {
+            return std::make_shared<shard_combiners>();
+        });
     }
 
     // Before a shard's first script call: a queue written in an older key layout (scripts.hpp)
@@ -587,8 +596,8 @@ class script_client {
     router router_;
     std::vector<shard> shards_;
     std::string channel_, lease_ms_, max_attempts_, reclaim_batch_;
-    std::string merge_key_;  // what objects that share mergers have in common (see "Merging")
-    std::mutex merge_m_;     // a child's first calls replace the parent's mergers
+    std::string merge_key_;  // what objects that share combiners have in common (see "Merging")
+    std::mutex merge_m_;     // a child's first calls replace the parent's combiners
     std::mutex sha_m_;
     std::array<std::string, s_count> sha_;
     std::array<std::atomic<bool>, s_count> sha_ready_{};

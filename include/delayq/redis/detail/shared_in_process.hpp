@@ -4,15 +4,14 @@
 // The idea. Two queue objects of one process that talk to the same server as the same user gain
 // nothing from a connection each, and lose the batching that one shared connection gives their
 // threads' calls (connection.hpp); likewise for the calls of one queue shard that can go as one
-// script call (merger.hpp). So such things are made once per process and key, on first use, and
-// held by every object that asks with that key: a table of weak pointers, so that the thing goes
-// when its last holder does, whatever order the holders go in, and the table never keeps one
-// alive. A child process after fork() gets things of its own: the parent's may be in the middle of
-// a call sent by a thread that the child does not have, on a socket the parent still uses (the
-// table knows the fork generation it served last, fork_generation(), which the link asks too).
+// script call (delayq/detail/job_queue/combiner.hpp). So such things are made once per process and
+// key, on first use, and held by every object that asks with that key: a table of weak pointers, so
+// that the thing goes when its last holder does, whatever order the holders go in, and the table
+// never keeps one alive. A child process after fork() gets things of its own: the parent's may be
+// in the middle of a call sent by a thread that the child does not have, on a socket the parent
+// still uses (the table knows the fork generation it served last, fork_generation(), which the link
+// asks too).
 #pragma once
-
-#include <pthread.h>
 
 #include <atomic>
 #include <cstddef>
@@ -22,24 +21,12 @@
 #include <unordered_map>
 #include <utility>
 
+#include "../../detail/fork.hpp"
+
 namespace delayq::redis::detail {
 
-// Forks of this process so far, counted in the child (pthread_atfork): what was made, or last
-// used, in an earlier generation belongs to the parent.
-inline std::atomic<unsigned>& fork_count() noexcept {
-    static std::atomic<unsigned> n{0};
-    return n;
-}
-
-inline unsigned fork_generation() noexcept {
-    static const bool counting = [] {
-        ::pthread_atfork(nullptr, nullptr,
-                         [] { fork_count().fetch_add(1, std::memory_order_relaxed); });
-        return true;
-    }();
-    (void)counting;
-    return fork_count().load(std::memory_order_relaxed);
-}
+using delayq::detail::fork_count;
+using delayq::detail::fork_generation;
 
 // The one `T` of this process for `key`, made by `make()` (a shared_ptr<T>) on first use and
 // shared by everyone who asks with that key while anyone holds it. A lookup is a hash lookup: a

@@ -1,14 +1,15 @@
-// Calls of many threads, sent as one script call. Part of <delayq/redis/delay_queue.hpp>.
+// The combiner: calls of many threads, sent as one round trip or one transaction, each caller with
+// its own answer and its own failure. Used by the Redis scripts (one script call for the puts, or
+// the consumes, of one shard) and by SQLite's writes (one transaction, one fsync).
 //
-// The idea. The consume and put scripts (scripts.hpp) serve any number of jobs in one call, and a
-// call's fixed cost is a large part of what a one-job call costs the server: reading and parsing
-// the command, setting the script up, TIME, the look at the head of `events`, the reply. So while
-// a call of one kind for one queue shard is on its way, the calls of that kind that threads hand
-// in meanwhile wait, and go together as the next call when it returns: four consumers' acks and
-// takes in one consume call, four producers' puts in one put call. Nothing about a job changes:
-// each take still leases its own jobs, each counted as an attempt in that call, before any of
-// them returns; each ack or put gets its own answer. A thread alone waits for nobody: its call
-// goes at once, as before.
+// The idea. A store call's fixed cost is a large part of what a one-job call costs: for a Redis
+// script, reading and parsing the command, setting the script up, TIME, the reply; for SQLite, a
+// transaction's locks and writes, and a durable put's fsync. So while a call of one kind is on its
+// way, the calls of that kind that threads hand in meanwhile wait, and go together as the next
+// call when it returns: four consumers' acks and takes in one consume call, four producers' puts
+// in one put call or one transaction. Nothing about a job changes: each take still leases its own
+// jobs, each counted as an attempt in that call, before any of them returns; each ack or put gets
+// its own answer. A thread alone waits for nobody: its call goes at once.
 //
 // Who sends: flat combining. One call of a kind is on its way at a time. A thread that hands in
 // a call when none is sends it, with the calls waiting (oldest first, up to max_batch jobs in
@@ -24,31 +25,32 @@
 // a thread to wake. So no thread serves others for longer than its own call takes, and the oldest
 // call waiting always goes next: a stream of younger calls cannot starve it.
 //
-// Time. Every call keeps its own deadline, its io_timeout after it was handed in, and returns or
+// Time. Every call keeps its own deadline (Redis: its io_timeout after it was handed in; SQLite
+// calls have none: each lock wait has busy_timeout instead), and returns or
 // fails by then: a call merged with others is never failed at an older call's deadline. So the
 // call that sends a batch is its youngest (the one told to send is the newest of the calls it
 // takes; one that sends in its place was handed in after all of them), and the batch's exchange
 // with the server spends the sender's budget, which ends last; the older calls in it wait only
-// until their own deadlines. (Every object that shares a merger has the same io_timeout, so the
+// until their own deadlines. (Every object that shares a combiner has the same io_timeout, so the
 // newest call's deadline is the latest; a call whose deadline is later than its sender's, handed
 // in a moment after it yet queued first, waits for the next call.) One whose deadline passes
 // while it waits for its turn leaves the queue and fails unsent (nothing of it reached the
 // server); one whose deadline passes while its batch is on its way gives up there, alone, with
 // an error that says it may have run (as a call of the link does whose reply is late), and the
 // sender drops its answer when it comes (the jobs leased for a take that gave up go to the takes
-// still waiting, or back to the queue: script_client.hpp's consume()). A call that gives up is
-// gone at once, so the sender copies the arguments of the calls it carries when it takes them
-// into its batch, and touches none of them afterwards but under the merger's lock, once it has
-// claimed those still waiting for their answers.
+// still waiting, or back to the queue: redis/detail/script_client.hpp's consume()). A call that
+// gives up is gone at once, so the sender copies the arguments of the calls it carries when it
+// takes them into its batch, and touches none of them afterwards but under the combiner's lock,
+// once it has claimed those still waiting for their answers.
 //
-// Sharing. Every queue object of the process that uses the same shard of the same queue on the
-// same server as the same user, with the same options, shares one merger for it
-// (shared_in_process.hpp, keyed by all of those): a user who gives each thread its own object gets
-// the merging that one shared object gets. A child process after fork() gets mergers of its own:
-// the parent's may count calls of threads that the child does not have (script_client.hpp asks
-// for them again in a child).
+// Sharing (Redis). Every queue object of the process that uses the same shard of the same queue on
+// the same server as the same user, with the same options, shares one combiner for it
+// (redis/detail/shared_in_process.hpp): a user who gives each thread its own object gets the
+// merging that one shared object gets. A child process after fork() gets combiners of its own:
+// the parent's may count calls of threads that the child does not have.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <memory>
@@ -58,67 +60,38 @@
 #include <utility>
 #include <vector>
 
-#include "connection.hpp"
-#include "shared_in_process.hpp"
+#include "handoff.hpp"
 
-namespace delayq::redis::detail {
+namespace delayq::detail::job_queue {
 
-// One call handed in to a merger: how many jobs (or settlements) it carries, its deadline, and how
-// it learns its fate: answered (`done`), or its turn to send (`lead`).
-struct merged_call {
+using steady = std::chrono::steady_clock;
+
+// How a call handed in to a combiner learns its fate: answered (`done`), or its turn to send
+// (`lead`, said only under the combiner's lock).
+struct call_states {
     enum state : int { waiting, done, lead };
+};
 
+// One call handed in to a combiner: how many jobs (or settlements) it carries, its deadline, and
+// its mailbox.
+struct combined_call : call_states, handoff<call_states::state, call_states::lead> {
     std::size_t units = 1;
     steady::time_point start = steady::now();  // its budget begins here, merged or not
-    steady::time_point deadline = steady::time_point::max();  // the caller's: start + io_timeout
+    steady::time_point deadline = steady::time_point::max();  // the caller's (max: none)
 
-    // The merger's, under its lock. Where the call is: in the queue (`leading` too: told to send,
+    // The combiner's, under its lock. Where the call is: in the queue (`leading` too: told to send,
     // not yet woken to do it); carried by another call's batch (member `slot` of it); being
     // answered.
     enum class spot { alone, queued, leading, carried, answering };
     spot at = spot::alone;
-    merged_call* prev = nullptr;  // in the queue: the calls before and after it
-    merged_call* next = nullptr;
-    merged_call** slot = nullptr;  // carried: its place in the batch, nulled when it gives up
-
-    // Tells the waiting thread `what`, under the call's own lock: its thread cannot see it, return
-    // and destroy the call before this has let go of it (POSIX lets a mutex be destroyed right
-    // after another thread unlocked it). `lead` is said only under the merger's lock.
-    void signal(state what) noexcept {
-        std::lock_guard lk(m_);
-        st_ = what;
-        cv_.notify_one();
-    }
-    // Waits until `t` for signal() and returns what it said: `waiting` when nothing was said by
-    // then. A `lead` is taken: the next wait waits for the next signal (its `done`).
-    state await_until(steady::time_point t) noexcept {
-        std::unique_lock lk(m_);
-        cv_.wait_until(lk, t, [&] { return st_ != waiting; });
-        const state said = st_;
-        if (said == lead) st_ = waiting;
-        return said;
-    }
-    // Waits for its answer (signal(done)), however long it takes: the call is being answered.
-    void await_done() noexcept {
-        std::unique_lock lk(m_);
-        cv_.wait(lk, [&] { return st_ == done; });
-    }
-    // Under the merger's lock: a `lead` not yet taken is taken back (another thread sends in
-    // its place); the thread, if it woke for it, finds nothing said and waits on.
-    void take_back_lead() noexcept {
-        std::lock_guard lk(m_);
-        if (st_ == lead) st_ = waiting;
-    }
-
-  private:
-    std::mutex m_;
-    std::condition_variable cv_;
-    state st_ = waiting;
+    combined_call* prev = nullptr;  // in the queue: the calls before and after it
+    combined_call* next = nullptr;
+    combined_call** slot = nullptr;  // carried: its place in the batch, nulled when it gives up
 };
 
-// Calls of one kind for one shard; `Call` derives from merged_call.
+// Calls of one kind for one shard; `Call` derives from combined_call.
 template <class Call>
-class merger {
+class combiner {
   public:
     // How a call ended: answered (its result or failure is in it); unsent: its deadline passed
     // before it was sent; abandoned: its deadline passed while it was on its way (it may have
@@ -126,7 +99,7 @@ class merger {
     enum class fate { answered, unsent, abandoned };
 
     // The calls a sender carries with its own, oldest first. Until claim() a carried call may give
-    // up and leave at any moment, so only the merger's lock may look at them.
+    // up and leave at any moment, so only the combiner's lock may look at them.
     class batch {
       public:
         std::size_t size() const noexcept { return members_.size(); }
@@ -134,36 +107,36 @@ class merger {
         // (at(i) null).
         void claim() noexcept {
             std::lock_guard lk(*m_);
-            for (merged_call* k : members_)
-                if (k != nullptr) k->at = merged_call::spot::answering;
+            for (combined_call* k : members_)
+                if (k != nullptr) k->at = combined_call::spot::answering;
         }
         // After claim(): member i, or null if it gave up.
         Call* at(std::size_t i) const noexcept { return static_cast<Call*>(members_[i]); }
 
       private:
-        friend class merger;
+        friend class combiner;
         explicit batch(std::mutex& m) : m_(&m) {}
         std::mutex* m_;
-        std::vector<merged_call*> members_;
+        std::vector<combined_call*> members_;
     };
 
     // `most`: units in one call (a call with more goes alone).
-    explicit merger(std::size_t most) : most_(most) {}
-    merger(const merger&) = delete;
-    merger& operator=(const merger&) = delete;
+    explicit combiner(std::size_t most) : most_(most) {}
+    combiner(const combiner&) = delete;
+    combiner& operator=(const combiner&) = delete;
 
     // Sends `c` in one call with others, or has another call carry it. When c's thread sends,
-    // `carry(k)` is called, under the merger's lock, for each call k that it takes into its batch
+    // `carry(k)` is called, under the combiner's lock, for each call k that it takes into its batch
     // (oldest first): it copies what it needs of k (its arguments), or throws to leave k waiting
-    // (out of memory). Then `send(c, b)`, on c's thread, sends c and the calls of b in one script
+    // (out of memory). Then `send(c, b)`, on c's thread, sends c and the calls of b in one store
     // call, claims b (batch::claim) and answers each member still there: its result or failure,
-    // then merged_call::signal(done), after which it touches that call no more. c's own answer is
+    // then combined_call::signal(done), after which it touches that call no more. c's own answer is
     // put in c, unsignalled. `send` must not throw. Returns c's fate.
     template <class Carry, class Send>
     fate run(Call& c, Carry&& carry, Send&& send) {
         c.next = c.prev = nullptr;
         c.slot = nullptr;
-        c.at = merged_call::spot::alone;
+        c.at = combined_call::spot::alone;
         batch b(m_);
         bool queued = false;
         {
@@ -173,8 +146,8 @@ class merger {
                 // The call told to send has not taken its batch yet: c, which can carry that
                 // batch, sends in its place, and the call told waits with the others, to be
                 // carried below.
-                lead_->at = merged_call::spot::queued;
-                lead_->take_back_lead();
+                lead_->at = combined_call::spot::queued;
+                lead_->take_back();
                 lead_ = nullptr;
             } else if (!busy_) {
                 busy_ = true;
@@ -204,36 +177,36 @@ class merger {
     template <class Carry>
     std::optional<fate> wait(Call& c, batch& b, Carry& carry) noexcept {
         for (;;) {
-            if (c.await_until(c.deadline) == merged_call::done) return fate::answered;
+            if (c.await_until(c.deadline) == combined_call::done) return fate::answered;
             // Told to send, or out of time, or its lead taken back: where is it now?
             std::unique_lock lk(m_);
             const bool late = steady::now() >= c.deadline;
             switch (c.at) {
-                case merged_call::spot::leading:  // its turn (said under m_, so said already)
-                    c.take_back_lead();
+                case combined_call::spot::leading:  // its turn (said under m_, so said already)
+                    c.take_back();
                     lead_ = nullptr;
                     unlink(c);
-                    c.at = merged_call::spot::alone;
+                    c.at = combined_call::spot::alone;
                     if (late || !take(c, b, carry)) {  // its turn came too late: it is not sent
                         hand_on_locked();
                         return fate::unsent;
                     }
                     return std::nullopt;
-                case merged_call::spot::queued:
+                case combined_call::spot::queued:
                     if (!late) break;  // another thread sent in its place: it waits on
                     unlink(c);
-                    c.at = merged_call::spot::alone;
+                    c.at = combined_call::spot::alone;
                     return fate::unsent;
-                case merged_call::spot::carried:
+                case combined_call::spot::carried:
                     if (!late) break;   // on its way, sent by another
                     *c.slot = nullptr;  // its sender will find it gone
-                    c.at = merged_call::spot::alone;
+                    c.at = combined_call::spot::alone;
                     return fate::abandoned;
-                case merged_call::spot::answering:  // its answer is on its way: it waits for it
+                case combined_call::spot::answering:  // its answer is on its way: it waits for it
                     lk.unlock();
-                    c.await_done();
+                    c.await(combined_call::done);
                     return fate::answered;
-                case merged_call::spot::alone:
+                case combined_call::spot::alone:
                     break;
             }
         }
@@ -248,8 +221,8 @@ class merger {
         if (now >= c.deadline) return false;
         std::size_t units = c.units;
         try {
-            for (merged_call* k = head_; k != nullptr && units + k->units <= most_;) {
-                merged_call* const after = k->next;
+            for (combined_call* k = head_; k != nullptr && units + k->units <= most_;) {
+                combined_call* const after = k->next;
                 if (k->deadline > now && k->deadline <= c.deadline) {
                     b.members_.push_back(nullptr);
                     try {
@@ -260,14 +233,14 @@ class merger {
                     }
                     b.members_.back() = k;
                     unlink(*k);
-                    k->at = merged_call::spot::carried;
+                    k->at = combined_call::spot::carried;
                     units += k->units;
                 }
                 k = after;
             }
         } catch (...) {  // out of memory: the batch is what it holds so far
         }
-        for (merged_call*& k : b.members_) k->slot = &k;  // the array is final now
+        for (combined_call*& k : b.members_) k->slot = &k;  // the array is final now
         return true;
     }
 
@@ -277,9 +250,9 @@ class merger {
     // waiting, no call is on its way. Said under m_, so that whoever finds the call `leading`
     // knows that the signal has been given (and may take it back).
     void hand_on_locked() noexcept {
-        merged_call* after = nullptr;
+        combined_call* after = nullptr;
         std::size_t units = 0;
-        for (merged_call* k = head_;
+        for (combined_call* k = head_;
              k != nullptr && (after == nullptr || units + k->units <= most_); k = k->next) {
             units += k->units;
             after = k;
@@ -288,13 +261,13 @@ class merger {
         lead_units_ = units;
         busy_ = after != nullptr;
         if (after == nullptr) return;
-        after->at = merged_call::spot::leading;
-        after->signal(merged_call::lead);
+        after->at = combined_call::spot::leading;
+        after->signal(combined_call::lead);
     }
 
     // Under m_: `c` joins the queue, newest last.
-    void enqueue(merged_call& c) noexcept {
-        c.at = merged_call::spot::queued;
+    void enqueue(combined_call& c) noexcept {
+        c.at = combined_call::spot::queued;
         c.prev = tail_;
         c.next = nullptr;
         (tail_ != nullptr ? tail_->next : head_) = &c;
@@ -302,19 +275,19 @@ class merger {
     }
 
     // Under m_: `c` leaves the queue.
-    void unlink(merged_call& c) noexcept {
+    void unlink(combined_call& c) noexcept {
         (c.prev != nullptr ? c.prev->next : head_) = c.next;
         (c.next != nullptr ? c.next->prev : tail_) = c.prev;
         c.prev = c.next = nullptr;
     }
 
     std::mutex m_;
-    merged_call* head_ = nullptr;  // under m_: the calls waiting, oldest first
-    merged_call* tail_ = nullptr;
+    combined_call* head_ = nullptr;  // under m_: the calls waiting, oldest first
+    combined_call* tail_ = nullptr;
     bool busy_ = false;  // under m_: a call is on its way, or lead_ is told to send the next
-    merged_call* lead_ = nullptr;  // under m_: told to send, not yet woken to take its batch
-    std::size_t lead_units_ = 0;   // under m_: the units of lead_ and the calls before it
+    combined_call* lead_ = nullptr;  // under m_: told to send, not yet woken to take its batch
+    std::size_t lead_units_ = 0;     // under m_: the units of lead_ and the calls before it
     std::size_t most_;
 };
 
-}  // namespace delayq::redis::detail
+}  // namespace delayq::detail::job_queue
