@@ -2,10 +2,10 @@
 // API that every job queue has (delayq::job_queue), for work that must survive a crash or a
 // restart on one machine. See docs/sqlite.md.
 //
-// The idea. The jobs live in the file (detail/schema.hpp has the layout), never wholesale in
-// memory; the object holds one SQLite connection, which a mutex serializes, and what it knows
-// about the next event: a time (system clock, ms) before which nothing in the file comes due or
-// ends its lease.
+// The idea. The jobs live in the file (detail/schema.hpp has the layout, detail/transitions.hpp
+// what each call does to it), never wholesale in memory; the object holds one SQLite connection,
+// which a mutex serializes, and what it knows about the next event: a time (system clock, ms)
+// before which nothing in the file comes due or ends its lease.
 //
 // Durability. A put that returned is in the file and fsynced (options::durable_puts). Every write
 // goes through one of two group commits (the job queues' combiner, detail/job_queue/combiner.hpp),
@@ -73,6 +73,7 @@
 #include "../job.hpp"
 #include "detail/handle.hpp"
 #include "detail/schema.hpp"
+#include "detail/transitions.hpp"
 #include "detail/wal_file.hpp"
 #include "error.hpp"
 
@@ -119,11 +120,10 @@ class delay_queue {
         : opt_(checked(std::move(o))),
           db_(opt_.path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE),
           where_(set_up(db_, opt_)),
-          st_(db_, where_),
-          insert_sql_(where_("INSERT OR IGNORE INTO {jobs}(id, payload, due) VALUES(?1, ?2, ?3)")),
+          machine_(db_, where_, {opt_.lease, opt_.max_attempts, opt_.reclaim_batch}),
+          insert_sql_(where_(detail::transitions::insert_sql)),
           file_name_(sqlite3_db_filename(db_.get(), "main")) {
-        detail::statement::use u(st_.data_version);
-        if (u->step()) data_version_ = u->integer(0);
+        data_version_ = machine_.data_version().value_or(0);
     }
 
     delay_queue(const delay_queue&) = delete;
@@ -261,11 +261,17 @@ class delay_queue {
     }
 
     /// Jobs queued: waiting plus leased. Counts the file's rows: O(n).
-    std::size_t size() { return count(st_.count_jobs); }
+    std::size_t size() {
+        std::lock_guard g(db_m_);
+        return machine_.count_jobs();
+    }
 
     /// Jobs moved to the dead letters (the `dead` table: id, payload, attempts, when) after
     /// max_attempts deliveries.
-    std::size_t dead_size() { return count(st_.count_dead); }
+    std::size_t dead_size() {
+        std::lock_guard g(db_m_);
+        return machine_.count_dead();
+    }
 
   private:
     using steady = std::chrono::steady_clock;
@@ -274,25 +280,10 @@ class delay_queue {
     // Due times stay below max_ms (10^14 ms, year 5138), as in the Redis backend: a lease end
     // added to one never overflows (delayq/detail/epoch_ms.hpp).
     static constexpr long long max_ms = delayq::detail::max_ms;
-    static constexpr long long never = std::numeric_limits<long long>::max();
+    static constexpr long long never = detail::transitions::never;
     static constexpr delayq::detail::job_queue::front front{"delayq::sqlite::delay_queue"};
-    static constexpr long long token_scale = 1024;  // > max_take_many: see lease_due()
-    static_assert(token_scale > static_cast<long long>(max_take_many));
-    static_assert(max_ms <= std::numeric_limits<long long>::max() / token_scale - 1);
 
-    // One change to the file, as the group commit runs it (see "Durability" above): every
-    // write of the queue goes through it, so that concurrent calls share transactions.
-    struct op {
-        enum kind_t : unsigned char { put, cancel, reschedule, ack, nack, lease };
-        kind_t kind;
-        std::string_view id;
-        std::string_view payload{};        // put
-        long long due = 0;                 // put, reschedule, nack: the new due time
-        long long token = 0;               // ack, nack: the lease's
-        std::size_t want = 0;              // lease: at most this many jobs
-        std::vector<job>* jobs = nullptr;  // lease: the jobs leased
-        bool ok = false;                   // the result: queued, removed, moved, settled
-    };
+    using op = detail::op;  // one change to the file (detail/transitions.hpp)
 
     // One caller's ops handed to a group commit, and the error its group's commit ended with.
     struct write_call : delayq::detail::job_queue::combined_call {
@@ -300,46 +291,6 @@ class delay_queue {
         std::exception_ptr error;
     };
     using group_commit = delayq::detail::job_queue::combiner<write_call>;
-
-    // Every statement the queue runs, prepared once (SQLITE_PREPARE_PERSISTENT).
-    struct statements {
-        statements(detail::database& db, const detail::layout& n)
-            : begin(db, "BEGIN IMMEDIATE"),
-              commit(db, "COMMIT"),
-              rollback(db, "ROLLBACK"),
-              insert(db, n("INSERT OR IGNORE INTO {jobs}(id, payload, due) VALUES(?1, ?2, ?3)")),
-              cancel(db, n("DELETE FROM {jobs} WHERE id = ?1")),
-              reschedule(db, n("UPDATE {jobs} SET due = ?1 WHERE id = ?2 AND lease_end IS NULL")),
-              ended(db,
-                    n("SELECT id, attempts FROM {jobs} WHERE lease_end <= ?1 ORDER BY lease_end "
-                      "LIMIT ?2")),
-              requeue_ended(db, n("UPDATE {jobs} SET due = lease_end, lease_end = NULL WHERE "
-                                  "id = ?1")),
-              bury_copy(db,
-                        n("INSERT OR REPLACE INTO {dead}(id, payload, attempts, died) SELECT id, "
-                          "payload, attempts, ?2 FROM {jobs} WHERE id = ?1")),
-              bury_delete(db, n("DELETE FROM {jobs} WHERE id = ?1")),
-              due(db, n("SELECT id, payload, due, attempts, token FROM {jobs} WHERE lease_end IS "
-                        "NULL AND due "
-                        "<= ?1 ORDER BY due LIMIT ?2")),
-              lease(db,
-                    n("UPDATE {jobs} SET lease_end = ?1, token = ?2, attempts = attempts + 1 WHERE "
-                      "id = ?3")),
-              next(db, n("SELECT (SELECT min(due) FROM {jobs} WHERE lease_end IS NULL), (SELECT "
-                         "min(lease_end) FROM {jobs} WHERE lease_end IS NOT NULL)")),
-              ack(db, n("DELETE FROM {jobs} WHERE id = ?1 AND token = ?2 AND lease_end > ?3")),
-              held(
-                  db,
-                  n("SELECT attempts FROM {jobs} WHERE id = ?1 AND token = ?2 AND lease_end > ?3")),
-              requeue_at(db, n("UPDATE {jobs} SET due = ?1, lease_end = NULL WHERE id = ?2")),
-              count_jobs(db, n("SELECT count(*) FROM {jobs}")),
-              count_dead(db, n("SELECT count(*) FROM {dead}")),
-              data_version(db, "PRAGMA data_version") {}
-
-        detail::statement begin, commit, rollback, insert, cancel, reschedule, ended, requeue_ended,
-            bury_copy, bury_delete, due, lease, next, ack, held, requeue_at, count_jobs, count_dead,
-            data_version;
-    };
 
     // One caller's own copy of the failure of a group commit that several callers share: of the
     // same type, with a message of its own (delayq/detail/job_queue/exception_copy.hpp).
@@ -396,16 +347,6 @@ class delay_queue {
         return std::min(delayq::detail::to_ms(std::chrono::system_clock::now()) +
                             delayq::detail::clamp_delay(delay),
                         max_ms);
-    }
-
-    detail::write_transaction begin() {
-        return detail::write_transaction(st_.begin, st_.commit, st_.rollback);
-    }
-
-    std::size_t count(detail::statement& s) {
-        std::lock_guard g(db_m_);
-        detail::statement::use u(s);
-        return u->step() ? static_cast<std::size_t>(u->integer(0)) : 0;
     }
 
     // put_in_transaction(): the insert of put(), run on the application's connection.
@@ -516,32 +457,21 @@ class delay_queue {
     // here: see run()); then what it learned about the next event.
     void commit(std::span<write_call* const> group) {
         std::lock_guard g(db_m_);
-        detail::write_transaction t = begin();
+        detail::write_transaction t = machine_.begin();
         const long long now = now_ms();
         bool reclaimed = false;
         for (write_call* c : group)
             for (op& o : c->ops) {
-                if (o.kind == op::lease && !reclaimed) {
-                    reclaim(now);
+                if (o.kind == op::lease && !reclaimed) {  // ended leases first, once per group
+                    machine_.reclaim(now);
                     reclaimed = true;
                 }
-                apply(o, now);
+                machine_.apply(o, now);
             }
-        long long next = never;
-        {
-            detail::statement::use u(st_.next);
-            if (u->step()) {
-                if (!u->is_null(0)) next = u->integer(0);
-                if (!u->is_null(1)) next = std::min(next, u->integer(1));
-            }
-        }
-        long long version = 0;
-        {
-            // Read inside the write transaction: no other connection commits before ours, so a
-            // later change of it means a commit that this transaction did not see.
-            detail::statement::use u(st_.data_version);
-            if (u->step()) version = u->integer(0);
-        }
+        const long long next = machine_.next_event();
+        // Read inside the write transaction: no other connection commits before ours, so a later
+        // change of it means a commit that this transaction did not see.
+        const long long version = machine_.data_version().value_or(0);
         t.commit();
         data_version_ = version;
 
@@ -558,133 +488,15 @@ class delay_queue {
                                               milliseconds(std::max(ms - now_ms(), 0LL)));
     }
 
-    // Under db_m_, in a write transaction: one op.
-    void apply(op& o, long long now) {
-        switch (o.kind) {
-            case op::put: {
-                detail::statement::use u(st_.insert);
-                o.ok = u->bind(o.id, o.payload, o.due).run() == 1;
-                break;
-            }
-            case op::cancel: {
-                detail::statement::use u(st_.cancel);
-                o.ok = u->bind(o.id).run() == 1;
-                break;
-            }
-            case op::reschedule: {
-                detail::statement::use u(st_.reschedule);
-                o.ok = u->bind(o.due, o.id).run() == 1;
-                break;
-            }
-            case op::ack: {
-                {
-                    detail::statement::use u(st_.ack);
-                    o.ok = u->bind(o.id, o.token, now).run() == 1;
-                }
-                break;
-            }
-            case op::nack: {
-                long long attempts = 0;
-                {
-                    detail::statement::use u(st_.held);
-                    if (!u->bind(o.id, o.token, now).step()) break;
-                    attempts = u->integer(0);
-                }
-                o.ok = true;
-                if (opt_.max_attempts > 0 && attempts >= opt_.max_attempts) {
-                    bury(o.id, now);
-                } else {
-                    detail::statement::use u(st_.requeue_at);
-                    u->bind(o.due, o.id).run();
-                }
-                break;
-            }
-            case op::lease:
-                lease_due(o, now);
-                break;
-        }
-    }
-
-    // Under db_m_, in a write transaction: the job `id` goes to the dead letters.
-    void bury(std::string_view id, long long now) {
-        {
-            detail::statement::use u(st_.bury_copy);
-            u->bind(id, now).run();
-        }
-        detail::statement::use u(st_.bury_delete);
-        u->bind(id).run();
-    }
-
-    // Under db_m_, in a write transaction: leases up to o.want due jobs, earliest first, each
-    // with a new token, into *o.jobs; the attempt is counted in the same transaction, before any
-    // user code sees the job.
-    //
-    // The fencing token. What it must be: greater at each lease of a job than at the one before,
-    // so that a holder whose lease ended is refused (ack and nack match the token exactly); the
-    // jobs of one take_many have distinct ones. A job's row keeps its last token while it waits
-    // again, so the new one is the greater of that + 1 and the time of the lease (ms, times 1024,
-    // plus the job's place in this transaction, < max_take): no counter in the file, whose page
-    // every lease would write.
-    void lease_due(op& o, long long now) {
-        std::vector<job>& out = *o.jobs;
-        std::vector<long long> dues, tokens;
-        {
-            detail::statement::use u(st_.due);
-            u->bind(now, static_cast<long long>(o.want));
-            while (u->step()) {
-                job j;
-                j.id = u->blob(0);
-                j.payload = u->blob(1);
-                dues.push_back(u->integer(2));
-                j.attempts = static_cast<unsigned>(u->integer(3) + 1);
-                tokens.push_back(u->integer(4));
-                out.push_back(std::move(j));
-            }
-        }
-        o.ok = !out.empty();
-        if (out.empty()) return;
-        const long long lease_end = std::min(now + opt_.lease.count(), max_ms);
-        for (std::size_t i = 0; i < out.size(); ++i) {
-            job& j = out[i];
-            const long long token =
-                std::max(tokens[i] + 1, now * token_scale + static_cast<long long>(i));
-            j.token = static_cast<std::uint64_t>(token);
-            j.deadline = delayq::detail::from_ms(dues[i]);
-            j.lease_deadline = delayq::detail::from_ms(lease_end);
-            detail::statement::use u(st_.lease);
-            u->bind(lease_end, token, std::string_view(j.id)).run();
-        }
-    }
-
-    // Under db_m_, in a write transaction.
-    void reclaim(long long now) {
-        std::vector<std::pair<std::string, long long>> ended;
-        {
-            detail::statement::use u(st_.ended);
-            u->bind(now, static_cast<long long>(opt_.reclaim_batch));
-            while (u->step()) ended.emplace_back(u->blob(0), u->integer(1));
-        }
-        for (const auto& [id, attempts] : ended) {
-            if (opt_.max_attempts > 0 && attempts >= opt_.max_attempts) {
-                bury(id, now);
-            } else {
-                detail::statement::use u(st_.requeue_ended);
-                u->bind(std::string_view(id)).run();
-            }
-        }
-    }
-
     // Whether another connection committed since this object last looked at the file, or the
     // system clock has reached the next event this object knows of (it was stepped forward: the
     // taker counts on the steady clock).
     bool foreign_changed() {
         std::lock_guard g(db_m_);
         if (next_ms_ <= now_ms()) return true;
-        detail::statement::use u(st_.data_version);
-        if (!u->step()) return false;
-        const long long v = u->integer(0);
-        if (v == data_version_) return false;
-        data_version_ = v;
+        const std::optional<long long> v = machine_.data_version();
+        if (!v || *v == data_version_) return false;
+        data_version_ = *v;
         return true;
     }
 
@@ -728,10 +540,11 @@ class delay_queue {
     };
 
     options opt_;
-    std::mutex db_m_;  // guards db_, st_ and data_version_; taken before m_, never after
+    std::mutex db_m_;  // guards db_, machine_ and data_version_; taken before m_, never after
     detail::database db_;
     detail::layout where_;  // the names of the queue's tables
-    statements st_;
+    // What each op does to the file, with the statements that do it (the state machine).
+    detail::transitions machine_;
     std::string insert_sql_;      // put_in_transaction's, prepared on the application's connection
     std::string file_name_;       // the file's full name, as SQLite gives it
     long long data_version_ = 0;  // PRAGMA data_version when this object last read the file

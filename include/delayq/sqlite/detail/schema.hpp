@@ -27,7 +27,7 @@
 //   dead  id BLOB PRIMARY KEY, payload BLOB, attempts INTEGER, died INTEGER  -- past max_attempts
 //   meta  name TEXT PRIMARY KEY, value INTEGER: 'format', the format number (in files created
 //         since the queue could share one); 'token', the fencing token counter of earlier
-//         versions (tokens are now per job: delay_queue's lease_due())
+//         versions (tokens are now per job: transitions.hpp's lease_due())
 // clang-format on
 //
 // Times are milliseconds since the system_clock epoch (1970), so that they mean the same after a
