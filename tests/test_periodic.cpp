@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <delayq/detail/periodic.hpp>
 #include <delayq/hashed_wheel_timer.hpp>
 #include <delayq/hierarchical_timing_wheel.hpp>
 #include <delayq/manual_clock.hpp>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <thread>
@@ -347,6 +349,62 @@ TEMPLATE_TEST_CASE("periodic burst at time_point::max(): every missed run once, 
     CHECK(h.deadline() == tp::max());
     CHECK(w.pending() == 0);
     mc::reset();
+}
+
+// The grid's arithmetic on its own (detail/periodic.hpp), at its edges: a period of one tick
+// caught up after a billion missed periods, the phase a skip keeps, the run at time_point::max()
+// itself, and the end of time for each policy (nullopt, the grid untouched).
+TEST_CASE("periodic arithmetic: one-tick periods, many missed runs, the end of time") {
+    using part = delayq::detail::periodic_part<mc>;
+    using delayq::detail::next_run;
+    using delayq::detail::repeat_policy;
+    constexpr dur tick{1};
+    {  // skip, one tick, late by 10^9 periods: the first run after the late one, on the grid
+        part every{t0, tick, 0, repeat_policy::skip};
+        CHECK(next_run(every, t0 + 1s) == t0 + 1s + tick);
+        CHECK(every.k == 1'000'000'001U);
+        CHECK(every.start == t0);
+    }
+    {  // skip keeps the phase: period 3, late by 10 ticks: the 4th run, not now + 3
+        part every{t0, 3 * tick, 0, repeat_policy::skip};
+        CHECK(next_run(every, t0 + 10 * tick) == t0 + 12 * tick);
+        CHECK(every.k == 4U);
+    }
+    {  // burst: one period on, however late; the run due at max itself is the last one reached
+        part every{tp::max() - 2 * tick, tick, 0, repeat_policy::burst};
+        CHECK(next_run(every, tp::max()) == tp::max() - tick);
+        CHECK(next_run(every, tp::max()) == tp::max());
+        CHECK(every.k == 2U);
+        CHECK(next_run(every, tp::max()) == std::nullopt);
+        CHECK(every.k == 2U);
+    }
+    {  // delay: one period after the late run, the grid moved there; none past max
+        part every{t0, tick, 7, repeat_policy::delay};
+        CHECK(next_run(every, tp::max() - tick) == tp::max());
+        CHECK(every.start == tp::max());
+        CHECK(every.k == 0U);
+        every.start = t0;
+        CHECK(next_run(every, tp::max()) == std::nullopt);
+        CHECK(every.start == t0);
+    }
+    {  // skip late by the whole time line: the 2^64-th run lies past max (k does not wrap to 0)
+        part every{tp::min(), tick, 0, repeat_policy::skip};
+        CHECK(next_run(every, tp::max()) == std::nullopt);
+        CHECK(every.k == 0U);
+        CHECK(every.start == tp::min());
+    }
+    {  // a reschedule starts the grid again
+        part every{t0, tick, 41, repeat_policy::skip};
+        delayq::detail::restart_grid(every, t0 + 1h);
+        CHECK(every.start == t0 + 1h);
+        CHECK(every.k == 0U);
+        CHECK(next_run(every, t0) == t0 + 1h + tick);
+    }
+    // constexpr: the grid can be worked out at compile time
+    static_assert([] {
+        part every{tp{}, 10ns, 0, repeat_policy::skip};
+        return next_run(every, tp{25ns}) == tp{30ns} && every.k == 3;
+    }());
 }
 
 // The contract of reschedule() during a run: it returns whether the task is pending(). A one-shot

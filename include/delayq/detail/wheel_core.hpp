@@ -76,9 +76,9 @@
 
 #include "deadline_sort.hpp"
 #include "due_batch.hpp"
+#include "periodic.hpp"
 #include "room.hpp"
 #include "spin_lock.hpp"
-#include "time.hpp"
 #include "timer_node.hpp"
 #include "wheel_ring.hpp"
 
@@ -548,44 +548,10 @@ class wheel_core final : public timer_core<Clock> {
         n.seq = seq_++;
     }
 
-    // A periodic task's grid starts again at `first` (reschedule).
+    // A periodic task's grid starts again at `first` (reschedule), and its next run is there.
     static void restart(node& n, periodic_part<Clock>& every, time_point first) noexcept {
-        every.start = first;
-        every.k = 0;
+        restart_grid(every, first);
         n.store_deadline(first);
-    }
-
-    // When a periodic task's next run is due, after a run that a pass started at `now`; nullopt
-    // when it would lie past time_point::max() (that run was the last). Moves the task's grid (k,
-    // or start for repeat_policy::delay). Only a burst, or a reschedule during the run, gives a
-    // time <= now: skip and delay always land after `now`.
-    static std::optional<time_point> next_run(periodic_part<Clock>& every, time_point now,
-                                              bool moved) noexcept {
-        if (moved) return every.start;  // rescheduled during the run
-        constexpr wide_rep end = time_point::max().time_since_epoch().count();
-        const wide_rep p = every.period.count();
-        const wide_rep s = every.start.time_since_epoch().count();
-        const wide_rep t = now.time_since_epoch().count();
-        // In 128 bits: k may be 2^64 (the run after one late by the whole time line), and
-        // s + k * p still fits (p < 2^63).
-        wide_rep k = static_cast<wide_rep>(every.k) + 1;
-        switch (every.policy) {
-            case repeat_policy::burst:
-                break;
-            case repeat_policy::skip: {
-                if (t >= s) k = std::max(k, (t - s) / p + 1);
-                break;
-            }
-            case repeat_policy::delay:
-                if (t + p > end) return std::nullopt;
-                every.start = time_point{duration{static_cast<typename duration::rep>(t + p)}};
-                every.k = 0;
-                return every.start;
-        }
-        const wide_rep next = s + k * p;
-        if (next > end) return std::nullopt;
-        every.k = static_cast<std::uint64_t>(k);  // < 2^64: k * p <= end - s < 2^64
-        return time_point{duration{static_cast<typename duration::rep>(next)}};
     }
 
     // What becomes of a periodic task after a run (repeat()).
@@ -610,7 +576,10 @@ class wheel_core final : public timer_core<Clock> {
         }
         const bool moved = n.has(periodic_flag::moved);
         n.set(periodic_flag::moved, false);
-        const std::optional<time_point> next = next_run(every, now, moved);
+        // Rescheduled during the run: the next run is where the reschedule put it, the policy
+        // aside (a time <= now waits for the next pass all the same: see below). Else the grid's
+        // next run (periodic.hpp).
+        const std::optional<time_point> next = moved ? every.start : next_run(every, now);
         if (!next) {
             n.set(periodic_flag::running, false);
             --pending_;
