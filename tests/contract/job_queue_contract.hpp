@@ -25,6 +25,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <stop_token>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -439,6 +440,57 @@ TEMPLATE_LIST_TEST_CASE("contract: another handle's put wakes a waiting take", "
     CHECK(got->id == "early");
     CHECK(producer->ack(*got));  // a lease is the queue's, not the handle's
     CHECK(consumer->size() == 1);
+}
+
+TEMPLATE_LIST_TEST_CASE(
+    "contract: a stop request ends blocked takes, and a stopped take leases "
+    "nothing",
+    "[contract]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    using job = delayq::job_type_t<typename TestType::queue>;
+    TestType f;
+    auto q = f.make({});
+    auto other = f.make({});
+    std::stop_source stop;
+    std::atomic<int> returned{0};
+    std::optional<job> one;
+    std::vector<job> many{job{}};
+    std::vector<job> others{job{}};
+    const auto start = std::chrono::steady_clock::now();
+    // Three takes blocked on an empty queue, two handles, waits that no test waits out.
+    std::thread a([&] {
+        one = q->take(120s, stop.get_token());
+        ++returned;
+    });
+    std::thread b([&] {
+        many = q->take_many(10, 120s, stop.get_token());
+        ++returned;
+    });
+    std::thread c([&] {
+        others = other->take_many(3, 120s, stop.get_token());
+        ++returned;
+    });
+    std::this_thread::sleep_for(300ms);  // let them block (a slow start only weakens the test)
+    CHECK(returned == 0);
+    stop.request_stop();
+    a.join();
+    b.join();
+    c.join();
+    // Woken, not timed out: a bound a user would call broken, not a timing.
+    CHECK(std::chrono::steady_clock::now() - start < 60s);
+    CHECK_FALSE(one);
+    CHECK(many.empty());
+    CHECK(others.empty());
+
+    // A take that starts with stop requested leases nothing, even with a job due.
+    REQUIRE(q->put_after("j1", "x", 0ms));
+    CHECK_FALSE(q->take(5s, stop.get_token()));
+    CHECK(q->take_many(5, 0ms, stop.get_token()).empty());
+    auto j = other->take(5s);
+    REQUIRE(j);
+    CHECK(j->id == "j1");
+    CHECK(j->attempts == 1);  // its first delivery: the stopped takes leased nothing
+    CHECK(q->ack(*j));
 }
 
 TEMPLATE_LIST_TEST_CASE("contract: 4 producers and 4 consumers, every job in and out once",

@@ -77,6 +77,7 @@
 #include <optional>
 #include <span>
 #include <stdexcept>
+#include <stop_token>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -265,19 +266,21 @@ class delay_queue {
         return run_then(st_reschedule, p, wake_params(id), "reschedule").changed() == 1;
     }
 
-    /// Leases the earliest due job, waiting up to `max_wait` for one (not at all when <= 0).
-    std::optional<job> take(std::chrono::milliseconds max_wait) {
-        auto jobs = taker_.take(1, max_wait);
+    /// Leases the earliest due job, waiting up to `max_wait` for one (not at all when <= 0), and
+    /// returns nothing as soon as `stop` is requested (a blocked take is woken).
+    std::optional<job> take(std::chrono::milliseconds max_wait, const std::stop_token& stop = {}) {
+        auto jobs = taker_.take(1, max_wait, stop);
         if (jobs.empty()) return std::nullopt;
         return std::move(jobs.front());
     }
 
     /// Leases up to `max_jobs` (at most max_take_many) due jobs, earliest first, in one statement,
-    /// waiting up to `max_wait` for the first. Every job has its own token. `max_jobs` 0: none, at
-    /// once.
-    std::vector<job> take_many(std::size_t max_jobs, std::chrono::milliseconds max_wait) {
+    /// waiting up to `max_wait` for the first (or until `stop` is requested). Every job has its own
+    /// token. `max_jobs` 0: none, at once.
+    std::vector<job> take_many(std::size_t max_jobs, std::chrono::milliseconds max_wait,
+                               const std::stop_token& stop = {}) {
         if (max_jobs == 0) return {};  // asks for nothing: leases nothing, waits for nothing
-        return taker_.take(front.take_count(max_jobs), max_wait);
+        return taker_.take(front.take_count(max_jobs), max_wait, stop);
     }
 
     /// Done with the job: it is gone for good. False if the lease was lost (ended, or cancelled,

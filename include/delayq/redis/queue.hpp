@@ -13,10 +13,10 @@
 // (docs/redis.md, "Prefetch, and why there is none").
 //
 // Threads. The puts and consumes (takes, acks, nacks) that threads of the process hand in for a
-// shard while one is on its way go as one script call (delayq/detail/job_queue/combiner.hpp), and every command goes
-// through a link (detail/connection.hpp), which sends what the threads send at the same time in
-// one write. A take that waits holds the subscription, not a link, so it holds up no other call.
-// The object's lock is its taker's (delayq/detail/job_queue/taker.hpp).
+// shard while one is on its way go as one script call (delayq/detail/job_queue/combiner.hpp), and
+// every command goes through a link (detail/connection.hpp), which sends what the threads send at
+// the same time in one write. A take that waits holds the subscription, not a link, so it holds up
+// no other call. The object's lock is its taker's (delayq/detail/job_queue/taker.hpp).
 #pragma once
 
 #include <algorithm>
@@ -26,6 +26,7 @@
 #include <optional>
 #include <span>
 #include <stdexcept>
+#include <stop_token>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -116,19 +117,21 @@ class queue_base {
         });
     }
 
-    /// Leases the earliest due job, waiting up to `max_wait` for one (not at all when <= 0).
-    std::optional<job> take(std::chrono::milliseconds max_wait) {
-        auto jobs = guarded([&] { return room_.take(1, max_wait); });
+    /// Leases the earliest due job, waiting up to `max_wait` for one (not at all when <= 0), and
+    /// returns nothing as soon as `stop` is requested (a blocked take is woken).
+    std::optional<job> take(std::chrono::milliseconds max_wait, const std::stop_token& stop = {}) {
+        auto jobs = guarded([&] { return room_.take(1, max_wait, stop); });
         if (jobs.empty()) return std::nullopt;
         return std::move(jobs.front());
     }
 
     /// Leases up to `max_jobs` (at most max_take_many) due jobs of one shard, earliest first,
-    /// waiting up to `max_wait` for the first. Every job has its own lease and token. `max_jobs` 0:
-    /// nothing, at once.
-    std::vector<job> take_many(std::size_t max_jobs, std::chrono::milliseconds max_wait) {
+    /// waiting up to `max_wait` for the first (or until `stop` is requested). Every job has its own
+    /// lease and token. `max_jobs` 0: nothing, at once.
+    std::vector<job> take_many(std::size_t max_jobs, std::chrono::milliseconds max_wait,
+                               const std::stop_token& stop = {}) {
         if (max_jobs == 0) return {};
-        return guarded([&] { return room_.take(front.take_count(max_jobs), max_wait); });
+        return guarded([&] { return room_.take(front.take_count(max_jobs), max_wait, stop); });
     }
 
     /// Done with the job: it is gone for good. False if the lease was lost (ended, or cancelled).

@@ -58,6 +58,7 @@
 #include <optional>
 #include <span>
 #include <stdexcept>
+#include <stop_token>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -214,19 +215,22 @@ class delay_queue {
         return run_one(o);
     }
 
-    /// Leases the earliest due job, waiting up to `max_wait` for one (not at all when <= 0).
-    std::optional<job> take(std::chrono::milliseconds max_wait) {
-        auto jobs = taker_.take(1, max_wait);
+    /// Leases the earliest due job, waiting up to `max_wait` for one (not at all when <= 0), and
+    /// returns nothing as soon as `stop` is requested (a blocked take is woken).
+    std::optional<job> take(std::chrono::milliseconds max_wait, const std::stop_token& stop = {}) {
+        auto jobs = taker_.take(1, max_wait, stop);
         if (jobs.empty()) return std::nullopt;
         return std::move(jobs.front());
     }
 
     /// Leases up to `max_jobs` (at most max_take_many) due jobs, earliest first, in one
-    /// transaction, waiting up to `max_wait` for the first. Every job has its own token. `max_jobs`
-    /// 0 returns an empty vector at once: it leases nothing and does not wait.
-    std::vector<job> take_many(std::size_t max_jobs, std::chrono::milliseconds max_wait) {
+    /// transaction, waiting up to `max_wait` for the first (or until `stop` is requested). Every
+    /// job has its own token. `max_jobs` 0 returns an empty vector at once: it leases nothing and
+    /// does not wait.
+    std::vector<job> take_many(std::size_t max_jobs, std::chrono::milliseconds max_wait,
+                               const std::stop_token& stop = {}) {
         if (max_jobs == 0) return {};
-        return taker_.take(front.take_count(max_jobs), max_wait);
+        return taker_.take(front.take_count(max_jobs), max_wait, stop);
     }
 
     /// Done with the job: it is gone for good. False if the lease was lost (ended, or cancelled,

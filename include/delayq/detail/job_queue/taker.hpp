@@ -53,6 +53,7 @@
 #include <mutex>
 #include <new>
 #include <optional>
+#include <stop_token>
 #include <system_error>
 #include <utility>
 #include <vector>
@@ -126,11 +127,16 @@ requires(!S::external_wake || waking_store<S>) class taker {
     ~taker() { close_pipe(); }
 
     // Leases up to `want` due jobs of one lane, waiting up to `max_wait` for the first; none
-    // after max_wait. Throws the store's errors (to this take alone, or to every take of a failed
-    // claim for all, each its own copy).
-    std::vector<job> take(std::size_t want, std::chrono::milliseconds max_wait) {
+    // after max_wait, or once `stop` is requested (the take is woken: a follower by its condition
+    // variable, the leader by a poke). Throws the store's errors (to this take alone, or to every
+    // take of a failed claim for all, each its own copy).
+    std::vector<job> take(std::size_t want, std::chrono::milliseconds max_wait,
+                          const std::stop_token& stop = {}) {
         const bool waits = max_wait > std::chrono::milliseconds::zero();
         const time_point limit = waits ? saturating_add(clock::now(), max_wait) : clock::now();
+        // Before the lock: a stop requested already runs the callback here, which takes it.
+        std::optional<std::stop_callback<waker>> on_stop;
+        if (stop.stop_possible()) on_stop.emplace(stop, waker{this});
         std::unique_lock lk(m_);
         if (generation_ != fork_generation()) forget_the_parent();
         request me;
@@ -154,6 +160,7 @@ requires(!S::external_wake || waking_store<S>) class taker {
                 detail::wait(cv_, lk);
                 continue;
             }
+            if (stop.stop_requested()) return {};
             const time_point now = clock::now();
             if constexpr (S::external_wake) {
                 // A waiting take listens before it looks: opening the wake source forgets every
@@ -234,6 +241,17 @@ requires(!S::external_wake || waking_store<S>) class taker {
     }
 
   private:
+    // A take's stop callback: wakes every waiting take of the object (only the stopped one
+    // leaves; the others find nothing new and sleep again), and the leader.
+    struct waker {
+        taker* t;
+        void operator()() const noexcept {
+            std::lock_guard lk(t->m_);
+            t->cv_.notify_all();
+            if (t->leader_waiting_) t->interrupt();
+        }
+    };
+
     // One waiting take (on its caller's stack): what it asks for and what it got.
     struct request {
         std::size_t want = 0;

@@ -27,6 +27,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <stop_token>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -173,8 +174,8 @@ class waiting_room {
   public:
     explicit waiting_room(script_client& client) : client_(client), store_(client) {}
 
-    std::vector<job> take(std::size_t want, milliseconds max_wait) {
-        return taker_.take(want, max_wait);
+    std::vector<job> take(std::size_t want, milliseconds max_wait, const std::stop_token& stop) {
+        return taker_.take(want, max_wait, stop);
     }
 
     // The consume script for the calls that settle leases: the taker learns from it at once.
