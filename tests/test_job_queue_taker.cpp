@@ -502,7 +502,7 @@ TEST_CASE("taker: a take times out at its max_wait with nothing, and the post mo
     f.finish();
 }
 
-TEMPLATE_TEST_CASE("taker: a follower times out at its max_wait with nothing; the leader stays",
+TEMPLATE_TEST_CASE("taker: a follower times out at its max_wait with nothing, the leader stays",
                    "[taker]", redis_like, sqlite_like, pg_like) {
     fixture<TestType> f(1);
     f.warm_up();
@@ -627,7 +627,7 @@ TEST_CASE("taker: a claim hung on one lane does not stop the wake source from be
 }
 
 TEST_CASE(
-    "taker: a wake source that cannot be opened fails the take that tried; the next one "
+    "taker: a wake source that cannot be opened fails the take that tried, the next one "
     "tries again",
     "[taker]") {
     fixture<redis_like> f(1);
@@ -853,7 +853,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "taker: a failing lane is set aside while the others serve; every lane failing is the "
+    "taker: a failing lane is set aside while the others serve, every lane failing is the "
     "caller's (Redis shape)",
     "[taker]") {
     SECTION("one lane fails") {
@@ -906,7 +906,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "taker: the commits learned as the truth bring no claim spin; the recheck comes at "
+    "taker: the commits learned as the truth bring no claim spin, the recheck comes at "
     "recheck_every (SQLite shape)",
     "[taker]") {
     fixture<sqlite_like> f;
@@ -962,7 +962,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "taker: a take sends no claim while the lane is known not due; take(0) claims once and "
+    "taker: a take sends no claim while the lane is known not due, take(0) claims once and "
     "never waits (PostgreSQL shape)",
     "[taker]") {
     fixture<pg_like> f;
