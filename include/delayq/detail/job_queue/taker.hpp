@@ -285,13 +285,14 @@ requires(!S::external_wake || waking_store<S>) class taker {
     // other waiting take that is not in a claim, in the order they came, up to claim_cap.
     void claim(std::unique_lock<std::mutex>& lk, request& me, std::size_t l, bool patient,
                bool waits) {
-        std::vector<request*> batch{&me};
+        // The other takes this claim answers (a claim for all; else none, and nothing allocated).
+        std::vector<request*> others;
         std::size_t total = me.want;
         if constexpr (S::claim_for_all) {
             if (waits)
                 for (request* r : pending_)
                     if (r != &me && !r->in_claim && total < S::claim_cap) {
-                        batch.push_back(r);
+                        others.push_back(r);
                         total += r->want;
                         if (r->following) {  // no longer free: a wake for work must go elsewhere
                             r->following = false;
@@ -299,7 +300,8 @@ requires(!S::external_wake || waking_store<S>) class taker {
                         }
                     }
         }
-        for (request* r : batch) r->in_claim = true;
+        me.in_claim = true;
+        for (request* r : others) r->in_claim = true;
         lane_state& lane = lanes_[l];
         ++lane.takers;
         // Another lane is due too and nobody claims it: one more take may (I3; else a follower
@@ -327,26 +329,34 @@ requires(!S::external_wake || waking_store<S>) class taker {
         }
         arrive(f);
         --lane.takers;
-        for (request* r : batch) r->in_claim = false;
+        me.in_claim = false;
+        for (request* r : others) r->in_claim = false;
         if (failed) {
             set_aside(lane, clock::now());
-            if (batch.size() > 1) cv_.notify_all();
+            if (!others.empty()) cv_.notify_all();
             if (!patient && S::lane_failure(failed)) return;  // another lane may serve
-            for (request* r : batch)                          // (I4) made before anyone wakes
-                if (r != &me) {
-                    r->error = S::copy_error(failed);
-                    finish(*r);
-                }
+            for (request* r : others) {                       // (I4) made before anyone wakes
+                r->error = S::copy_error(failed);
+                finish(*r);
+            }
             std::rethrow_exception(failed);
         }
         learn_locked(l, got.next, f.floor);
-        std::size_t next = 0;
-        for (request* r : batch) {
-            while (next < got.jobs.size() && r->jobs.size() < r->want)
-                r->jobs.push_back(std::move(got.jobs[next++]));
-            if (!r->jobs.empty()) finish(*r);
+        if (others.empty()) {  // the claim's jobs are the claimer's: no copy
+            me.jobs = std::move(got.jobs);
+            if (!me.jobs.empty()) finish(me);
+            return;
         }
-        if (batch.size() > 1) cv_.notify_all();
+        // The claimer first, then the others in the order they came, each up to its want.
+        std::size_t next = 0;
+        const auto hand = [&](request& r) {
+            while (next < got.jobs.size() && r.jobs.size() < r.want)
+                r.jobs.push_back(std::move(got.jobs[next++]));
+            if (!r.jobs.empty()) finish(r);
+        };
+        hand(me);
+        for (request* r : others) hand(*r);
+        cv_.notify_all();
     }
 
     // Under m_: `me` sleeps as a follower until woken or `limit`.
