@@ -15,6 +15,11 @@
 //   the store's timeout), and a take that starts with stop requested leases nothing.
 // - ack() and nack() succeed only while the lease holds and with the lease's token (fencing):
 //   false once the lease ended, the job was delivered again, or it was cancelled.
+// - extend(job, lease) makes the lease end `lease` from now (by the store's clock), longer or
+//   shorter, fenced like ack(); the token stays the holder's. A negative lease is
+//   std::invalid_argument.
+// - bury() moves a leased job to the dead letters at once, fenced like ack() (a job its handler
+//   knows it can never do: retrying would only fail again).
 // - cancel() removes a waiting or leased job; reschedule() moves a waiting job only.
 // - With max_attempts N > 0, a job whose N-th delivery is nacked or whose N-th lease ends moves to
 //   the dead letters (dead_size()) instead of waiting again.
@@ -106,6 +111,8 @@ concept job_queue = requires {
     { q.ack(j) } -> std::same_as<bool>;
     { q.ack_many(js) } -> std::same_as<std::vector<bool>>;
     { q.nack(j, d) } -> std::same_as<bool>;
+    { q.extend(j, d) } -> std::same_as<bool>;
+    { q.bury(j) } -> std::same_as<bool>;
     { q.size() } -> std::same_as<std::size_t>;
     { q.dead_size() } -> std::same_as<std::size_t>;
     q.get_options();

@@ -2,7 +2,7 @@
 // server, a job that kills its consumer, a cancel from another process, a server killed and
 // restarted, a failover to a promoted standby, the typed errors, the put inside the caller's
 // transaction, an idle consumer's statements, a wake-up whose earlier job goes before it
-// commits, and many takes sharing one object.
+// commits, extend's wake-up, and many takes sharing one object.
 #include <libpq-fe.h>
 #include <unistd.h>
 
@@ -606,6 +606,45 @@ TEST_CASE(
     REQUIRE(got);  // not after 15 s with nothing: woken, it took the job when it came due
     CHECK(got->id == "later");
     CHECK(consumer.ack(*got));
+}
+
+TEST_CASE(
+    "postgres: extend notifies the consumers when it makes a lease end earlier, and only then",
+    "[postgres][wake]") {
+    // A consumer sleeps until the earliest `at` it saw, a lease's end among them: a lease made
+    // shorter must wake it (the contract suite checks that it does), and a lease made longer, as
+    // a worker's heartbeat does all the time, must not wake every consumer of the queue.
+    const std::string name = fresh_name("extend");
+    auto o = opts(name);
+    o.lease = 60s;
+    pg::delay_queue q(o);
+    app_conn listener(server().conninfo());
+    listener.exec("LISTEN " + q.channel());
+    // The notifications that come within `within` (the first one ends the wait), and a little
+    // after.
+    const auto heard = [&](std::chrono::milliseconds within) {
+        const auto until = std::chrono::steady_clock::now() + within;
+        int n = 0;
+        do {
+            std::this_thread::sleep_for(50ms);
+            listener.exec("SELECT 1");
+            n += listener.notifications();
+        } while (n == 0 && std::chrono::steady_clock::now() < until);
+        std::this_thread::sleep_for(100ms);
+        listener.exec("SELECT 1");
+        return n + listener.notifications();
+    };
+    REQUIRE(q.put_after("x", "p", 0ms));
+    auto j = q.take(5s);
+    REQUIRE(j);
+    (void)heard(300ms);  // the put's
+    CHECK(q.extend(*j, 120s));
+    CHECK(heard(500ms) == 0);
+    CHECK(q.extend(*j, 30s));
+    CHECK(heard(5s) == 1);
+    CHECK(q.extend(*j, 30s));  // as long again: it ends no earlier than it did
+    CHECK(heard(500ms) == 0);
+    CHECK(q.ack(*j));
 }
 
 TEST_CASE(

@@ -76,6 +76,20 @@ void raw_exec(const std::string& path, const char* sql) {
     REQUIRE(rc == SQLITE_OK);
 }
 
+// The first column of the first row of `sql` on `path`, as text, through a connection of its own.
+std::string raw_text(const std::string& path, const char* sql) {
+    sqlite3* db = nullptr;
+    REQUIRE(sqlite3_open(path.c_str(), &db) == SQLITE_OK);
+    std::string out;
+    const auto first = [](void* to, int, char** values, char**) {
+        if (values[0] != nullptr) *static_cast<std::string*>(to) = values[0];
+        return 1;  // one row is enough
+    };
+    sqlite3_exec(db, sql, first, &out, nullptr);
+    sqlite3_close(db);
+    return out;
+}
+
 std::string read_all(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
     return std::string(std::istreambuf_iterator<char>(in), {});
@@ -170,6 +184,32 @@ TEST_CASE("a reopened file holds every pending job, and leases and tokens carry 
     CHECK_FALSE(q.ack(held));
     CHECK(q.ack(*again));
     CHECK(q.size() == 1);  // "later"
+}
+
+TEST_CASE("a reopened file keeps a lease that extend moved, and the row that bury made dead") {
+    temp_dir dir;
+    auto o = opts(dir.file());
+    o.lease = 1s;
+    delayq::job a;
+    {
+        delay_queue q(o);
+        REQUIRE(q.put("a", "pa", past));
+        REQUIRE(q.put("b", "pb", past + 1ms));
+        auto both = q.take_many(2, 5s);
+        REQUIRE(both.size() == 2);
+        a = both[0];
+        CHECK(a.id == "a");
+        CHECK(q.extend(a, 1h));
+        CHECK(q.bury(both[1]));
+    }
+    delay_queue q(o);
+    CHECK_FALSE(q.take(2s));  // past the first lease's end: "a" is still leased
+    CHECK(q.size() == 1);
+    CHECK(q.dead_size() == 1);
+    CHECK(raw_text(dir.file(),
+                   "SELECT CAST(id AS TEXT) || ':' || CAST(payload AS TEXT) || ':' || "
+                   "attempts FROM dead") == "b:pb:1");
+    CHECK(q.ack(a));  // the holder's token, which extend kept, across the reopen
 }
 
 TEST_CASE("a job's next lease has a greater token, even after the clock stepped back") {

@@ -15,8 +15,10 @@
 // another job, due earlier, already makes the sleeping consumers wake before this one; the server
 // delivers it at commit, and the sleeping take wakes and claims. The wake-up looks after the
 // write committed, not within it: a job that the write's own statement saw may be gone by its
-// commit, and a consumer that looked in between would sleep past the new job. An idle consumer
-// sends no query at all while nothing is due.
+// commit, and a consumer that looked in between would sleep past the new job. An extend that makes
+// a lease end earlier NOTIFYs in its own statement, at its commit: always, so there is nothing to
+// look at (detail/schema.hpp, extend_sql). An idle consumer sends no query at all while nothing is
+// due.
 //
 // The takes of one object wait together, in the shared taker (detail/job_queue/taker.hpp): one
 // of them, the leader, listens; the take that claims claims for every waiting take at once (up to
@@ -116,7 +118,9 @@ struct options {
     /// hosts: each gets connect_timeout if the conninfo gives one, else an equal share). The
     /// server's own limit on each statement (statement_timeout) ends a little before it.
     std::chrono::milliseconds io_timeout = std::chrono::seconds(5);
-    unsigned max_attempts = 0;  ///< 0: redeliver forever; else dead-letter after this many
+    /// Deliveries before a job that keeps failing goes to the dead letters (its last nack, or its
+    /// last lease ending, moves it); 0: redeliver forever. 25 by default, as River and Sidekiq.
+    unsigned max_attempts = 25;
     /// Connections the object's calls share at most (> 0); a call waits for a free one. A take
     /// that waits holds one more, which only listens.
     std::size_t connections = 4;
@@ -320,10 +324,36 @@ class delay_queue {
         return run_then(st_nack, p, wake_params(j.id), "nack").integer(0, 0) == 1;
     }
 
+    /// The lease of `j` now ends `lease` from now (the server's clock), longer or shorter; its
+    /// token stays the holder's, for ack and nack. False if the lease was lost (ended, or
+    /// cancelled, or the job delivered again or settled). A negative `lease` is
+    /// std::invalid_argument.
+    bool extend(const job& j, std::chrono::milliseconds lease) {
+        front.id(j.id);
+        if (lease < milliseconds::zero()) front.refuse("a lease must not be negative");
+        detail::params p;
+        p.text(opt_.name)
+            .bytes(j.id)
+            .int8(token_of(j))
+            .int8(delayq::detail::clamp_delay(lease))
+            .text(channel_);  // a shorter lease wakes the consumers (detail/schema.hpp)
+        return run(st_extend, p, "extend").integer(0, 0) == 1;
+    }
+
+    /// To the dead letters at once, as a nack of its max_attempts-th delivery: for a job that
+    /// would only fail again. False if the lease was lost.
+    bool bury(const job& j) {
+        front.id(j.id);
+        detail::params p;
+        p.text(opt_.name).bytes(j.id).int8(token_of(j));
+        return run(st_bury, p, "bury").integer(0, 0) == 1;
+    }
+
     /// Jobs queued: waiting plus leased. Counts rows: O(n).
     std::size_t size() { return count(st_size, "size"); }
 
-    /// Jobs moved to the dead letters (the `dead` table) after max_attempts deliveries.
+    /// Jobs moved to the dead letters (the `dead` table) after max_attempts deliveries, or by
+    /// bury().
     std::size_t dead_size() { return count(st_dead_size, "dead_size"); }
 
   private:
@@ -685,8 +715,8 @@ class delay_queue {
         // that claims claims for all.
         static constexpr bool claim_for_all = true;
         // Every put, nack and reschedule NOTIFYs when it makes a job due earlier than the object
-        // knows (wake_sql), so what a claim learned holds while the listener lives: a take that
-        // comes meanwhile sends nothing.
+        // knows (wake_sql), and so does an extend that makes a lease end earlier, so what a claim
+        // learned holds while the listener lives: a take that comes meanwhile sends nothing.
         static constexpr bool look_on_entry = false;
         static constexpr std::size_t claim_cap = max_claim;
         // The listening connection may die once in a take (a restart, a terminated backend) and

@@ -165,6 +165,22 @@ class queue_base {
         return settle(j, tagged('n', clamp_delay(retry_after)));
     }
 
+    /// The lease of `j` now ends `lease` from now by the server's clock, longer or shorter; the
+    /// token stays `j`'s. False if the lease was lost (ended, settled, or cancelled). A negative
+    /// lease is std::invalid_argument.
+    bool extend(const job& j, std::chrono::milliseconds lease) {
+        front.id(j.id);
+        if (lease < milliseconds::zero()) front.refuse("a lease must not be negative");
+        return settle(j, tagged('e', clamp_delay(lease)));
+    }
+
+    /// To the dead letters at once, whatever max_attempts says (a job that can never succeed).
+    /// False if the lease was lost.
+    bool bury(const job& j) {
+        front.id(j.id);
+        return settle(j, "d");
+    }
+
     /// Jobs queued: waiting plus leased.
     std::size_t size() {
         return guarded([&] {

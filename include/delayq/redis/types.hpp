@@ -32,7 +32,9 @@ struct options {
     std::chrono::milliseconds lease = std::chrono::seconds(30);
     /// The limit of one round trip to the server (> 0); beyond it, delayq::redis::error.
     std::chrono::milliseconds io_timeout = std::chrono::seconds(5);
-    unsigned max_attempts = 0;  ///< 0: redeliver forever; else dead-letter after this many
+    /// Deliveries before a job that keeps failing goes to the dead letters (its last nack, or its
+    /// last lease ending, moves it); 0: redeliver forever. 25 by default, as River and Sidekiq.
+    unsigned max_attempts = 25;
     /// The longest a waiting take goes without asking the server, >= 2 ms.
     std::chrono::milliseconds max_block = std::chrono::seconds(5);
     /// Jobs whose last attempt ended that one script call moves to the dead letters, > 0.

@@ -12,8 +12,8 @@
 // where the calls of concurrent threads share one transaction: puts, cancels and reschedules (they
 // decide whether and when a job runs) in one, whose leader commits its group and then fsyncs the
 // WAL after releasing the file, so that the next group gathers meanwhile and shares the next fsync;
-// the take's lease, ack, nack in the other, which commits without waiting for the disk
-// (synchronous=NORMAL in WAL mode) and never waits for an fsync: they survive a crash of the
+// the take's lease, ack, nack, extend and bury in the other, which commits without waiting for the
+// disk (synchronous=NORMAL in WAL mode) and never waits for an fsync: they survive a crash of the
 // process, and a power cut may undo the last of them, which only means a redelivery
 // (at-least-once). A put group whose fsync fails has committed already: its calls throw, yet their
 // jobs are in the file (docs/sqlite.md, "Durability").
@@ -27,10 +27,11 @@
 // Waiting without polling. take() waits in the job queues' one taker (detail/job_queue/
 // taker.hpp), delay_queue's leader-follower pattern: one waiting thread, the leader, sleeps until
 // the next event it knows of; the others sleep on a condition variable until the leader leaves. A
-// put, nack or reschedule through this object that makes the next event earlier wakes the leader,
-// so within a process nothing polls. Another process (or another object on the same file) cannot
-// wake it: the leader looks at `PRAGMA data_version`, which changes when another connection
-// commits, every options::foreign_changes while it waits, and at the file again when it changed.
+// put, nack, reschedule or extend (a shorter lease) through this object that makes the next event
+// earlier wakes the leader, so within a process nothing polls. Another process (or another object
+// on the same file) cannot wake it: the leader looks at `PRAGMA data_version`, which changes when
+// another connection commits, every options::foreign_changes while it waits, and at the file again
+// when it changed.
 // That read costs no I/O (it reads the WAL index in shared memory), so the default, 200 ms, costs
 // an idle consumer five cheap checks a second; it is also the bound on how late a system clock
 // stepped forward is noticed.
@@ -87,7 +88,9 @@ struct options {
     std::chrono::milliseconds lease = std::chrono::seconds(30);
     /// How long a call waits for a lock that another process holds (>= 0); then busy_error.
     std::chrono::milliseconds busy_timeout = std::chrono::seconds(5);
-    unsigned max_attempts = 0;  ///< 0: redeliver forever; else dead-letter after this many
+    /// Deliveries before a job that keeps failing goes to the dead letters (its last nack, or its
+    /// last lease ending, moves it); 0: redeliver forever. 25 by default, as River and Sidekiq.
+    unsigned max_attempts = 25;
     /// A put that returned is fsynced (on disk); false: in the OS's cache only, lost by a power
     /// cut (not by a crash of the process), for many more puts a second.
     bool durable_puts = true;
@@ -264,6 +267,29 @@ class delay_queue {
         return run_one(o);
     }
 
+    /// The lease of `j` now ends `lease` from now (the system clock), longer or shorter; its token
+    /// stays the holder's, for ack and nack. False if the lease was lost (ended, or cancelled, or
+    /// the job delivered again or settled). A negative `lease` is std::invalid_argument.
+    bool extend(const job& j, std::chrono::milliseconds lease) {
+        front.id(j.id);
+        if (lease < milliseconds::zero()) front.refuse("a lease must not be negative");
+        op o{op::extend, j.id};
+        o.token = token_of(j);
+        o.lease_ms = delayq::detail::clamp_delay(lease);
+        // A shorter lease may make the next event earlier: commit() tells the taker, as for a
+        // nack, and another connection's takes see the commit in data_version.
+        return run_one(o);
+    }
+
+    /// To the dead letters at once, as a nack of its max_attempts-th delivery: for a job that
+    /// would only fail again. False if the lease was lost.
+    bool bury(const job& j) {
+        front.id(j.id);
+        op o{op::bury, j.id};
+        o.token = token_of(j);
+        return run_one(o);
+    }
+
     /// Jobs queued: waiting plus leased. Counts the file's rows: O(n).
     std::size_t size() {
         std::lock_guard g(db_m_);
@@ -271,7 +297,7 @@ class delay_queue {
     }
 
     /// Jobs moved to the dead letters (the `dead` table: id, payload, attempts, when) after
-    /// max_attempts deliveries.
+    /// max_attempts deliveries, or by bury().
     std::size_t dead_size() {
         std::lock_guard g(db_m_);
         return machine_.count_dead();

@@ -9,10 +9,11 @@
 //   jobs   queue text, id bytea, payload bytea, at bigint, attempts integer, token bigint,
 //          PRIMARY KEY (queue, id)
 //          waiting (token = 0): `at` is when it is due
-//          leased  (token > 0): `at` is when the lease ends; `token` the lease's fencing token
+//          leased  (token > 0): `at` is when the lease ends (extend moves it); `token` the
+//                   lease's fencing token
 //   jobs_at ON jobs(queue, at)           -- the next due job, the next ended lease: one seek
 //   dead   queue text, id bytea, payload bytea, attempts integer, died bigint,
-//          PRIMARY KEY (queue, id)       -- past max_attempts
+//          PRIMARY KEY (queue, id)       -- past max_attempts, or buried
 //   tokens a sequence: the fencing tokens
 // clang-format on
 //
@@ -355,11 +356,15 @@ inline std::string claim_sql(const std::string& s, bool durable, bool bury) {
            (bury ? "(SELECT count(*) FROM b)" : "0") + ", NULL, t.now FROM t";
 }
 
+// The fence of ack, nack, extend and bury, over row j and now_cte's t: $1 queue, $2 id, $3 the
+// holder's token, and the lease not ended.
+inline constexpr const char* held_sql =
+    "j.queue = $1 AND j.id = $2 AND j.token = $3 AND j.token <> 0 AND j.at > t.now";
+
 // ack: $1 queue, $2 id, $3 token.
 inline std::string ack_sql(const std::string& s, bool durable) {
-    return "WITH " + lease_now_cte(durable) + " DELETE FROM " + s +
-           ".jobs j USING t WHERE j.queue = $1 AND j.id = $2 AND j.token = $3 AND j.token <> 0 "
-           "AND j.at > t.now";
+    return "WITH " + lease_now_cte(durable) + " DELETE FROM " + s + ".jobs j USING t WHERE " +
+           held_sql;
 }
 
 // ack_many: $1 queue, $2 ids, $3 tokens. Returns the 1-based positions of the jobs acked. Each
@@ -379,14 +384,34 @@ inline std::string ack_many_sql(const std::string& s, bool durable) {
 // the dead letters after the max_attempts-th delivery; the wake-up follows (wake_sql). Returns
 // whether the lease held.
 inline std::string nack_sql(const std::string& s, bool durable) {
-    const std::string held =
-        "j.queue = $1 AND j.id = $2 AND j.token = $3 AND j.token <> 0 AND j.at > t.now";
     return "WITH " + lease_now_cte(durable) + ", r AS (UPDATE " + s +
            ".jobs j SET at = least(t.up + $4, " + max_ms_sql() + "), token = 0 FROM t WHERE " +
-           held + " AND ($5 = 0 OR j.attempts < $5) RETURNING 1), b AS (DELETE FROM " + s +
-           ".jobs j USING t WHERE " + held +
+           held_sql + " AND ($5 = 0 OR j.attempts < $5) RETURNING 1), b AS (DELETE FROM " + s +
+           ".jobs j USING t WHERE " + held_sql +
            " AND $5 > 0 AND j.attempts >= $5 RETURNING j.id, j.payload, j.attempts), d AS (" +
            bury_sql(s, "b") + ") SELECT (SELECT count(*) FROM r) + (SELECT count(*) FROM b)";
+}
+
+// extend: $1 queue, $2 id, $3 token, $4 lease (ms), $5 the channel. The lease ends $4 from now,
+// as a claim's does, under the same token. Returns whether the lease held, and NOTIFYs (at its
+// commit) when the new end is earlier than the old, which consumers may be sleeping until. The
+// notification is not weighed after the commit as a put's is (wake_sql): shortening a lease is
+// rare, and a spare wake-up costs a claim, no more; delivered at the commit, it wakes consumers
+// whose claim then sees the new end. `o`, a CTE, reads the row as it was before the update.
+inline std::string extend_sql(const std::string& s, bool durable) {
+    return "WITH " + lease_now_cte(durable) + ", o AS (SELECT j.at FROM " + s +
+           ".jobs j WHERE j.queue = $1 AND j.id = $2 LIMIT 1), u AS (UPDATE " + s +
+           ".jobs j SET at = least(t.up + $4, " + max_ms_sql() + ") FROM t WHERE " + held_sql +
+           " RETURNING j.at), n AS (SELECT pg_notify($5, '') FROM u, o WHERE u.at < o.at) SELECT "
+           "(SELECT count(*) FROM u), (SELECT count(*) FROM n)";
+}
+
+// bury: $1 queue, $2 id, $3 token. To the dead letters at once, as a nack of the max_attempts-th
+// delivery; the next event can only come later, so no wake-up. Returns whether the lease held.
+inline std::string bury_now_sql(const std::string& s, bool durable) {
+    return "WITH " + lease_now_cte(durable) + ", b AS (DELETE FROM " + s +
+           ".jobs j USING t WHERE " + held_sql + " RETURNING j.id, j.payload, j.attempts), d AS (" +
+           bury_sql(s, "b") + ") SELECT count(*) FROM b";
 }
 
 inline std::string size_sql(const std::string& s) {
@@ -409,6 +434,8 @@ enum statement_index : unsigned char {
     st_ack,
     st_ack_many,
     st_nack,
+    st_extend,
+    st_bury,
     st_size,
     st_dead_size,
     st_wake,
@@ -433,9 +460,11 @@ inline std::vector<prepared_statement> statements(const std::string& s, bool dur
         {"dq5", ack_sql(s, durable), {text_oid, bytea_oid, int8_oid}},
         {"dq6", ack_many_sql(s, durable), {text_oid, bytea_array_oid, int8_array_oid}},
         {"dq7", nack_sql(s, durable), {text_oid, bytea_oid, int8_oid, int8_oid, int8_oid}},
-        {"dq8", size_sql(s), {text_oid}},
-        {"dq9", dead_size_sql(s), {text_oid}},
-        {"dq10", wake_sql(s), {text_oid, bytea_array_oid, text_oid}},
+        {"dq8", extend_sql(s, durable), {text_oid, bytea_oid, int8_oid, int8_oid, text_oid}},
+        {"dq9", bury_now_sql(s, durable), {text_oid, bytea_oid, int8_oid}},
+        {"dq10", size_sql(s), {text_oid}},
+        {"dq11", dead_size_sql(s), {text_oid}},
+        {"dq12", wake_sql(s), {text_oid, bytea_array_oid, text_oid}},
     };
     return v;
 }

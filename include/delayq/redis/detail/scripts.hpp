@@ -17,15 +17,16 @@
 // | waiting | leased  | take: attempts + 1, a new token                                      |
 // | waiting | gone    | cancel                                                               |
 // | leased  | gone    | ack; cancel                                                          |
+// | leased  | leased  | extend: its lease end moved, the same token                          |
 // | leased  | waiting | nack; release: the take it was leased for had given up when its      |
 // |         |         | reply came (script_client.hpp), so nobody got it: due at its due     |
 // |         |         | time again, attempts - 1 ("m" removed at 0)                          |
 // | leased  | leased  | its lease ended: a take hands it out again, as any due job           |
 // | leased  | dead    | nack, or a take finding its lease ended, once attempts reach         |
-// |         |         | max_attempts                                                         |
+// |         |         | max_attempts; bury, at once                                          |
 // clang-format on
 //
-// ack, nack and release need the job's current token while its lease holds (lease end > now), so
+// ack, nack, bury, extend and release need the job's current token while its lease holds (lease end > now), so
 // a holder whose lease ended, or whose job was cancelled or delivered again, is refused. A take
 // counts the attempt in the same script that leases the job, so the server has counted every
 // delivery before any user code sees the job; a release takes back an attempt that no user code
@@ -86,9 +87,9 @@
 //
 // Wake-ups. Consumers wait on the pub/sub channel. A script that may make the shard's next event
 // (the head of `events`: the earliest due time or lease end) earlier publishes "<shard> <ms until
-// then>": put and reschedule when the job comes before the head, consume when a nack or a release
-// makes the head earlier than it was. Nothing else can make it earlier (acks, cancels and burials
-// remove events; a take leases a job that was due, so its lease ends after the event it replaces;
+// then>": put and reschedule when the job comes before the head, consume when a nack, a release
+// or an extend (to a shorter lease) makes the head earlier than it was. Nothing else can make it
+// earlier (acks, cancels and burials remove events; a take leases a job that was due, so its lease ends after the event it replaces;
 // a lease that ends is due at that same moment). So a consumer that knows a time before which
 // nothing is due (from its last script) and hears every message since never sleeps past a due job.
 #pragma once
@@ -214,16 +215,17 @@ return out
 )lua");
 
 // ARGV channel shard lease_ms max_attempts reclaim_batch take_count (how id token)*
-// Settles the listed leases (how: 'a' ack, 'n<ms>' nack due ms from now, 'r<ms>' release: due
-// again at ms, the due time the job was leased at, its attempt taken back; for the jobs a merged
-// take leased for a caller that had given up, script_client.hpp), then leases up to take_count
+// Settles the listed leases (how: 'a' ack, 'n<ms>' nack due ms from now, 'd' bury: to the dead
+// letters now, 'e<ms>' extend: the lease ends ms from now instead, 'r<ms>' release: due again at
+// ms, the due time the job was leased at, its attempt taken back; for the jobs a merged take
+// leased for a caller that had given up, script_client.hpp), then leases up to take_count
 // due jobs, earliest first, each counting its attempt. A due job whose lease ended
 // after its last attempt (max_attempts) goes to `dead` instead, at most reclaim_batch of them per
 // call. meta holds "attempts:token:lease_end", so one HGET proves a lease; a settled lease's token
 // is cleared (0), so it cannot settle again.
 // Returns {next, ok*, n, (id, payload, due, attempts, token, lease_end)*n}: next is the ms until
-// the next event after all that (0: more is due now; -1: nothing is queued); one ok (1 settled,
-// 0 the lease was lost) per settlement.
+// the next event after all that (0: more is due now; -1: nothing is queued); one ok (1 settled or
+// extended, 0 the lease was lost) per settlement.
 inline constexpr auto consume_lua = prelude + lua(R"lua(
 local lease_ms, max_attempts = tonumber(ARGV[3]), tonumber(ARGV[4])
 local out, before = {0}, false
@@ -247,10 +249,19 @@ for i = 7, #ARGV, 3 do
   if token == ARGV[i + 2] and tonumber(lease_end) > now then
     ok = 1
     a = tonumber(a)
-    if ARGV[i] == 'a' then
+    local how = string.sub(ARGV[i], 1, 1)
+    if how == 'a' then
       redis.call('ZREM', events, id)
       redis.call('HDEL', b, 'p' .. id, 'm' .. id)
-    elseif string.sub(ARGV[i], 1, 1) == 'r' then
+    elseif how == 'e' then
+      -- Extended (or shortened): the same lease, its end moved; a shorter one may make the
+      -- next event earlier, hence requeue's look at the head first.
+      local ends = due_at(tonumber(string.sub(ARGV[i], 2)))
+      redis.call('HSET', b, 'm' .. id, string.format('%d:%s:%d', a, token, ends))
+      requeue(id, ends)
+    elseif how == 'd' then
+      bury(id, b, redis.call('HGET', b, 'p' .. id))
+    elseif how == 'r' then
       -- Leased for a take that gave up: as before that take, its attempt not counted.
       if a > 1 then
         redis.call('HSET', b, 'm' .. id, string.format('%d:0:0', a - 1))

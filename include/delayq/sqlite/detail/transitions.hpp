@@ -15,6 +15,10 @@
 //                not ended
 //   nack         leased, this token, lease  -> waiting, due when asked; or dead, at max_attempts
 //                not ended
+//   extend       leased, this token, lease  -> leased, until the new end, the same token
+//                not ended
+//   bury         leased, this token, lease  -> dead
+//                not ended
 //   reclaim      leased, lease ended        -> waiting, due at the lease's end; or dead, at
 //                                              max_attempts
 // clang-format on
@@ -58,12 +62,13 @@ namespace delayq::sqlite::detail {
 // One change to the file, as the group commit runs it (delay_queue.hpp, "Durability"): every
 // write of the queue goes through it, so that concurrent calls share transactions.
 struct op {
-    enum kind_t : unsigned char { put, cancel, reschedule, ack, nack, lease };
+    enum kind_t : unsigned char { put, cancel, reschedule, ack, nack, extend, bury, lease };
     kind_t kind;
     std::string_view id;
     std::string_view payload{};        // put
     long long due = 0;                 // put, reschedule, nack: the new due time
-    long long token = 0;               // ack, nack: the lease's
+    long long token = 0;               // ack, nack, extend, bury: the lease's
+    long long lease_ms = 0;            // extend: the new lease's length (ms, >= 0)
     std::size_t want = 0;              // lease: at most this many jobs
     std::vector<job>* jobs = nullptr;  // lease: the jobs leased
     bool ok = false;                   // the result: queued, removed, moved, settled
@@ -134,6 +139,22 @@ class transitions {
                 }
                 break;
             }
+            case op::extend: {
+                // From the transaction's now, as a lease is granted (lease_due()).
+                statement::use u(st_.extend);
+                u->bind(o.id, o.token, now, std::min(now + o.lease_ms, delayq::detail::max_ms));
+                o.ok = u->run() == 1;
+                break;
+            }
+            case op::bury: {
+                {
+                    statement::use u(st_.held);
+                    if (!u->bind(o.id, o.token, now).step()) break;
+                }
+                o.ok = true;
+                bury(o.id, now);
+                break;
+            }
             case op::lease:
                 lease_due(o, now);
                 break;
@@ -144,7 +165,7 @@ class transitions {
     // earliest ended first, go back to waiting, due at their lease's end (so before any job due
     // later, and due now: the take that reclaims them may lease them again at once), or to the
     // dead letters if that delivery was their max_attempts-th. Only takes need it: an ack or a
-    // nack refuses an ended lease by itself (lease_end > now).
+    // nack (an extend, a bury) refuses an ended lease by itself (lease_end > now).
     void reclaim(long long now) {
         std::vector<std::pair<std::string, long long>> ended;
         {
@@ -223,13 +244,15 @@ class transitions {
                   db,
                   n("SELECT attempts FROM {jobs} WHERE id = ?1 AND token = ?2 AND lease_end > ?3")),
               requeue_at(db, n("UPDATE {jobs} SET due = ?1, lease_end = NULL WHERE id = ?2")),
+              extend(db, n("UPDATE {jobs} SET lease_end = ?4 WHERE id = ?1 AND token = ?2 AND "
+                           "lease_end > ?3")),
               count_jobs(db, n("SELECT count(*) FROM {jobs}")),
               count_dead(db, n("SELECT count(*) FROM {dead}")),
               data_version(db, "PRAGMA data_version") {}
 
         statement begin, commit, rollback, insert, cancel, reschedule, ended, requeue_ended,
-            bury_copy, bury_delete, due, lease, next, ack, held, requeue_at, count_jobs, count_dead,
-            data_version;
+            bury_copy, bury_delete, due, lease, next, ack, held, requeue_at, extend, count_jobs,
+            count_dead, data_version;
     };
 
     // Whether a job whose delivery was its `attempts`-th goes to the dead letters when that
