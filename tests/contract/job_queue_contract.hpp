@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <delayq/job_queue.hpp>
+#include <delayq/worker.hpp>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -51,6 +52,17 @@ inline std::string id_of(const char* prefix, std::size_t n) {
     std::string s(prefix);
     s += std::to_string(n);
     return s;
+}
+
+/// Waits up to 120 s, a bound nobody would call working, for `done()`; whether it came.
+template <class F>
+bool eventually(F done) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (!done()) {
+        if (std::chrono::steady_clock::now() > until) return false;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return true;
 }
 
 }  // namespace delayq_contract
@@ -222,6 +234,107 @@ TEMPLATE_LIST_TEST_CASE("contract: after max_attempts deliveries a job is dead-l
     // A dead job's id is free again.
     CHECK(q->put_after("nacked", "z", 0ms));
     CHECK(q->size() == 1);
+}
+
+TEMPLATE_LIST_TEST_CASE(
+    "contract: extend moves a lease's end, and the holder's token keeps working", "[contract]",
+    delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    TestType f;
+    auto q = f.make({.lease = 2s});
+    auto other = f.make({.lease = 2s});
+    REQUIRE(q->put_after("x", "p", 0ms));
+    auto j = q->take(5s);
+    REQUIRE(j);
+    CHECK(q->extend(*j, 60s));
+    // Past the first lease's end, nobody else is handed the job: it is still leased.
+    CHECK_FALSE(other->take(4s));
+    CHECK(q->size() == 1);
+    CHECK(q->extend(*j, 60s));        // as often as the holder likes
+    CHECK(q->ack(*j));                // the same token
+    CHECK_FALSE(q->extend(*j, 60s));  // settled
+    CHECK(q->size() == 0);
+}
+
+TEMPLATE_LIST_TEST_CASE("contract: extend is fenced like ack", "[contract]",
+                        delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    TestType f;
+    auto q = f.make({.lease = 1s});
+    REQUIRE(q->put_after("x", "p", 0ms));
+    auto first = q->take(5s);
+    REQUIRE(first);
+    auto second = q->take(30s);  // once the first lease ended
+    REQUIRE(second);
+    CHECK(second->attempts == 2);
+    CHECK_FALSE(q->extend(*first, 60s));  // the lease was lost, and the job delivered again
+    CHECK(q->extend(*second, 60s));
+    CHECK_FALSE(q->ack(*first));
+    CHECK(q->nack(*second, 0ms));
+    CHECK_FALSE(q->extend(*second, 60s));  // waiting again
+    auto third = q->take(5s);
+    REQUIRE(third);
+    CHECK(q->cancel("x"));
+    CHECK_FALSE(q->extend(*third, 60s));  // cancelled
+    CHECK(q->size() == 0);
+}
+
+TEMPLATE_LIST_TEST_CASE(
+    "contract: a lease shortened by extend ends then, and a waiting take gets "
+    "the job",
+    "[contract]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    using job = delayq::job_type_t<typename TestType::queue>;
+    TestType f;
+    auto q = f.make({.lease = 120s});
+    auto other = f.make({.lease = 120s});
+    REQUIRE(q->put_after("x", "p", 0ms));
+    auto j = q->take(5s);
+    REQUIRE(j);
+    std::optional<job> got;
+    std::thread waiter([&] { got = other->take(60s); });
+    std::this_thread::sleep_for(300ms);  // let it wait (a slow start only weakens the test)
+    CHECK(q->extend(*j, 100ms));
+    waiter.join();
+    REQUIRE(got);  // not 120 s later
+    CHECK(got->id == "x");
+    CHECK(got->attempts == 2);
+    CHECK_FALSE(q->ack(*j));
+    CHECK(other->ack(*got));
+}
+
+TEMPLATE_LIST_TEST_CASE("contract: bury moves a leased job to the dead letters at once, fenced",
+                        "[contract]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    TestType f;
+    auto q = f.make({.lease = 1s, .max_attempts = 5});
+    REQUIRE(q->put_after("x", "p", 0ms));
+    auto first = q->take(5s);
+    REQUIRE(first);
+    auto second = q->take(30s);  // once the first lease ended
+    REQUIRE(second);
+    CHECK_FALSE(q->bury(*first));  // the lease was lost
+    CHECK(q->dead_size() == 0);
+    CHECK(q->bury(*second));
+    CHECK_FALSE(q->bury(*second));
+    CHECK_FALSE(q->ack(*second));
+    CHECK(q->size() == 0);
+    CHECK(q->dead_size() == 1);
+    CHECK_FALSE(q->take(0ms));
+    CHECK(q->put_after("x", "again", 0ms));  // a dead job's id is free again
+    CHECK(q->size() == 1);
+}
+
+TEMPLATE_LIST_TEST_CASE("contract: a negative lease is std::invalid_argument for extend",
+                        "[contract]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    TestType f;
+    auto q = f.make({});
+    REQUIRE(q->put_after("x", "p", 0ms));
+    auto j = q->take(5s);
+    REQUIRE(j);
+    CHECK_THROWS_AS(q->extend(*j, -1ms), std::invalid_argument);
+    CHECK(q->ack(*j));  // the refused call changed nothing
 }
 
 TEMPLATE_LIST_TEST_CASE("contract: cancel removes a waiting or a leased job", "[contract]",
@@ -398,6 +511,8 @@ TEMPLATE_LIST_TEST_CASE("contract: a job id is 1 to max_id_size bytes, else std:
         forged.id = bad;
         CHECK_THROWS_AS(q->ack(forged), std::invalid_argument);
         CHECK_THROWS_AS(q->nack(forged, 0ms), std::invalid_argument);
+        CHECK_THROWS_AS(q->extend(forged, 1s), std::invalid_argument);
+        CHECK_THROWS_AS(q->bury(forged), std::invalid_argument);
         CHECK_THROWS_AS(q->ack_many(std::vector<job>{forged}), std::invalid_argument);
     }
     CHECK(q->size() == 0);  // a put_many with one bad id puts none of its jobs
@@ -534,4 +649,96 @@ TEMPLATE_LIST_TEST_CASE("contract: 4 producers and 4 consumers, every job in and
     CHECK(acked.size() == total);
     CHECK(std::all_of(acked.begin(), acked.end(), [](const auto& e) { return e.second == 1; }));
     CHECK(q->size() == 0);
+}
+
+// delayq::worker over every backend: the worker's own rules are in tests/test_worker.cpp, over a
+// queue in memory; these are what must hold against each store.
+
+TEMPLATE_LIST_TEST_CASE("contract: a worker on each of two handles does every job once",
+                        "[contract][worker]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    TestType f;
+    auto q = f.make({});
+    auto other = f.make({});
+    constexpr std::size_t jobs = 200;
+    for (std::size_t i = 0; i < jobs; ++i)
+        REQUIRE(q->put_after(id_of("w", i), "p", std::chrono::milliseconds(i % 50)));
+    std::mutex m;
+    std::map<std::string, int> runs;
+    const auto handler = [&](const delayq::job& j) {
+        std::lock_guard lk(m);
+        ++runs[j.id];
+    };
+    {
+        delayq::worker a(*q, handler, {.threads = 2});
+        delayq::worker b(*other, handler, {.threads = 2});
+        CHECK(eventually([&] { return a.counters().done + b.counters().done >= jobs; }));
+    }
+    CHECK(runs.size() == jobs);
+    CHECK(std::all_of(runs.begin(), runs.end(), [](const auto& e) { return e.second == 1; }));
+    CHECK(q->size() == 0);
+}
+
+TEMPLATE_LIST_TEST_CASE("contract: a worker's handler that runs four leases long runs once",
+                        "[contract][worker]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    TestType f;
+    auto q = f.make({.lease = 1s});
+    auto other = f.make({.lease = 1s});
+    REQUIRE(q->put_after("long", "p", 0ms));
+    std::atomic<int> runs{0};
+    const auto handler = [&](const delayq::job&) {
+        ++runs;
+        std::this_thread::sleep_for(4s);
+    };
+    {
+        delayq::worker a(*q, handler);
+        delayq::worker b(*other, handler);  // would be handed the job if a lease ended
+        CHECK(eventually([&] { return a.counters().done + b.counters().done >= 1; }));
+        CHECK(a.counters().lease_lost + b.counters().lease_lost == 0);
+    }
+    CHECK(runs == 1);
+    CHECK(q->size() == 0);
+}
+
+TEMPLATE_LIST_TEST_CASE("contract: a worker's failing job is retried, then dead-lettered",
+                        "[contract][worker]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    TestType f;
+    auto q = f.make({.max_attempts = 3});
+    REQUIRE(q->put_after("bad", "p", 0ms));
+    REQUIRE(q->put_after("hopeless", "p", 0ms));
+    std::atomic<int> bad_runs{0}, hopeless_runs{0};
+    {
+        delayq::worker w(*q,
+                         [&](const delayq::job& j) {
+                             if (j.id == "hopeless") {
+                                 ++hopeless_runs;
+                                 throw delayq::dead_letter("no such order");
+                             }
+                             ++bad_runs;
+                             throw std::runtime_error("fails every time");
+                         },
+                         {.retry = {.base = 10ms, .cap = 50ms}});
+        CHECK(eventually([&] { return w.counters().dead >= 2; }));
+        CHECK(w.counters().retried == 2);
+    }
+    CHECK(bad_runs == 3);
+    CHECK(hopeless_runs == 1);
+    CHECK(q->dead_size() == 2);
+    CHECK(q->size() == 0);
+}
+
+TEMPLATE_LIST_TEST_CASE(
+    "contract: stop() of a worker whose threads wait on an empty queue "
+    "returns at once",
+    "[contract][worker]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    TestType f;
+    auto q = f.make({});
+    delayq::worker w(*q, [](const delayq::job&) {}, {.threads = 4});
+    std::this_thread::sleep_for(300ms);  // let them block (a slow start only weakens the test)
+    const auto start = std::chrono::steady_clock::now();
+    w.stop();
+    CHECK(std::chrono::steady_clock::now() - start < 30s);  // woken, not an hour's wait
 }

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <delayq/worker.hpp>
 #include <exception>
 #include <string>
 #include <thread>
@@ -324,4 +325,39 @@ TEST_CASE(
     CHECK(later == std::vector<std::string>{"c 1"});
     CHECK(q.dead_size() == 1);
     CHECK(q.size() == 0);
+}
+
+TEST_CASE(
+    "processes: a worker's handler keeps its lease past its end, and a worker killed "
+    "with SIGKILL mid-handler has its job back one lease later") {
+    temp_dir dir;
+    const std::string path = dir.file();
+    auto o = opts(path);
+    o.lease = 1s;
+    {
+        delay_queue q(o);
+        REQUIRE(q.put("long", "x", past));
+    }
+    channel up;
+    const pid_t holder = child([&] {
+        up.close_read();
+        delay_queue q(o);
+        delayq::worker w(q, [&](const delayq::job& j) {
+            up.say("started " + std::to_string(j.attempts));
+            std::this_thread::sleep_for(std::chrono::hours(1));  // until the kill
+        });
+        std::this_thread::sleep_for(std::chrono::hours(1));
+        return 0;
+    });
+    up.close_write();
+    REQUIRE(up.hear() == "started 1");
+    delay_queue q(o);
+    CHECK_FALSE(q.take(3500ms));  // three leases and more: the worker extended it meanwhile
+    kill_9(holder);
+    const auto killed = std::chrono::steady_clock::now();
+    auto j = q.take(60s);
+    REQUIRE(j);  // its extensions stopped: the lease ends, at most one lease after the kill
+    CHECK(j->attempts == 2);
+    CHECK(std::chrono::steady_clock::now() - killed < 30s);  // not a timing: "never" is broken
+    CHECK(q.ack(*j));
 }

@@ -12,7 +12,9 @@
 #include <delayq/job_queue.hpp>
 #include <delayq/manual_clock.hpp>
 #include <delayq/missed_tick.hpp>
+#include <delayq/retry_policy.hpp>
 #include <delayq/timeout.hpp>
+#include <delayq/worker.hpp>
 #if __has_include(<hiredis/hiredis.h>)
 #include <delayq/redis/delay_queue.hpp>
 #endif
@@ -115,8 +117,19 @@ int main() try {
     so.path = "tidy.db";
     delayq::sqlite::delay_queue sq(so);
     (void)sq.put_after("a", "b", std::chrono::milliseconds(1));
-    if (auto j = sq.take(std::chrono::milliseconds(0))) (void)sq.ack(*j);
+    if (auto j = sq.take(std::chrono::milliseconds(0))) {
+        (void)sq.extend(*j, std::chrono::seconds(1));
+        (void)sq.bury(*j);
+    }
     static_assert(delayq::job_queue<delayq::sqlite::delay_queue>);
+    {
+        delayq::worker_options wo;
+        wo.hooks.retrying = [](const delayq::job&, std::chrono::milliseconds, std::string_view) {};
+        delayq::worker w(
+            sq, [](const delayq::job&, const std::stop_token&) {}, wo);
+        (void)w.counters();
+        w.stop();
+    }
 #endif
     return 0;
 } catch (...) {

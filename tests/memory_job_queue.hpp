@@ -1,0 +1,256 @@
+// A job queue in memory, for the tests of what runs above every job queue (delayq::worker): the
+// contract's semantics (leases on the system clock, fencing tokens, max_attempts, dead letters)
+// in a page, with faults a test switches on (takes, acks and extensions that throw, extensions
+// that are refused) and a record of the calls.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <delayq/job.hpp>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <stop_token>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace delayq_test {
+
+// What a store's failure looks like to the worker: a delayq::unavailable_error.
+class memory_unavailable : public delayq::queue_error, public delayq::unavailable_error {
+  public:
+    explicit memory_unavailable(const std::string& what) : delayq::queue_error(what) {}
+    const char* what() const noexcept override { return delayq::queue_error::what(); }
+};
+
+class memory_job_queue {
+  public:
+    using clock = std::chrono::system_clock;
+    using milliseconds = std::chrono::milliseconds;
+
+    struct options {
+        milliseconds lease{30000};
+        unsigned max_attempts = 0;
+    };
+
+    // Faults, under the lock (set them through with()).
+    struct faults {
+        int fail_takes = 0;           // the next n takes throw
+        int fail_settles = 0;         // the next n acks, nacks and buries throw
+        int fail_extends = 0;         // the next n extends throw
+        bool refuse_extends = false;  // extends return false
+    };
+
+    // What happened, under the lock.
+    struct record {
+        std::size_t takes = 0, acks = 0, nacks = 0, buries = 0, extends = 0, deliveries = 0;
+        std::vector<milliseconds> nack_delays;
+    };
+
+    memory_job_queue() : memory_job_queue(options{}) {}
+    explicit memory_job_queue(options o) : opt_(o) {}
+
+    const options& get_options() const noexcept { return opt_; }
+
+    template <class F>
+    auto with(F f) {
+        std::lock_guard lk(m_);
+        return f(faults_, record_);
+    }
+
+    bool put(std::string_view id, std::string_view payload, clock::time_point at) {
+        std::lock_guard lk(m_);
+        if (jobs_.count(std::string(id))) return false;
+        jobs_[std::string(id)] = entry{std::string(payload), at, at, 0, 0, false};
+        cv_.notify_all();
+        return true;
+    }
+    bool put_after(std::string_view id, std::string_view payload, milliseconds d) {
+        return put(id, payload, clock::now() + std::max(d, milliseconds::zero()));
+    }
+    std::vector<bool> put_many(std::span<const delayq::put_request> rs) {
+        std::vector<bool> out;
+        for (const auto& r : rs) out.push_back(put_after(r.id, r.payload, r.delay));
+        return out;
+    }
+    bool cancel(std::string_view id) {
+        std::lock_guard lk(m_);
+        return jobs_.erase(std::string(id)) == 1;
+    }
+    bool reschedule(std::string_view id, milliseconds d) {
+        std::lock_guard lk(m_);
+        auto it = jobs_.find(std::string(id));
+        if (it == jobs_.end() || it->second.leased) return false;
+        it->second.at = clock::now() + d;
+        cv_.notify_all();
+        return true;
+    }
+
+    std::optional<delayq::job> take(milliseconds max_wait, const std::stop_token& stop = {}) {
+        auto v = take_many(1, max_wait, stop);
+        if (v.empty()) return std::nullopt;
+        return std::move(v.front());
+    }
+
+    std::vector<delayq::job> take_many(std::size_t n, milliseconds max_wait,
+                                       const std::stop_token& stop = {}) {
+        // (Before the lock: a stop already requested runs the callback here, at once.)
+        std::stop_callback wake(stop, [&] {
+            std::lock_guard inner(m_);
+            cv_.notify_all();
+        });
+        std::unique_lock lk(m_);
+        ++record_.takes;
+        if (faults_.fail_takes > 0) {
+            --faults_.fail_takes;
+            throw memory_unavailable("memory_job_queue: take failed (a fault the test asked for)");
+        }
+        const auto until = clock::now() + std::max(max_wait, milliseconds::zero());
+        std::vector<delayq::job> out;
+        for (;;) {
+            if (stop.stop_requested() || n == 0) return out;
+            const auto now = clock::now();
+            auto earliest = clock::time_point::max();
+            for (auto it = jobs_.begin(); it != jobs_.end() && out.size() < n;) {
+                auto& [id, e] = *it;
+                if (e.at > now) {
+                    earliest = std::min(earliest, e.at);
+                    ++it;
+                    continue;
+                }
+                if (e.leased && opt_.max_attempts > 0 && e.attempts >= opt_.max_attempts) {
+                    dead_[id] = e.payload;
+                    it = jobs_.erase(it);
+                    continue;
+                }
+                e.deadline = e.at;
+                e.leased = true;
+                ++e.attempts;
+                e.token = ++tokens_;
+                e.at = now + opt_.lease;
+                ++record_.deliveries;
+                out.push_back({id, e.payload, e.deadline, e.attempts, e.token, e.at});
+                ++it;
+            }
+            if (!out.empty() || now >= until) return out;
+            cv_.wait_until(lk, std::min(until, earliest));
+        }
+    }
+
+    bool ack(const delayq::job& j) {
+        return settle(
+            j, [&](auto it) { jobs_.erase(it); }, 'a');
+    }
+    std::vector<bool> ack_many(std::span<const delayq::job> js) {
+        std::vector<bool> out;
+        for (const auto& j : js) out.push_back(ack(j));
+        return out;
+    }
+    bool nack(const delayq::job& j, milliseconds d) {
+        return settle(
+            j,
+            [&](auto it) {
+                record_.nack_delays.push_back(d);
+                if (opt_.max_attempts > 0 && it->second.attempts >= opt_.max_attempts) {
+                    dead_[it->first] = it->second.payload;
+                    jobs_.erase(it);
+                    return;
+                }
+                it->second.leased = false;
+                it->second.at = clock::now() + std::max(d, milliseconds::zero());
+                cv_.notify_all();
+            },
+            'n');
+    }
+    bool bury(const delayq::job& j) {
+        return settle(
+            j,
+            [&](auto it) {
+                dead_[it->first] = it->second.payload;
+                jobs_.erase(it);
+            },
+            'b');
+    }
+    bool extend(const delayq::job& j, milliseconds lease) {
+        if (lease < milliseconds::zero()) throw std::invalid_argument("negative lease");
+        std::lock_guard lk(m_);
+        ++record_.extends;
+        if (faults_.fail_extends > 0) {
+            --faults_.fail_extends;
+            throw memory_unavailable(
+                "memory_job_queue: extend failed (a fault the test asked for)");
+        }
+        if (faults_.refuse_extends) return false;
+        auto it = holding(j);
+        if (it == jobs_.end()) return false;
+        it->second.at = clock::now() + lease;
+        cv_.notify_all();
+        return true;
+    }
+
+    std::size_t size() {
+        std::lock_guard lk(m_);
+        return jobs_.size();
+    }
+    std::size_t dead_size() {
+        std::lock_guard lk(m_);
+        return dead_.size();
+    }
+    // The attempts of a queued job (0 if it is not queued).
+    unsigned attempts(const std::string& id) {
+        std::lock_guard lk(m_);
+        auto it = jobs_.find(id);
+        return it == jobs_.end() ? 0 : it->second.attempts;
+    }
+
+  private:
+    struct entry {
+        std::string payload;
+        clock::time_point at;        // due time, or lease end while leased
+        clock::time_point deadline;  // when this delivery was due
+        unsigned attempts = 0;
+        std::uint64_t token = 0;
+        bool leased = false;
+    };
+    using iterator = std::map<std::string, entry>::iterator;
+
+    iterator holding(const delayq::job& j) {
+        auto it = jobs_.find(j.id);
+        if (it == jobs_.end() || !it->second.leased || it->second.token != j.token ||
+            it->second.at <= clock::now())
+            return jobs_.end();
+        return it;
+    }
+
+    template <class F>
+    bool settle(const delayq::job& j, F f, char how) {
+        std::lock_guard lk(m_);
+        if (faults_.fail_settles > 0) {
+            --faults_.fail_settles;
+            throw memory_unavailable(
+                "memory_job_queue: settle failed (a fault the test asked for)");
+        }
+        (how == 'a' ? record_.acks : how == 'n' ? record_.nacks : record_.buries)++;
+        auto it = holding(j);
+        if (it == jobs_.end()) return false;
+        f(it);
+        return true;
+    }
+
+    options opt_;
+    std::mutex m_;
+    std::condition_variable cv_;
+    std::map<std::string, entry> jobs_;
+    std::map<std::string, std::string> dead_;
+    std::uint64_t tokens_ = 0;
+    faults faults_;
+    record record_;
+};
+
+}  // namespace delayq_test
