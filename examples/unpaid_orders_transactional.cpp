@@ -10,9 +10,12 @@
 // minutes: once the orders are placed, it moves their timeouts to now with reschedule().
 #include <libpq-fe.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <delayq/postgres/delay_queue.hpp>
+#include <delayq/worker.hpp>
+#include <latch>
 #include <stdexcept>
 #include <string>
 
@@ -82,24 +85,32 @@ int main(int argc, char** argv) try {
     std::printf("orders stored: %s, timeouts queued: %zu\n", orders.c_str(), timeouts.size());
     if (orders != "2" || timeouts.size() != 2) return 1;
 
-    // Thirty minutes later (here: now), the reaper takes each timeout and cancels the order if
-    // it is still unpaid, in one transaction with the order's update; the ack comes after it.
+    // Thirty minutes later (here: now), a worker runs each timeout: it cancels the order if it is
+    // still unpaid, in one transaction with the order's update; the ack comes after it (a crash
+    // in between runs it again, and finds the order cancelled already).
     for (int id : {1, 3}) timeouts.reschedule("order-" + std::to_string(id), 0ms);
-    int cancelled = 0;
-    while (auto job = timeouts.take(2s)) {
+    std::atomic<int> cancelled{0};
+    std::latch both(2);
+    delayq::worker reaper(timeouts, [&](const delayq::job& job) {
         db.exec("BEGIN");
-        const std::string status =
-            db.exec("SELECT status FROM orders WHERE id = " + job->payload + " FOR UPDATE");
-        if (status == "unpaid") {
-            db.exec("UPDATE orders SET status = 'cancelled' WHERE id = " + job->payload);
-            ++cancelled;
+        try {
+            const std::string status =
+                db.exec("SELECT status FROM orders WHERE id = " + job.payload + " FOR UPDATE");
+            if (status == "unpaid") {
+                db.exec("UPDATE orders SET status = 'cancelled' WHERE id = " + job.payload);
+                ++cancelled;
+            }
+            db.exec("COMMIT");
+            std::printf("order %s: timeout came, it was %s\n", job.payload.c_str(), status.c_str());
+        } catch (...) {
+            db.exec("ROLLBACK");
+            throw;  // the worker tries the job again later
         }
-        db.exec("COMMIT");
-        timeouts.ack(*job);
-        std::printf("order %s: timeout came, it was %s\n", job->payload.c_str(), status.c_str());
-        if (timeouts.size() == 0) break;
-    }
-    std::printf("cancelled %d unpaid order(s); order 2 never existed\n", cancelled);
+        both.count_down();
+    });
+    both.wait();
+    reaper.stop();
+    std::printf("cancelled %d unpaid order(s); order 2 never existed\n", cancelled.load());
     return cancelled == 1 ? 0 : 1;
 } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
