@@ -333,7 +333,7 @@ TEST_CASE(
     temp_dir dir;
     const std::string path = dir.file();
     auto o = opts(path);
-    o.lease = 1s;
+    o.lease = 500ms;
     {
         delay_queue q(o);
         REQUIRE(q.put("long", "x", past));
@@ -352,7 +352,7 @@ TEST_CASE(
     up.close_write();
     REQUIRE(up.hear() == "started 1");
     delay_queue q(o);
-    CHECK_FALSE(q.take(3500ms));  // three leases and more: the worker extended it meanwhile
+    CHECK_FALSE(q.take(5500ms));  // eleven leases: the worker extended it meanwhile
     kill_9(holder);
     const auto killed = std::chrono::steady_clock::now();
     auto j = q.take(60s);
