@@ -351,7 +351,7 @@ class worker {
             if (s.source.stop_requested()) s.source = std::stop_source();
             s.current = &j;
             s.lost = s.asked_to_stop = false;
-            s.extend_at = clock::now() + lease_ / 3;
+            s.extend_at = clock::now() + every_;
             s.lease_end = j.lease_deadline;
             token = s.source.get_token();
             ++in_flight_;
@@ -450,7 +450,7 @@ class worker {
     void keep_leases() {
         std::unique_lock lk(m_);
         while (!keeper_stop_) {
-            auto wake = clock::now() + lease_ / 3;
+            auto wake = clock::now() + every_;
             for (auto& s : slots_) {
                 if (!s.current || s.lost) continue;
                 const auto now = clock::now();
@@ -477,13 +477,13 @@ class worker {
                 s.extending = false;
                 if (held.value_or(false)) {
                     s.lease_end = then + lease_;
-                    s.extend_at = clock::now() + lease_ / 3;
+                    s.extend_at = clock::now() + every_;
                 } else if (held || then >= s.lease_end) {
                     // Refused, or failing until the lease may have ended: it is not ours.
                     s.lost = true;
                     s.source.request_stop();
                 } else {
-                    s.extend_at = clock::now() + std::min(lease_ / 10, milliseconds(1000));
+                    s.extend_at = clock::now() + std::clamp(lease_ / 10, milliseconds(1), milliseconds(1000));
                 }
                 cv_.notify_all();     // a thread may wait to settle this job
                 wake = clock::now();  // look again: time passed during the call
@@ -500,6 +500,7 @@ class worker {
     Q& q_;
     const worker_options opt_;
     const milliseconds lease_;
+    const milliseconds every_ = std::max(lease_ / 3, milliseconds(1));  // between extensions
     std::function<void(const job_type&, const std::stop_token&)> handler_;
 
     mutable std::mutex m_;  // everything below but the threads
