@@ -158,8 +158,7 @@ TEST_CASE("worker: retry_in asks for its own delay, dead_letter buries at once",
     });
 }
 
-TEST_CASE("worker: a handler that runs ten leases long keeps its lease and runs once",
-          "[worker]") {
+TEST_CASE("worker: a handler that runs ten leases long keeps its lease and runs once", "[worker]") {
     memory_job_queue q({.lease = 150ms});
     REQUIRE(q.put_after("long", "p", 0ms));
     std::atomic<int> calls{0};
@@ -302,6 +301,27 @@ TEST_CASE("worker: failing takes and settlements are tried again, and nothing is
     CHECK(failed == 5);
     CHECK(w.counters().failed_calls == 5);
     CHECK(q.size() == 0);
+}
+
+TEST_CASE(
+    "worker: a failed ack after the first lease is tried again while the extended lease "
+    "holds",
+    "[worker]") {
+    memory_job_queue q({.lease = 300ms});
+    REQUIRE(q.put_after("j", "p", 0ms));
+    delayq::worker w(
+        q,
+        [&](const delayq::job&) {
+            std::this_thread::sleep_for(700ms);  // past the lease the take gave: extended
+            q.with([](auto& f, auto&) { f.fail_settles = 1; });  // the ack's first try fails
+        },
+        quick());
+    REQUIRE(eventually([&] { return w.counters().done + w.counters().lease_lost >= 1; }));
+    w.stop();
+    CHECK(w.counters().done == 1);
+    CHECK(w.counters().lease_lost == 0);
+    CHECK(w.counters().failed_calls == 1);
+    q.with([](auto&, auto& r) { CHECK(r.deliveries == 1); });
 }
 
 TEST_CASE("worker: a hook that throws is ignored", "[worker]") {

@@ -362,12 +362,14 @@ class worker {
         outcome o = call_handler(j, token);
         const auto took = clock::now() - started;
         bool lost = false, asked_to_stop = false;
+        std::chrono::system_clock::time_point lease_end;  // as extended: settle()'s limit
         {
             std::unique_lock lk(m_);
             cv_.wait(lk, [&] { return !s.extending; });  // no extension of a settled job
             s.current = nullptr;
             lost = s.lost;
             asked_to_stop = s.asked_to_stop;
+            lease_end = s.lease_end;
             --in_flight_;
             counts_.handler_time += took;
         }
@@ -382,18 +384,19 @@ class worker {
         }
         if (asked_to_stop) {
             o = {outcome::retry, milliseconds::zero(), "stopped by delayq::worker::stop()"};
-            if (settle(j, [&] { return q_.nack(j, o.delay); })) count(&worker_counters::released);
+            if (settle(lease_end, [&] { return q_.nack(j, o.delay); }))
+                count(&worker_counters::released);
             return;
         }
         switch (o.kind) {
             case outcome::ack:
-                if (settle(j, [&] { return q_.ack(j); }))
+                if (settle(lease_end, [&] { return q_.ack(j); }))
                     count(&worker_counters::done);
                 else
                     lease_was_lost(j);
                 return;
             case outcome::bury:
-                if (settle(j, [&] { return q_.bury(j); })) {
+                if (settle(lease_end, [&] { return q_.bury(j); })) {
                     count(&worker_counters::dead);
                     tell(opt_.hooks.dead_lettered, static_cast<const job&>(j), o.reason);
                 } else {
@@ -401,7 +404,7 @@ class worker {
                 }
                 return;
             case outcome::retry:
-                if (!settle(j, [&] { return q_.nack(j, o.delay); })) {
+                if (!settle(lease_end, [&] { return q_.nack(j, o.delay); })) {
                     lease_was_lost(j);
                 } else if (const unsigned max = q_.get_options().max_attempts;
                            max > 0 && j.attempts >= max) {
@@ -425,11 +428,12 @@ class worker {
         tell(opt_.hooks.lease_lost, static_cast<const job&>(j));
     }
 
-    // Runs `call` (an ack, a nack, a bury of `j`) and returns what it returned; a call that throws
-    // is tried again, after a pause, while j's lease may still hold (after that, the job comes back
+    // Runs `call` (an ack, a nack, a bury) and returns what it returned; a call that throws is
+    // tried again, after a pause, while the job's lease may still hold: until `lease_end`, the
+    // lease as the keeper last extended it, not as the take gave it (after that the job comes back
     // anyway, and the call could only be refused). False if it was never applied.
     template <class Call>
-    bool settle(const job_type& j, Call call) {
+    bool settle(std::chrono::system_clock::time_point lease_end, Call call) {
         milliseconds backoff(50);
         for (;;) {
             try {
@@ -439,7 +443,7 @@ class worker {
             } catch (...) {
                 failed("unknown exception");
             }
-            if (std::chrono::system_clock::now() + backoff >= j.lease_deadline) return false;
+            if (std::chrono::system_clock::now() + backoff >= lease_end) return false;
             std::this_thread::sleep_for(backoff);
             backoff = std::min(backoff * 2, milliseconds(1000));
         }
@@ -464,6 +468,9 @@ class worker {
                 lk.unlock();
                 std::optional<bool> held;
                 std::string error;
+                // The new lease ends `lease_` after the store's now, which is after this: an
+                // end counted from here is never later than the store's.
+                const auto asked = std::chrono::system_clock::now();
                 try {
                     held = q_.extend(j, lease_);
                 } catch (const std::exception& e) {
@@ -476,14 +483,15 @@ class worker {
                 lk.lock();
                 s.extending = false;
                 if (held.value_or(false)) {
-                    s.lease_end = then + lease_;
+                    s.lease_end = asked + lease_;
                     s.extend_at = clock::now() + every_;
                 } else if (held || then >= s.lease_end) {
                     // Refused, or failing until the lease may have ended: it is not ours.
                     s.lost = true;
                     s.source.request_stop();
                 } else {
-                    s.extend_at = clock::now() + std::clamp(lease_ / 10, milliseconds(1), milliseconds(1000));
+                    s.extend_at =
+                        clock::now() + std::clamp(lease_ / 10, milliseconds(1), milliseconds(1000));
                 }
                 cv_.notify_all();     // a thread may wait to settle this job
                 wake = clock::now();  // look again: time passed during the call
