@@ -1,9 +1,10 @@
 // What bench/redis/bench_redis.cpp and bench/sqlite/bench_sqlite.cpp share: the end-to-end run of
 // a job queue (4 producers put jobs due U[0, 2 s], 4 consumers take and ack until every job is
-// acked; single calls or batches), its lateness, the client's CPU, and the series of runs with
-// their medians as both programs print them. With DELAYQ_BENCH_REDIS (the program is built with
-// delayq::redis and tests/redis on its include path) also the Redis server's side: a command on
-// a fresh connection, redis-server's CPU, and a run measured with both.
+// acked; single calls or batches; or the consumers replaced by delayq::worker), its lateness, the
+// client's CPU, and the series of runs with their medians as both programs print them. With
+// DELAYQ_BENCH_REDIS (the program is built with delayq::redis and tests/redis on its include path)
+// also the Redis server's side: a command on a fresh connection, redis-server's CPU, and a run
+// measured with both.
 #pragma once
 
 #include <sys/resource.h>
@@ -14,6 +15,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <delayq/worker.hpp>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -97,6 +100,10 @@ struct run_shape {
     double rate = 0;         // > 0: producers paced to this many jobs/s in all
     int batch = 1;           // > 1: put_many / take_many / ack_many of this many
     int busy_consumers = 0;  // that many consumers work 5 ms on every job they take
+    // The consumers are delayq::worker (single calls only): one worker for each consumers' object,
+    // with a thread for each consumer on it; the handler does what the plain loop does between
+    // take and ack.
+    bool worker = false;
 };
 
 // The queue object of each of the 8 threads of a run: producers 0-3, then consumers 0-3. One
@@ -111,8 +118,9 @@ objects<Queue> everyone(Queue& q) {
     return all;
 }
 
-// Producers put the jobs due U[0, 2 s]; consumers take and ack until every job is acked.
-// Returns jobs/s; `late` gets every job's lateness.
+// Producers put the jobs due U[0, 2 s]; consumers take and ack until every job is acked (with
+// shape.worker: the workers' handlers have seen every job, and the workers have stopped, which
+// waits for the last acks). Returns jobs/s; `late` gets every job's lateness.
 template <class Queue>
 double end_to_end_each(const objects<Queue>& qs, const run_shape& shape, lateness& late) {
     std::atomic<int> acked{0};
@@ -149,7 +157,22 @@ double end_to_end_each(const objects<Queue>& qs, const run_shape& shape, latenes
                 }
             }
         });
-    for (int c = 0; c < 4; ++c)
+    std::atomic<int> handled{0};
+    std::vector<std::unique_ptr<delayq::worker<Queue>>> workers;
+    for (std::size_t c = 4; shape.worker && c < 8;) {
+        Queue* q = qs[c];
+        delayq::worker_options o;
+        for (o.threads = 0; c < 8 && qs[c] == q; ++c) ++o.threads;
+        workers.push_back(std::make_unique<delayq::worker<Queue>>(
+            *q,
+            [&](const delayq::job& j) {
+                late.add(j.deadline);
+                if (handled.fetch_add(1, std::memory_order_relaxed) + 1 == total)
+                    handled.notify_all();
+            },
+            o));
+    }
+    for (int c = 0; c < 4 && !shape.worker; ++c)
         ts.emplace_back([&, c] {
             Queue& q = *qs[static_cast<std::size_t>(4 + c)];
             const bool busy = c < shape.busy_consumers;
@@ -169,7 +192,17 @@ double end_to_end_each(const objects<Queue>& qs, const run_shape& shape, latenes
             }
         });
     for (auto& t : ts) t.join();
-    return total / seconds(clk::now() - start);
+    ts.clear();
+    for (int n; shape.worker && (n = handled.load()) < total;) handled.wait(n);
+    for (auto& w : workers) ts.emplace_back([&w] { w->stop(); });  // the last acks, at once
+    for (auto& t : ts) t.join();
+    const double rate = total / seconds(clk::now() - start);
+    std::uint64_t done = 0;
+    for (auto& w : workers) done += w->counters().done;
+    if (shape.worker && done != static_cast<std::uint64_t>(total))
+        std::printf("  worker: %llu of %d jobs acked\n", static_cast<unsigned long long>(done),
+                    total);
+    return rate;
 }
 
 template <class Queue>
@@ -226,6 +259,30 @@ struct series {
             one(each([](auto& r) { return r.client_us; })).c_str(), runs.back().lateness.c_str());
     }
 };
+
+// The worker's series beside the plain loop's, run round by round: the medians, and the median
+// of each round's ratio worker / plain (both saw the same machine).
+inline void print_worker_beside(const series& plain, const series& worker, const char* what) {
+    if (plain.runs.empty() || worker.runs.size() != plain.runs.size()) return;
+    const auto ratio = [&](double (*f)(const figures&)) {
+        std::vector<double> v;
+        for (std::size_t i = 0; i < plain.runs.size(); ++i)
+            v.push_back(f(worker.runs[i]) / f(plain.runs[i]));
+        return median(v);
+    };
+    const auto rate = [](const figures& f) { return f.jobs_per_s; };
+    const auto client = [](const figures& f) { return f.client_us; };
+    const auto server = [](const figures& f) { return f.server_us; };
+    std::printf(
+        "worker / plain loop, %s (medians; ratio: median of the rounds' ratios): jobs/s %.0f / "
+        "%.0f = %.2f×, client CPU per job %.1f / %.1f µs = %.2f×",
+        what, worker.jobs_per_s(), plain.jobs_per_s(), ratio(rate), worker.client_us(),
+        plain.client_us(), ratio(client));
+    if (plain.server_us() > 0)
+        std::printf(", server CPU per job %.1f / %.1f µs = %.2f×", worker.server_us(),
+                    plain.server_us(), ratio(server));
+    std::printf("\n");
+}
 
 #if DELAYQ_BENCH_REDIS
 

@@ -4,12 +4,15 @@
 // fresh server of the same kind, when they are installed (npm install in node/; optional).
 //
 //   bench_postgres [--jobs N] [--batch-jobs N] [--repeat R] [--idle-seconds S] [--wakes N]
-//                  [--only e2e|delayq|idle|wake|tx]
+//                  [--only e2e|delayq|worker|idle|wake|tx]
 //
 // 1. end to end, R rounds; each round runs, one after the other so that all see the same
 //    machine: delayq single calls (4 producer threads put_after N jobs due U[0, 2 s], 4 consumer
 //    threads run `while (auto j = q.take(..)) q.ack(*j);`, one shared queue object), pg-boss and
-//    graphile-worker single calls (node/bench.mjs --mode single), then delayq batched
+//    graphile-worker single calls (node/bench.mjs --mode single), delayq's worker (the same
+//    single-call run with the 4 consumer threads replaced by one delayq::worker of 4 threads on
+//    the shared object, its handler counting the job; with the ratios worker / plain loop; `--only
+//    worker` runs delayq's single calls and the worker alone), then delayq batched
 //    (put_many / take_many / ack_many of 100, --batch-jobs jobs) and both Node libraries batched.
 //    Each with jobs/s, server CPU per job (the postmaster and every backend, from /proc, over the
 //    run) and client CPU per job (this process's getrusage for delayq; the node process's own
@@ -34,6 +37,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <delayq/postgres/delay_queue.hpp>
+#include <delayq/worker.hpp>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -124,8 +128,10 @@ delayq::postgres::options queue_options(const delayq_pg_test::pg_server& srv,
     return o;
 }
 
-// 4 producers and 4 consumers on one queue object; batch 1: single calls.
-figures delayq_e2e(const delayq_pg_test::pg_server& srv, int jobs, int batch, int round) {
+// 4 producers and 4 consumers on one queue object; batch 1: single calls. `worker`: the consumers
+// are one delayq::worker of 4 threads (single calls), its handler counting the job.
+figures delayq_e2e(const delayq_pg_test::pg_server& srv, int jobs, int batch, int round,
+                   bool worker = false) {
     delayq::postgres::delay_queue q(
         queue_options(srv, "e2e-" + std::to_string(batch) + "-" + std::to_string(round)));
     const int per = jobs / 4;
@@ -156,7 +162,15 @@ figures delayq_e2e(const delayq_pg_test::pg_server& srv, int jobs, int batch, in
                 }
             }
         });
-    for (int c = 0; c < 4; ++c)
+    std::optional<delayq::worker<delayq::postgres::delay_queue>> w;
+    if (worker)
+        w.emplace(
+            q,
+            [&](const delayq::job&) {
+                if (acked.fetch_add(1) + 1 == total) acked.notify_all();
+            },
+            delayq::worker_options{.threads = 4});
+    for (int c = 0; c < 4 && !worker; ++c)
         ts.emplace_back([&] {
             while (acked < total) {
                 if (batch <= 1) {
@@ -170,7 +184,12 @@ figures delayq_e2e(const delayq_pg_test::pg_server& srv, int jobs, int batch, in
             }
         });
     for (auto& t : ts) t.join();
+    for (int n; w && (n = acked.load()) < total;) acked.wait(n);
+    if (w) w->stop();  // waits for the last acks
     const double s = seconds(clk::now() - start);
+    if (w && w->counters().done != static_cast<std::uint64_t>(total))
+        std::printf("  worker: %llu of %d jobs acked\n",
+                    static_cast<unsigned long long>(w->counters().done), total);
     figures f;
     f.jobs_per_s = total / s;
     f.server_us = (server_cpu(srv.pid()) - s0) / total * 1e6;
@@ -250,23 +269,27 @@ std::unique_ptr<delayq_pg_test::pg_server> fresh_server(const std::vector<std::s
 }
 
 void e2e(const std::vector<std::string>& settings, const config& cfg) {
-    const bool node = cfg.only != "delayq" && node_ready();
-    if (cfg.only != "delayq" && !node)
+    const bool node = cfg.only != "delayq" && cfg.only != "worker" && node_ready();
+    if (cfg.only != "delayq" && cfg.only != "worker" && !node)
         std::printf("pg-boss / graphile-worker skipped: no node, or no `npm install` in %s\n",
                     node_dir().c_str());
     std::map<std::string, std::vector<figures>> runs;
     std::string boss_version = "?", graphile_version = "?";
     for (int r = 0; r < cfg.repeat; ++r) {
-        for (const char* mode : {"single", "batch"}) {
-            const bool single = std::string(mode) == "single";
+        // The plain loop and the worker, in turn first.
+        for (const char* mode :
+             {r % 2 ? "worker" : "single", r % 2 ? "single" : "worker", "batch"}) {
+            const bool worker = std::string(mode) == "worker";
+            const bool single = std::string(mode) == "single" || worker;
+            if (!single && cfg.only == "worker") continue;
             const int jobs = single ? cfg.jobs : cfg.batch_jobs;
             const auto server = fresh_server(settings);
-            auto d = delayq_e2e(*server, jobs, single ? 1 : 100, r);
+            auto d = delayq_e2e(*server, jobs, single ? 1 : 100, r, worker);
             runs[std::string("delayq ") + mode].push_back(d);
             std::printf("round %d delayq %s: %.0f jobs/s, server %.0f us/job, client %.0f us/job\n",
                         r + 1, mode, d.jobs_per_s, d.server_us, d.client_us);
             if (!settings.empty()) print_profile(*server);
-            if (!node) continue;
+            if (!node || worker) continue;
             for (const char* lib : {"pgboss", "graphile"}) {
                 std::string& v = std::string(lib) == "pgboss" ? boss_version : graphile_version;
                 // The Node libraries are slower: fewer jobs keep a round's time in bounds.
@@ -300,6 +323,21 @@ void e2e(const std::vector<std::string>& settings, const config& cfg) {
         med[name] = m;
         std::printf("%-18s %12.0f %16.0f %16.0f\n", name.c_str(), m.jobs_per_s, m.server_us,
                     m.client_us);
+    }
+    if (runs.count("delayq worker")) {  // round by round: the median of the rounds' ratios
+        const auto& p = runs["delayq single"];
+        const auto& w = runs["delayq worker"];
+        std::vector<double> rate, server, client;
+        for (std::size_t i = 0; i < p.size() && i < w.size(); ++i) {
+            rate.push_back(w[i].jobs_per_s / p[i].jobs_per_s);
+            server.push_back(w[i].server_us / p[i].server_us);
+            client.push_back(w[i].client_us / p[i].client_us);
+        }
+        std::printf(
+            "worker / plain loop (single calls, one shared object, one worker of 4 threads; the "
+            "median of the rounds' ratios): jobs/s %.2fx, server CPU/job %.2fx, client CPU/job "
+            "%.2fx\n",
+            median(rate), median(server), median(client));
     }
     for (const char* mode : {"single", "batch"}) {
         const std::string m = mode;
@@ -509,14 +547,14 @@ int main(int argc, char** argv) {
         else {
             std::fprintf(stderr,
                          "usage: bench_postgres [--jobs N] [--batch-jobs N] [--repeat R] "
-                         "[--idle-seconds S] [--wakes N] [--only e2e|delayq|idle|wake|tx] "
+                         "[--idle-seconds S] [--wakes N] [--only e2e|delayq|worker|idle|wake|tx] "
                          "[--durable-leases 0|1]\n");
             return 2;
         }
     }
     const auto want = [&](const char* what) {
         return cfg.only.empty() || cfg.only == what ||
-               (cfg.only == "delayq" && std::string(what) == "e2e");
+               ((cfg.only == "delayq" || cfg.only == "worker") && std::string(what) == "e2e");
     };
     // Extra server settings for a profile, e.g. "shared_preload_libraries=pg_stat_statements".
     std::vector<std::string> settings;

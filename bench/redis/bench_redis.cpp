@@ -5,7 +5,8 @@
 //
 //   bench_redis [--jobs N] [--batch-jobs N] [--paced-seconds S] [--idle-seconds S] [--repeat R]
 //               [--port P] [--bullmq-concurrency C] [--objects shared|per-thread|both]
-//               [--only put|e2e|delayq|bullmq|bullmq-batch|scripts|paced|idle|memory|sharded]
+//               [--only put|e2e|delayq|worker|bullmq|bullmq-batch|scripts|paced|idle|memory|
+//                       sharded]
 //
 // 1. put-only rate: 4 producers, one shared queue object, delays far in the future;
 // 2. end to end, side by side with BullMQ (bullmq/bench.mjs) against the same server, R rounds of
@@ -14,6 +15,9 @@
 //      loop `while (auto j = q.take(..)) q.ack(*j);` until every job is acked; in two shapes, each
 //      its own run (--objects, default both): the 8 threads share one queue object, and each
 //      thread has a queue object of its own (on the same queue);
+//    - delayq's worker beside each: the same run with the 4 consumers replaced by delayq::worker
+//      (one worker of 4 threads on the shared object; one worker of 1 thread on each consumer's
+//      object), its handler counting the job, with the ratios worker / plain loop;
 //    - BullMQ single calls: 4 producers awaiting each add, in two layouts, each its own run: 4
 //      workers of concurrency 1, and one worker of concurrency 4 (which is faster depends on the
 //      machine: the table compares with the faster, by median jobs/s);
@@ -23,7 +27,8 @@
 //    each with jobs/s, redis-server CPU per job (INFO cpu, user + sys, over the run) and client CPU
 //    per job (this process's getrusage for delayq, the server being another process; the node
 //    process's own process.cpuUsage() for BullMQ), the medians in one table with the ratios
-//    delayq / BullMQ; then delayq's INFO commandstats per command, for the last run of each mode.
+//    delayq / BullMQ; then delayq's INFO commandstats per command, for the last run of each mode
+//    (the worker's too).
 //    BullMQ is skipped with a message without `node` or `npm install` in bullmq/;
 // 3. the scripts one by one (also part of 2.): one more delayq run of each mode with SLOWLOG
 //    logging every command, to split EVALSHA, one line in commandstats, by script and call shape;
@@ -35,9 +40,10 @@
 // 7. the sharded queue (8 shards) end to end on this one server and on a local Redis Cluster of 3
 //    masters + 3 replicas that this program starts (needs ports whose port + 10000 is free).
 // --only e2e runs 2. and 3. (every series, the table, commandstats, the scripts); --only delayq
-// delayq's series alone, --only bullmq and --only bullmq-batch one BullMQ series each, --only
-// scripts 3. alone. Lateness uses the system clock of this machine, which the local servers share.
-// The end-to-end run itself, and the series' medians as printed: bench/job_queue_bench.hpp.
+// delayq's series alone, --only worker delayq's single-call series and the worker's, --only bullmq
+// and --only bullmq-batch one BullMQ series each, --only scripts 3. alone. Lateness uses the system
+// clock of this machine, which the local servers share. The end-to-end run itself, and the series'
+// medians as printed: bench/job_queue_bench.hpp.
 #include <stdlib.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -594,7 +600,8 @@ int main(int argc, char** argv) {
                          "[--idle-seconds S] [--repeat R] "
                          "[--port P] [--bullmq-concurrency C] [--objects shared|per-thread|both] "
                          "[--only "
-                         "put|e2e|delayq|bullmq|bullmq-batch|scripts|paced|idle|memory|sharded]\n",
+                         "put|e2e|delayq|worker|bullmq|bullmq-batch|scripts|paced|idle|memory|"
+                         "sharded]\n",
                          argv[0]);
             return 2;
         }
@@ -624,12 +631,13 @@ int main(int argc, char** argv) {
         put_only(cfg.port, cfg.batch_jobs, 100);
     }
     const bool e2e = want("e2e");
-    const bool ours = e2e || want("delayq");  // delayq's two end-to-end series
+    const bool ours = e2e || want("delayq");    // delayq's end-to-end series
+    const bool plain = ours || want("worker");  // its single calls, and the worker beside them
     const bool bull_single = e2e || want("bullmq");
     const bool bull_batch = e2e || want("bullmq-batch");
     // delayq's commandstats, the last run of each mode
-    std::string stats_single, stats_per_thread, stats_batch;
-    if (ours || bull_single || bull_batch) {
+    std::string stats_single, stats_per_thread, stats_batch, stats_worker, stats_worker_per_thread;
+    if (plain || bull_single || bull_batch) {
         const std::string missing = bull_single || bull_batch ? bullmq_missing() : "";
         if (!missing.empty()) std::printf("bullmq: skipped (%s)\n", missing.c_str());
         const bool bull = missing.empty();
@@ -643,6 +651,11 @@ int main(int argc, char** argv) {
                   cfg.jobs,
                   {}};
         const bool shared = cfg.objects != "per-thread", per_thread = cfg.objects != "shared";
+        series dw{"delayq::worker end to end (4 threads, on the object shared by the 8 threads)",
+                  cfg.jobs,
+                  {}};
+        series dpw{
+            "delayq::worker end to end (one of 1 thread on each consumer's object)", cfg.jobs, {}};
         series bs{"", cfg.jobs, {}};   // 4 workers of concurrency 1
         series bs1{"", cfg.jobs, {}};  // 1 worker of concurrency 4
         series db{"delayq end to end (batches of 100)", cfg.batch_jobs, {}};
@@ -657,17 +670,27 @@ int main(int argc, char** argv) {
                 round + 1, what, f.jobs_per_s, f.server_us, f.client_us);
         };
         for (int i = 0; i < cfg.repeat; ++i) {
-            if (ours && shared) {
-                auto q = single("bench-e2e-1-")(i);
-                add(ds, "delayq single, one shared object", i,
-                    measured(cfg.port, *q, {cfg.jobs, 0, 1, 0}, &stats_single));
-            }
-            if (ours && per_thread) {  // the same queue, an object of its own for each thread
-                std::vector<std::unique_ptr<delayq::redis::delay_queue>> own;
-                objects<delayq::redis::delay_queue> qs{};
-                for (auto& q : qs) q = own.emplace_back(single("bench-e2e-1t-")(i)).get();
-                add(dp, "delayq single, one object per thread", i,
-                    measured_each(cfg.port, qs, {cfg.jobs, 0, 1, 0}, &stats_per_thread));
+            for (const bool w : {i % 2 != 0, i % 2 == 0}) {  // plain loop and worker, in turn first
+                if (plain && shared) {
+                    auto q = single(w ? "bench-e2e-w-" : "bench-e2e-1-")(i);
+                    add(w ? dw : ds,
+                        w ? "worker, one shared object" : "delayq single, one shared object", i,
+                        measured(cfg.port, *q, {cfg.jobs, 0, 1, 0, w},
+                                 w ? &stats_worker : &stats_single));
+                }
+                if (plain && per_thread) {  // the same queue, an object of its own for each thread
+                    std::vector<std::unique_ptr<delayq::redis::delay_queue>> own;
+                    objects<delayq::redis::delay_queue> qs{};
+                    for (auto& q : qs)
+                        q = own.emplace_back(single(w ? "bench-e2e-wt-" : "bench-e2e-1t-")(i))
+                                .get();
+                    add(w ? dpw : dp,
+                        w ? "worker, one object per thread"
+                          : "delayq single, one object per thread",
+                        i,
+                        measured_each(cfg.port, qs, {cfg.jobs, 0, 1, 0, w},
+                                      w ? &stats_worker_per_thread : &stats_per_thread));
+                }
             }
             if (bull_single && bull) {
                 if (auto f = bullmq_run(cfg.port, cfg.jobs, "single", 4, 1, version))
@@ -693,7 +716,9 @@ int main(int argc, char** argv) {
                    "concurrency 4)";
         bb.name = "bullmq " + version + " end to end (addBulk of 100, one worker of concurrency " +
                   conc + ")";
-        for (const series* s : {&ds, &dp, &bs, &bs1, &db, &bb}) s->print();
+        for (const series* s : {&ds, &dw, &dp, &dpw, &bs, &bs1, &db, &bb}) s->print();
+        print_worker_beside(ds, dw, "one shared object, one worker of 4 threads");
+        print_worker_beside(dp, dpw, "one object per thread, 4 workers of 1 thread");
         // BullMQ's faster single-call layout is the one to beat.
         const series& bfast =
             bs1.runs.empty() || (!bs.runs.empty() && bs.jobs_per_s() >= bs1.jobs_per_s()) ? bs
@@ -702,14 +727,22 @@ int main(int argc, char** argv) {
             std::printf("BullMQ's faster single-call layout here: %s\n",
                         &bfast == &bs ? "4 workers of concurrency 1" : "1 worker of concurrency 4");
         if (e2e) print_table(ds, dp, bfast, db, bb);
-        if (ours) {
-            if (shared)
-                print_commandstats(stats_single, cfg.jobs,
-                                   "delayq single calls, one shared object, last run");
-            if (per_thread)
-                print_commandstats(stats_per_thread, cfg.jobs,
-                                   "delayq single calls, one object per thread, last run");
-            print_commandstats(stats_batch, cfg.batch_jobs, "delayq batches of 100, last run");
+        if (plain) {
+            const struct {
+                bool run;
+                const std::string& stats;
+                int jobs;
+                const char* what;
+            } tables[] = {
+                {shared, stats_single, cfg.jobs, "delayq single calls, one shared object"},
+                {shared, stats_worker, cfg.jobs, "delayq::worker, one shared object"},
+                {per_thread, stats_per_thread, cfg.jobs,
+                 "delayq single calls, one object per thread"},
+                {per_thread, stats_worker_per_thread, cfg.jobs,
+                 "delayq::worker, one object per thread"},
+                {ours, stats_batch, cfg.batch_jobs, "delayq batches of 100"}};
+            for (const auto& t : tables)
+                if (t.run) print_commandstats(t.stats, t.jobs, std::string(t.what) + ", last run");
             std::printf("\n");
         }
     }

@@ -3,14 +3,17 @@
 // program is built with hiredis, and the reopening of a large SQLite queue.
 //
 //   bench_sqlite [--jobs N] [--batch-jobs N] [--repeat R] [--port P] [--reopen-jobs N]
-//                [--only e2e|reopen]
+//                [--only e2e|worker|reopen]
 //
 // 1. e2e: the SQLite queue beside the Redis one (a queue file in a fresh temporary directory,
 //    every put fsynced): R rounds of the Redis queue's two end-to-end runs (bench_redis's 2.:
 //    single calls, N jobs; batches of 100, --batch-jobs jobs), each followed by the same run on a
 //    sqlite::delay_queue in the same process, jobs/s and client CPU per job (the SQLite queue's
 //    whole cost: it has no server) side by side with the ratios sqlite / redis. Built without
-//    hiredis, the SQLite queue's runs alone;
+//    hiredis, the SQLite queue's runs alone. Each round's SQLite single-call run is followed by
+//    the same run with the 4 consumers replaced by one delayq::worker of 4 threads on the shared
+//    object (its handler counting the job, on a fresh queue file), with the ratios worker / plain
+//    loop; `--only worker` runs those two alone;
 // 2. reopen: reopening an SQLite queue of 1M pending jobs (--reopen-jobs; put_many of 500, delays
 //    U[0, 2 s]): the time to open it in a fresh object and take the first due job, and the
 //    resident memory that added (/proc/self/statm) per pending job.
@@ -124,12 +127,19 @@ void print_sqlite_table(const series& rs, const series& ss, const series& rb, co
 
 // The Redis queue's two end-to-end runs and the SQLite queue's, round by round, so that a machine
 // that gets busier or quieter weighs on both. Built without hiredis: the SQLite queue's alone.
+// `--only worker`: the SQLite queue's single calls and its worker alone.
 void sqlite_beside_redis(const config& cfg) {
     temp_dir dir;
+    const bool all = cfg.only != "worker";
     series rs{"delayq-redis end to end (single calls: put_after, take, ack)", cfg.jobs, {}};
     series ss{"delayq-sqlite end to end (single calls: put_after, take, ack; durable puts)",
               cfg.jobs,
               {}};
+    series sw{
+        "delayq::worker on delayq-sqlite end to end (4 threads, on the object shared by the 8 "
+        "threads; durable puts)",
+        cfg.jobs,
+        {}};
     series rb{"delayq-redis end to end (batches of 100)", cfg.batch_jobs, {}};
     series sb{"delayq-sqlite end to end (batches of 100; durable puts)", cfg.batch_jobs, {}};
     const auto add = [](series& to, const char* what, int round, const figures& f) {
@@ -143,14 +153,18 @@ void sqlite_beside_redis(const config& cfg) {
     for (int i = 0; i < cfg.repeat; ++i) {
         const std::string n = std::to_string(i);
 #if DELAYQ_BENCH_REDIS
-        {
+        if (all) {
             delayq::redis::delay_queue q(
                 delayq_test::queue_options(cfg.port, "bench-sq-redis-1-" + n));
             add(rs, "delayq-redis single", i, measured(cfg.port, q, {cfg.jobs, 0, 1, 0}));
         }
 #endif
-        add(ss, "delayq-sqlite single", i,
-            measured_locally(*sqlite_queue(dir.file("single-" + n + ".db")), {cfg.jobs, 0, 1, 0}));
+        for (const bool w :
+             {i % 2 != 0, i % 2 == 0})  // the plain loop and the worker, in turn first
+            add(w ? sw : ss, w ? "delayq::worker on delayq-sqlite" : "delayq-sqlite single", i,
+                measured_locally(*sqlite_queue(dir.file((w ? "worker-" : "single-") + n + ".db")),
+                                 {cfg.jobs, 0, 1, 0, w}));
+        if (!all) continue;
 #if DELAYQ_BENCH_REDIS
         {
             delayq::redis::delay_queue q(
@@ -162,8 +176,9 @@ void sqlite_beside_redis(const config& cfg) {
             measured_locally(*sqlite_queue(dir.file("batched-" + n + ".db")),
                              {cfg.batch_jobs, 0, 100, 0}));
     }
-    for (const series* s : {&rs, &ss, &rb, &sb}) s->print();
+    for (const series* s : {&rs, &ss, &sw, &rb, &sb}) s->print();
     if (!rs.runs.empty()) print_sqlite_table(rs, ss, rb, sb);
+    print_worker_beside(ss, sw, "the SQLite queue, one shared object, one worker of 4 threads");
 }
 
 // This process's resident memory in bytes (/proc/self/statm, resident pages).
@@ -237,6 +252,8 @@ int main(int argc, char** argv) {
         const int v = std::atoi(argv[i + 1]);
         if (a == "--only" && (value == "e2e" || value == "sqlite"))
             cfg.only = "e2e";
+        else if (a == "--only" && value == "worker")
+            cfg.only = "worker";
         else if (a == "--only" && (value == "reopen" || value == "sqlite-reopen"))
             cfg.only = "reopen";
         else if (a == "--jobs")
@@ -252,13 +269,13 @@ int main(int argc, char** argv) {
         else {
             std::fprintf(stderr,
                          "usage: %s [--jobs N] [--batch-jobs N] [--repeat R] [--port P] "
-                         "[--reopen-jobs N] [--only e2e|reopen]\n",
+                         "[--reopen-jobs N] [--only e2e|worker|reopen]\n",
                          argv[0]);
             return 2;
         }
     }
     const auto want = [&](const char* part) { return cfg.only.empty() || cfg.only == part; };
-    if (want("e2e")) {
+    if (want("e2e") || cfg.only == "worker") {
 #if DELAYQ_BENCH_REDIS
         std::unique_ptr<delayq_test::redis_server> own;
         if (cfg.port == 0) {
