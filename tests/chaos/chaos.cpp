@@ -1,15 +1,16 @@
 // delayq_chaos: the job queues as production runs them, checked from the processes' own logs.
 //
 // For each backend (chaos_backends.hpp) and each round: a fresh store (a new SQLite file that no
-// one has created yet, a new redis-server), then 2 producers, 4 consumers, a canceller and 2
-// openers started at the same moment (each a process of its own, released together by one pipe),
-// so that they race to create the queue. For the round's seconds a monkey picks a random process
-// every 0.15-1 s and kills it with SIGKILL (or, one time in three, stops it with SIGTERM: it
-// closes its queue and exits) and starts it again, at once or up to 1.5 s later; poison jobs end
-// their consumers, which are started again too. Then every process is killed, a drainer empties
-// the queue (poison jobs go on until they are dead), the store's state is read (jobs left, dead
-// letters, the file's integrity), and chaos_check.hpp judges the logs (chaos_worker.hpp says what
-// each process does and logs). The queues run with lease 500 ms and max_attempts 3.
+// one has created yet, a new redis-server), then 2 producers, 4 consumers (the last of them runs
+// a delayq::worker), a canceller and 2 openers started at the same moment (each a process of its
+// own, released together by one pipe), so that they race to create the queue. For the round's
+// seconds a monkey picks a random process every 0.15-1 s and kills it with SIGKILL (or, one time in
+// three, stops it with SIGTERM: it closes its queue and exits) and starts it again, at once or up
+// to 1.5 s later; poison jobs end their consumers, which are started again too. Then every process
+// is killed, a drainer empties the queue (poison jobs go on until they are dead), the store's state
+// is read (jobs left, dead letters, the file's integrity), and chaos_check.hpp judges the logs
+// (chaos_worker.hpp says what each process does and logs). The queues run with lease 500 ms and
+// max_attempts 3.
 //
 //   delayq_chaos run [--backend NAME|all] [--seconds S] [--round R] [--seed N] [--dir D] [--keep]
 //                    [--server-kills] [--server-stalls] [--connection-kills] [--timeout MS]
@@ -303,8 +304,10 @@ class orchestrator {
             std::to_string(o_.qs.lease.count()), "--max-attempts",
             std::to_string(o_.qs.max_attempts), "--timeout",
             std::to_string(o_.qs.call_timeout.count()), "--threads",
-            // Two consumers run two threads over one queue object.
-            c.role == "consumer" && c.index < 2 ? "2" : "1", "--go-fd", std::to_string(go_fd)};
+            // Two consumers run two threads over one queue object; the last runs a
+            // delayq::worker with two handler threads.
+            c.role == "consumer" && (c.index < 2 || c.index == 3) ? "2" : "1", "--worker",
+            c.role == "consumer" && c.index == 3 ? "1" : "0", "--go-fd", std::to_string(go_fd)};
         std::vector<char*> argv;
         for (auto& a : args) argv.push_back(a.data());
         argv.push_back(nullptr);
@@ -629,6 +632,7 @@ int main(int argc, char** argv) {
             a.qs.max_attempts = static_cast<unsigned>(std::stoul(get("--max-attempts", "3")));
             a.qs.call_timeout = std::chrono::milliseconds(std::stoll(get("--timeout", "10000")));
             a.threads = std::max(1, std::stoi(get("--threads", "1")));
+            a.run_worker = get("--worker", "0") == "1";
             return work(get("--backend", ""), a, std::stoi(get("--go-fd", "-1")));
         }
     } catch (const std::exception& e) {

@@ -15,6 +15,11 @@
 //   the job's due time proves the store handed it out early.
 // - Ids are never put twice (each process incarnation makes its own), so every event of an id is
 //   about one job.
+// - A lease's end moves with each extend() that returned true: the store ran it at a moment
+//   between its begin and end stamps, so the new end lies between begin + lease and end + lease
+//   (less 1 ms: a store may read its clock in whole ms). The processes only ever extend by the
+//   queue's lease or more, after the take, so an extend of unknown outcome can only have made a
+//   lease longer: the take's lease end stays a lower bound, and no upper bound is judged after it.
 // - A call's time runs from the `@` stamp of its end or fail line (taken right before the call) to
 //   that line's own stamp (taken right after it, before the line is written): nothing but the
 //   scheduler stands between the stamps and the call, and the slack allows for that.
@@ -105,8 +110,9 @@ struct call {
     const event* end = nullptr;  ///< the "-end" or "-fail" line; null: the process died in it
     bool failed = false;
     int result = -1;               ///< 0 / 1 from an "-end" line
-    unsigned long long token = 0;  ///< ack, nack
+    unsigned long long token = 0;  ///< ack, nack, extend, bury
     long long retry = 0;           ///< nack: ms
+    long long lease = 0;           ///< extend: the lease asked for, ms
     bool open() const { return end == nullptr; }
     bool ok() const { return result == 1; }
 };
@@ -119,9 +125,17 @@ struct delivery {
 };
 
 struct history {
-    std::vector<call> puts, cancels, acks, nacks;
+    std::vector<call> puts, cancels, acks, nacks, extends, buries;
     std::vector<delivery> deliveries;
     std::vector<const event*> dies;
+    /// A delayq::worker that gave a settlement up (lease_lost) right after it failed: the
+    /// failed call's line, the worker-lease-lost line, and how many times in a row it failed.
+    struct give_up {
+        const event* fail = nullptr;
+        const event* lost = nullptr;
+        long long fails = 0;
+    };
+    std::vector<give_up> gave_up;
     bool poison = false;
     long long due = 0;   ///< realtime ns before which it must not run (from put-begin)
     bool known = false;  ///< some put-begin names it
@@ -139,6 +153,7 @@ inline report check(const std::vector<std::vector<event>>& logs, const final_sta
     using detail::call;
     report r;
     std::map<std::string, detail::history> jobs;
+    std::map<int, std::string> process_of;  // log -> its process ("role index incarnation")
     long long open_takes = 0;  // takes a process died in, or that threw: deliveries nobody logged
     const event* drain_end = nullptr;  // the drainer's "drain-end 1 DEAD"
     std::vector<const event*> crashes, failures;
@@ -236,9 +251,12 @@ inline report check(const std::vector<std::vector<event>>& logs, const final_sta
         const event* opening = nullptr;  // an open-begin not yet ended
         const event* sizing = nullptr;   // a size-begin not yet ended
         // Calls begun in this process and not yet ended, by what names them.
-        std::map<std::string, call> puts, cancels, acks, nacks;
+        std::map<std::string, call> puts, cancels, acks, nacks, extends, buries;
         std::map<std::string, const event*> takes;  // seq -> take-begin
         std::map<std::string, const event*> take_ends;
+        // The last line of an ack, nack or bury of each lease ("ID TOKEN"), for worker-lease-lost.
+        std::map<std::string, const event*> last_settle;
+        std::map<std::string, long long> settle_fails;  // failures in a row, by the same key
         long long job_lines_due = 0;  // job lines the last take-end announced and not yet seen
         // The call `k` of `open` ended with `e`; an "-end" line's result is its field `at`.
         const auto finish = [&](std::map<std::string, call>& open, const std::string& k,
@@ -260,6 +278,7 @@ inline report check(const std::vector<std::vector<event>>& logs, const final_sta
             off_max = std::max(off_max, e.real - e.mono);
             const std::string& k = e.kind;
             if (k == "start" && e.num(4) > 0) timeout = e.num(4) * 1'000'000LL;
+            if (k == "start") process_of[e.file] = e.at(0) + ' ' + e.at(1) + ' ' + e.at(2);
             if (k != "job" && job_lines_due > 0) {
                 // The process died in the middle of writing a take's lines (a write cut short by
                 // SIGKILL): deliveries that no line names, as from a take it died in.
@@ -294,6 +313,34 @@ inline report check(const std::vector<std::vector<event>>& logs, const final_sta
             } else if (k == "nack-end" || k == "nack-fail") {
                 finish(nacks, detail::key2(e.at(0), e.at(1)), e, k == "nack-fail", 2,
                        jobs[e.at(0)].nacks);
+            } else if (k == "extend-begin") {
+                call c{&e};
+                c.token = e.unum(1);
+                c.lease = e.num(2);
+                extends[detail::key2(e.at(0), e.at(1))] = c;
+            } else if (k == "extend-end" || k == "extend-fail") {
+                finish(extends, detail::key2(e.at(0), e.at(1)), e, k == "extend-fail", 2,
+                       jobs[e.at(0)].extends);
+            } else if (k == "bury-begin") {
+                call c{&e};
+                c.token = e.unum(1);
+                buries[detail::key2(e.at(0), e.at(1))] = c;
+            } else if (k == "bury-end" || k == "bury-fail") {
+                finish(buries, detail::key2(e.at(0), e.at(1)), e, k == "bury-fail", 2,
+                       jobs[e.at(0)].buries);
+            } else if (k == "worker-retry") {
+                r.counts["worker: retries (handler threw)"]++;
+            } else if (k == "worker-dead") {
+                r.counts["worker: dead letters (dead_letter or last attempt)"]++;
+            } else if (k == "worker-lease-lost") {
+                r.counts["worker: leases lost"]++;
+                const auto it = last_settle.find(detail::key2(e.at(0), e.at(1)));
+                if (it != last_settle.end() && it->second->kind.ends_with("-fail"))
+                    jobs[e.at(0)].gave_up.push_back(
+                        {it->second, &e, settle_fails[detail::key2(e.at(0), e.at(1))]});
+            } else if (k == "handler-end") {
+                r.counts["worker: handlers ended, " + e.at(2)]++;
+                if (e.num(3) > 0) r.counts["worker: handlers that ran past their first lease"]++;
             } else if (k == "take-begin") {
                 takes[e.at(0)] = &e;
             } else if (k == "take-end" || k == "take-fail") {
@@ -350,6 +397,12 @@ inline report check(const std::vector<std::vector<event>>& logs, const final_sta
                 time_call(sizing, e, 0);
                 sizing = nullptr;
             }
+            if (k.starts_with("ack-") || k.starts_with("nack-") || k.starts_with("bury-")) {
+                const std::string key = detail::key2(e.at(0), e.at(1));
+                last_settle[key] = &e;
+                if (k.ends_with("-fail")) ++settle_fails[key];
+                if (k.ends_with("-end")) settle_fails[key] = 0;
+            }
             if (k.size() > 5 && k.compare(k.size() - 5, 5, "-fail") == 0) {
                 if (const char* why = excuse(e))
                     r.counts[std::string("calls failed by a ") + why]++;
@@ -362,6 +415,8 @@ inline report check(const std::vector<std::vector<event>>& logs, const final_sta
         for (auto& [key, c] : cancels) jobs[key].cancels.push_back(c);
         for (auto& [key, c] : acks) jobs[key.substr(0, key.find(' '))].acks.push_back(c);
         for (auto& [key, c] : nacks) jobs[key.substr(0, key.find(' '))].nacks.push_back(c);
+        for (auto& [key, c] : extends) jobs[key.substr(0, key.find(' '))].extends.push_back(c);
+        for (auto& [key, c] : buries) jobs[key.substr(0, key.find(' '))].buries.push_back(c);
         open_takes += static_cast<long long>(takes.size()) + (job_lines_due > 0 ? 1 : 0);
     }
     r.counts["takes a process died in or that threw"] = open_takes;
@@ -404,7 +459,7 @@ inline report check(const std::vector<std::vector<event>>& logs, const final_sta
     const unsigned max = cs.max_attempts;
     for (auto& [id, h] : jobs) {
         std::vector<const event*> all;  // every line about the job, for the evidence
-        for (auto* v : {&h.puts, &h.cancels, &h.acks, &h.nacks})
+        for (auto* v : {&h.puts, &h.cancels, &h.acks, &h.nacks, &h.extends, &h.buries})
             for (const call& c : *v) {
                 all.push_back(c.begin);
                 if (c.end) all.push_back(c.end);
@@ -441,12 +496,23 @@ inline report check(const std::vector<std::vector<event>>& logs, const final_sta
                 "queued",
                 all);
 
-        std::vector<const call*> acked, settled;
+        // The calls that need the lease and returned true: ack, nack, bury (which let it go)
+        // and extend (which keeps it).
+        std::vector<const call*> acked, settled, buried;
         for (const call& c : h.acks)
             if (c.ok()) acked.push_back(&c), settled.push_back(&c);
         for (const call& c : h.nacks)
             if (c.ok()) settled.push_back(&c);
+        for (const call& c : h.buries)
+            if (c.ok()) buried.push_back(&c), settled.push_back(&c);
+        for (const call& c : h.extends)
+            if (c.ok()) settled.push_back(&c);
         r.counts["acks returned true"] += static_cast<long long>(acked.size());
+        r.counts["buries returned true"] += static_cast<long long>(buried.size());
+        for (const call& c : h.extends) {
+            if (c.ok()) r.counts["extends returned true"]++;
+            if (c.result == 0) r.counts["extends returned false"]++;
+        }
         if (acked.size() > 1) add("acked-twice", id, "two acks returned true", all);
 
         // cancel() returned true after the put returned: nothing may hand it out or settle it
@@ -467,7 +533,8 @@ inline report check(const std::vector<std::vector<event>>& logs, const final_sta
             for (const call* s : settled)
                 if (s->begin->mono > c.end->mono)
                     add("settled-after-cancel", id,
-                        "an ack or nack that began after cancel() returned true returned true",
+                        "an ack, nack, extend or bury that began after cancel() returned true "
+                        "returned true",
                         {c.begin, c.end, s->begin, s->end});
             if (queued || dead)
                 add("cancelled-came-back", id,
@@ -489,25 +556,145 @@ inline report check(const std::vector<std::vector<event>>& logs, const final_sta
                     all);
         }
 
-        // Fencing: a settle that returned true must hold the newest lease.
+        for (const call* b : buried) {
+            for (const auto& d : h.deliveries)
+                if (d.begin->mono > b->end->mono)
+                    add("buried-came-back", id,
+                        "handed out by a take that began after bury() returned true",
+                        {b->begin, b->end, d.begin, d.line});
+            if (end.read && (queued || !dead))
+                add("buried-came-back", id,
+                    std::string("bury() returned true, yet it is ") +
+                        (queued ? "queued" : "not among the dead letters") + " at the end",
+                    all);
+        }
+
+        // Fencing: a call that needs the lease and returned true must hold the newest lease.
         for (const call* s : settled)
             for (const auto& d : h.deliveries)
                 if (d.token > s->token && d.line->mono < s->begin->mono)
                     add("fencing", id,
-                        "an ack or nack with token " + std::to_string(s->token) +
+                        "an ack, nack, extend or bury with token " + std::to_string(s->token) +
                             " returned true after a newer lease (token " + std::to_string(d.token) +
                             ") had been handed out",
                         {d.begin, d.line, s->begin, s->end});
 
-        // A settle that began after its lease ended (by the store's clock) must be refused.
+        // What the logs prove of a lease's end, by the store's clock, as its extends moved it.
+        // The chaos never shortens a lease (an extend asks for the queue's lease or more, after
+        // the take), so an extend of unknown outcome can only have made it longer.
+        // - At least: the take's lease end, or a successful extend's begin stamp + its lease (the
+        //   store read its clock after the call began; - 1 ms: it reads it in whole ms).
+        // - At most, for a call that began at `before` (mono): the take's lease end, or a
+        //   successful extend's end stamp + its lease, of the extends begun before; none if an
+        //   extend of unknown outcome began before.
+        constexpr long long store_ms = 1'000'000;
+        const auto lease_at_least = [&](const detail::delivery& d, const call* x) {
+            return std::max(d.lease, x->begin->real - store_ms + x->lease * 1'000'000LL);
+        };
+        const auto lease_at_most = [&](const detail::delivery& d, const call& c) {
+            long long most = d.lease;
+            for (const call& x : h.extends) {
+                if (&x == &c || x.token != d.token || x.begin->mono >= c.begin->mono ||
+                    x.result == 0)
+                    continue;
+                if (!x.ok()) return LLONG_MAX;
+                most = std::max(most, x.end->real + x.lease * 1'000'000LL);
+            }
+            return most;
+        };
+
+        // A call that needs the lease and began after it ended (by the store's clock) must be
+        // refused.
         for (const call* s : settled)
             for (const auto& d : h.deliveries)
-                if (d.token == s->token && s->begin->real >= d.lease)
+                if (const long long most = lease_at_most(d, *s);
+                    d.token == s->token && s->begin->real >= most)
                     add("settled-after-lease", id,
-                        "an ack or nack that began " +
-                            std::to_string((s->begin->real - d.lease) / 1000) +
-                            " us after its lease ended returned true",
+                        "an ack, nack, extend or bury that began " +
+                            std::to_string((s->begin->real - most) / 1000) +
+                            " us after its lease ended (as its take and extends reported) "
+                            "returned true",
                         {d.begin, d.line, s->begin, s->end});
+
+        // A lease that held is not refused: a call that ended before the lease could have
+        // ended (its take's lease, or a successful extend's) returns true, unless something let
+        // it go first (an ack, nack or bury of it not refused, a cancel not refused).
+        for (const auto& d : h.deliveries)
+            for (auto* v : {&h.acks, &h.nacks, &h.extends, &h.buries})
+                for (const call& c : *v) {
+                    if (c.token != d.token || c.result != 0) continue;
+                    long long least = d.lease;
+                    const call* by = nullptr;
+                    for (const call& x : h.extends)
+                        if (x.token == d.token && x.ok() && x.end->mono < c.begin->mono &&
+                            lease_at_least(d, &x) > least)
+                            least = lease_at_least(d, &x), by = &x;
+                    if (c.end->real >= least) continue;
+                    bool let_go = false;
+                    for (auto* w : {&h.acks, &h.nacks, &h.buries})
+                        for (const call& o : *w)
+                            let_go |= &o != &c && o.token == d.token && o.result != 0 &&
+                                      o.begin->mono < c.end->mono;
+                    for (const call& o : h.cancels)
+                        let_go |= o.result != 0 && o.begin->mono < c.end->mono;
+                    if (let_go) continue;
+                    std::vector<const event*> ev{d.begin, d.line, c.begin, c.end};
+                    if (by) ev.insert(ev.end(), {by->begin, by->end});
+                    add("refused-while-held", id,
+                        c.begin->kind.substr(0, c.begin->kind.find('-')) + " returned false " +
+                            std::to_string((least - c.end->real) / 1000) +
+                            " us before its lease could have ended (" +
+                            (by ? "as an extend that returned true made it" : "as its take said") +
+                            "), with nothing that let it go",
+                        ev);
+                }
+
+        // A worker tries a settlement that failed again while the lease holds: after the n-th
+        // failure in a row it waits min(50 ms * 2^(n-1), 1 s), and gives up if the lease would
+        // have ended by then. One that it gave up (lease_lost) right after a failure, when the
+        // lease still held longer than that wait, as its take or an extend that returned true
+        // before the failure proves, left a job it could still settle to come back at its
+        // lease's end.
+        for (const auto& [fail, lost, fails] : h.gave_up)
+            for (const auto& d : h.deliveries) {
+                if (d.token != fail->unum(1)) continue;
+                long long least = d.lease;
+                const call* by = nullptr;
+                for (const call& x : h.extends)
+                    if (x.token == d.token && x.ok() && x.end->mono < fail->mono &&
+                        lease_at_least(d, &x) > least)
+                        least = lease_at_least(d, &x), by = &x;
+                long long wait = 50'000'000LL;  // ns
+                for (long long n = 1; n < fails && wait < 1'000'000'000LL; ++n) wait *= 2;
+                wait = std::min(wait, 1'000'000'000LL);
+                if (lost->real + wait + store_ms >= least) continue;
+                std::vector<const event*> ev{d.begin, d.line, fail, lost};
+                if (by) ev.insert(ev.end(), {by->begin, by->end});
+                add("worker-gave-up", id,
+                    "the worker gave a failed " + fail->kind.substr(0, fail->kind.find('-')) +
+                        " up (lease_lost) " + std::to_string((least - lost->real) / 1'000'000) +
+                        " ms before its lease could have ended (" +
+                        (by ? "as an extend that returned true made it" : "as its take said") +
+                        "), without trying it again",
+                    ev);
+            }
+
+        // The worker settles nothing whose lease it saw refused (its handler may still run).
+        const auto same_process = [&](const event& a, const event& b) {
+            const auto pa = process_of.find(a.file), pb = process_of.find(b.file);
+            if (pa == process_of.end() || pb == process_of.end()) return a.file == b.file;
+            return pa->second == pb->second;
+        };
+        for (const call& x : h.extends) {
+            if (x.result != 0) continue;
+            for (auto* v : {&h.acks, &h.nacks, &h.buries})
+                for (const call& c : *v)
+                    if (c.token == x.token && same_process(*c.begin, *x.begin) &&
+                        c.begin->mono > x.end->mono)
+                        add("settled-lost-lease", id,
+                            "settled by its holder after an extend of its lease was refused",
+                            {x.begin, x.end, c.begin});
+        }
 
         // Deliveries: one lease at a time, each an attempt, never early.
         std::set<unsigned long long> doubled;  // leases already reported as handed out twice
@@ -561,6 +748,36 @@ inline report check(const std::vector<std::vector<event>>& logs, const final_sta
                         {p.begin, p.line, d.begin, d.line});
                 }
             }
+            // An extended lease is not handed to a second holder: an extend of an earlier lease
+            // that returned true ran at a moment T >= its begin stamp (store's clock), when that
+            // lease still held, so nothing newer had been handed out, and it made the lease end
+            // at T + its lease. A later lease handed out (its take's end stamp) before the begin
+            // stamp + the lease broke one or the other, unless the holder let it go (an ack, nack
+            // or bury not refused, begun before the take returned). A holder killed meanwhile
+            // changes nothing: its lease ends when the extend said.
+            for (std::size_t j = 0; j < i; ++j) {
+                const auto& p = h.deliveries[j];
+                if (p.token == d.token || doubled.count(p.token)) continue;
+                for (const call& x : h.extends) {
+                    if (x.token != p.token || !x.ok()) continue;
+                    const long long least = lease_at_least(p, &x);
+                    if (d.line->real >= least) continue;
+                    bool let_go = false;
+                    for (auto* v : {&h.acks, &h.nacks, &h.buries})
+                        for (const call& c : *v)
+                            let_go |=
+                                c.token == p.token && c.result != 0 && c.begin->mono < d.line->mono;
+                    if (let_go) continue;
+                    doubled.insert(p.token);
+                    add("double-lease-extended", id,
+                        "handed out again " + std::to_string((least - d.line->real) / 1000) +
+                            " us before the end of a lease that an extend (" +
+                            std::to_string(x.lease) + " ms, returned true) had moved (token " +
+                            std::to_string(p.token) + "), which no ack, nack or bury had let go",
+                        {p.begin, p.line, x.begin, x.end, d.begin, d.line});
+                    break;
+                }
+            }
         }
         if (max > 0 && h.deliveries.size() > max)
             add("too-many-deliveries", id,
@@ -568,7 +785,14 @@ inline report check(const std::vector<std::vector<event>>& logs, const final_sta
                     std::to_string(max),
                 all);
 
-        if (dead && max > 0) {
+        // bury() sends a job to the dead letters before max_attempts: a job whose bury returned
+        // true, or may have been applied (it threw, or its process died in it), may be dead
+        // after fewer attempts.
+        const bool maybe_buried = std::any_of(h.buries.begin(), h.buries.end(), [](const call& c) {
+            return c.ok() || c.open() || c.failed;
+        });
+        if (dead && maybe_buried) r.counts["dead by bury()"]++;
+        if (dead && max > 0 && !maybe_buried) {
             long long seen = 0;
             for (const auto& d : h.deliveries) seen = std::max(seen, d.attempts);
             const long long recorded = dead_it->second;

@@ -25,10 +25,22 @@
 //   job SEQ ID ATTEMPTS TOKEN DEADLINE_NS LEASE_NS   one job handed out
 //   ack-begin ID TOKEN | ack-end ID TOKEN 0|1
 //   nack-begin ID TOKEN RETRY_MS | nack-end ID TOKEN 0|1
+//   extend-begin ID TOKEN LEASE_MS | extend-end ID TOKEN 0|1
+//   bury-begin ID TOKEN | bury-end ID TOKEN 0|1
+//   handler-begin ID TOKEN                        a delayq::worker's handler began (the worker
+//   handler-end ID TOKEN HOW PAST                 consumer); it ended: HOW return, throw,
+//                                                 dead-letter, retry-in or stopped (its stop token
+//                                                 requested); PAST 1 if after the take's lease end
+//   worker-retry ID TOKEN DELAY_MS REASON         the worker's hooks: retrying, dead_lettered,
+//   worker-dead ID TOKEN REASON                   lease_lost, call_failed
+//   worker-lease-lost ID TOKEN
+//   worker-call-failed MESSAGE
+//   worker-stop-begin | worker-stop-end DONE RETRIED DEAD LOST RELEASED
+//                                                 SIGTERM: stop() called / returned (counters())
 //   die ID                                        a poison job: the process ends itself now
 //   size-begin - | size-end - N                   size() (an opener's, the drainer's)
 //   <call>-fail ... CLASS MESSAGE                 a call threw (open, put, cancel, take, ack, nack,
-//                                                 size)
+//                                                 extend, bury, size)
 //   drain-end COMPLETE [DEAD]                     the drainer saw the queue empty (1; then
 //                                                 dead_size() too) or gave up (0)
 //   kill NAME PID | stop NAME PID | crash NAME WHAT      the orchestrator's own log
@@ -40,11 +52,11 @@
 //   connection-kill | connection-kill-end N       every client connection killed (N of them)
 //   connection-kill-error MESSAGE                 the kill could not be made
 //
-// Every "-end" and "-fail" line of a call (open, put, cancel, take, ack, nack, size) carries the
-// moment the call itself began, `@MONO` (CLOCK_MONOTONIC ns, read after its "-begin" line was
-// durable): the last field of an "-end" line, the field before CLASS of a "-fail" line. The
-// judge times the call from there to the line's own stamp (a line without it: from the "-begin"
-// line's stamp).
+// Every "-end" and "-fail" line of a call (open, put, cancel, take, ack, nack, extend, bury, size)
+// carries the moment the call itself began, `@MONO` (CLOCK_MONOTONIC ns, read after its "-begin"
+// line was durable): the last field of an "-end" line, the field before CLASS of a "-fail" line.
+// The judge times the call from there to the line's own stamp (a line without it: from the
+// "-begin" line's stamp).
 #pragma once
 
 #include <fcntl.h>

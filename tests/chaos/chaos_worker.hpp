@@ -6,10 +6,15 @@
 //              job in 30 is poison (payload "poison")
 //   consumer   take / take_many (waiting or not); a poison job ends the process at once, after
 //              its take is logged (_exit or SIGKILL to itself); the others are acked (some twice,
-//              some after their lease ended), acked in batches, nacked, or left to their lease.
-//              With --threads N, N threads do so over one queue object (its connections shared
-//              as a multi-threaded service shares them), each thread with a log of its own
-//              (consumer-I.J.tK.log for K > 0), so the judge sees each thread as a process
+//              some after their lease ended, some after an extend() carried them past it), acked
+//              in batches, nacked, or left to their lease. With --threads N, N threads do so over
+//              one queue object (its connections shared as a multi-threaded service shares them),
+//              each thread with a log of its own (consumer-I.J.tK.log for K > 0), so the judge
+//              sees each thread as a process. With --worker, a delayq::worker runs the handler
+//              below over the queue instead (--threads handlers at once, and its lease keeper),
+//              each of its threads with a log of its own, every call of the worker logged by a
+//              wrapper of the queue (logged_queue); SIGTERM stops the worker (it drains), then the
+//              process closes its queue and exits, as for a deploy
 //   canceller  reads the other processes' logs and cancels ids at random: leased ones, due ones
 //              no take has named yet (what a consumer may keep for its next take), waiting ones,
 //              and old ones (most already gone)
@@ -29,14 +34,20 @@
 #include <csignal>
 #include <cstdlib>
 #include <delayq/job_queue.hpp>
+#include <delayq/worker.hpp>
 #include <exception>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <set>
+#include <span>
+#include <stop_token>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <typeinfo>
 #include <vector>
@@ -57,6 +68,7 @@ struct worker_args {
     queue_settings qs;
     long long drain_ms = 30'000;  ///< drainer: give up after this long
     int threads = 1;              ///< consumer: threads over its one queue object
+    bool run_worker = false;      ///< consumer: a delayq::worker runs the handler
 };
 
 /// A poison job's consumer ends with this status (or SIGKILL); a failed open with open_failed.
@@ -76,6 +88,144 @@ inline std::string class_of(const std::exception& e) {
     std::free(d);
     return out;
 }
+
+/// A job queue that logs what a delayq::worker does with it, in the consumers' format: each
+/// thread that calls it writes a log of its own (NAME.tK.log, made at its first call), so that
+/// the judge sees each of the worker's threads as a process. Takes, acks, nacks, extends and
+/// buries are logged; the rest is passed through.
+template <class B>
+class logged_queue {
+    using inner = typename B::queue;
+    using ms = std::chrono::milliseconds;
+
+  public:
+    using job = delayq::job_type_t<inner>;
+    using put_request = delayq::put_request_t<inner>;
+
+    /// `name`: the process's log name (role-I.J); `start`: the start line's fields but THREAD.
+    logged_queue(std::shared_ptr<inner> q, std::string dir, std::string name, line start)
+        : q_(std::move(q)),
+          dir_(std::move(dir)),
+          name_(std::move(name)),
+          start_(std::move(start)) {}
+
+    /// The log of the calling thread.
+    log_writer& log() {
+        thread_local std::map<const logged_queue*, log_writer*> mine;
+        if (auto it = mine.find(this); it != mine.end()) return *it->second;
+        std::lock_guard g(m_);
+        const int k = static_cast<int>(logs_.size()) + 1;
+        logs_.push_back(
+            std::make_unique<log_writer>(dir_ + "/" + name_ + ".t" + std::to_string(k) + ".log"));
+        log_writer& w = *logs_.back();
+        line l = start_;
+        w.write(l << k);
+        mine[this] = &w;
+        return w;
+    }
+
+    const auto& get_options() const noexcept { return q_->get_options(); }
+
+    std::optional<job> take(ms wait, std::stop_token stop = {}) {
+        log_writer& log = this->log();
+        const long long seq = takes_++;
+        log.write(line("take-begin") << seq << 1 << static_cast<long long>(wait.count()));
+        std::optional<job> j;
+        const stamp c = now();
+        try {
+            j = q_->take(wait, stop);
+        } catch (const std::exception& x) {
+            log.write(line("take-fail") << seq << began(c) << class_of(x) << x.what());
+            throw;
+        }
+        const stamp e = now();
+        std::vector<line> ls;
+        ls.push_back(line("take-end") << seq << (j ? 1 : 0) << began(c));
+        if (j)
+            ls.push_back(line("job") << seq << std::string_view(j->id) << j->attempts
+                                     << static_cast<unsigned long long>(j->token) << ns(j->deadline)
+                                     << ns(j->lease_deadline));
+        log.write(e, ls);
+        return j;
+    }
+    // The worker takes one job at a time: take_many is a take, for the concept.
+    std::vector<job> take_many(std::size_t n, ms wait, std::stop_token stop = {}) {
+        std::vector<job> out;
+        if (n > 0)
+            if (auto j = take(wait, stop)) out.push_back(std::move(*j));
+        return out;
+    }
+
+    bool ack(const job& j) {
+        return settle("ack", j, {}, [&] { return q_->ack(j); });
+    }
+    bool nack(const job& j, ms retry) {
+        return settle("nack", j, static_cast<long long>(retry.count()),
+                      [&] { return q_->nack(j, retry); });
+    }
+    bool extend(const job& j, ms lease) {
+        return settle("extend", j, static_cast<long long>(lease.count()),
+                      [&] { return q_->extend(j, lease); });
+    }
+    bool bury(const job& j) {
+        return settle("bury", j, {}, [&] { return q_->bury(j); });
+    }
+    std::vector<bool> ack_many(std::span<const job> js) {
+        std::vector<bool> out;
+        for (const auto& j : js) out.push_back(ack(j));
+        return out;
+    }
+
+    // Not used by the worker: passed through.
+    bool put(std::string_view id, std::string_view p, std::chrono::system_clock::time_point at) {
+        return q_->put(id, p, at);
+    }
+    bool put_after(std::string_view id, std::string_view p, ms d) {
+        return q_->put_after(id, p, d);
+    }
+    std::vector<bool> put_many(std::span<const put_request> rs) { return q_->put_many(rs); }
+    bool cancel(std::string_view id) { return q_->cancel(id); }
+    bool reschedule(std::string_view id, ms d) { return q_->reschedule(id, d); }
+    std::size_t size() { return q_->size(); }
+    std::size_t dead_size() { return q_->dead_size(); }
+
+    static long long ns(std::chrono::system_clock::time_point tp) {
+        return std::chrono::duration_cast<std::chrono::nanoseconds>(tp.time_since_epoch()).count();
+    }
+
+  private:
+    // KIND-begin ID TOKEN [ARG], then KIND-end ID TOKEN 0|1 @MONO or KIND-fail (rethrown).
+    template <class F>
+    bool settle(const char* kind, const job& j, std::optional<long long> arg, F call) {
+        log_writer& log = this->log();
+        const std::string k = kind;
+        line b(k + "-begin");
+        b << std::string_view(j.id) << static_cast<unsigned long long>(j.token);
+        if (arg) b << *arg;
+        log.write(b);
+        const stamp c = now();
+        try {
+            const bool ok = call();
+            const stamp e = now();
+            log.write(e, line(k + "-end")
+                             << std::string_view(j.id) << static_cast<unsigned long long>(j.token)
+                             << (ok ? 1 : 0) << began(c));
+            return ok;
+        } catch (const std::exception& x) {
+            log.write(line(k + "-fail")
+                      << std::string_view(j.id) << static_cast<unsigned long long>(j.token)
+                      << began(c) << class_of(x) << x.what());
+            throw;
+        }
+    }
+
+    std::shared_ptr<inner> q_;
+    std::string dir_, name_;
+    line start_;
+    std::mutex m_;
+    std::vector<std::unique_ptr<log_writer>> logs_;
+    std::atomic<long long> takes_{0};
+};
 
 template <class B>
 class worker {
@@ -102,6 +252,7 @@ class worker {
         if (a_.role == "opener") return open_and_close();
         if (!open()) return open_failed;
         if (a_.role == "drainer") return drain();
+        if (a_.role == "consumer" && a_.run_worker) return run_worker();
         if (a_.role == "consumer" && a_.threads > 1) {
             std::vector<std::unique_ptr<worker>> others;
             std::vector<std::thread> ts;
@@ -353,6 +504,26 @@ class worker {
         ::_exit(poison_exit);
     }
 
+    // extend(), logged; false if it was refused or threw.
+    bool extend(const job& j, long long lease) {
+        log_.write(line("extend-begin")
+                   << std::string_view(j.id) << static_cast<unsigned long long>(j.token) << lease);
+        const stamp c = now();
+        try {
+            const bool ok = q_->extend(j, ms(lease));
+            const stamp e = now();
+            log_.write(e, line("extend-end")
+                              << std::string_view(j.id) << static_cast<unsigned long long>(j.token)
+                              << (ok ? 1 : 0) << began(c));
+            return ok;
+        } catch (const std::exception& x) {
+            log_.write(line("extend-fail")
+                       << std::string_view(j.id) << static_cast<unsigned long long>(j.token)
+                       << began(c) << class_of(x) << x.what());
+            return false;
+        }
+    }
+
     void consume() {
         const bool many = chance(35);
         const auto want = many ? static_cast<std::size_t>(uniform(2, 8)) : std::size_t{1};
@@ -363,14 +534,26 @@ class worker {
         std::vector<job> batch;
         const long long lease = a_.qs.lease.count();
         for (const auto& j : js) {
-            // Work: mostly short; some long enough for a cancel to land; a few past the lease.
+            // Work: mostly short; some long enough for a cancel to land; a few past the lease;
+            // some past the lease after an extend() (never a shorter lease than the queue's: the
+            // judge counts on extends only moving a lease later). A holder whose extend was
+            // refused or threw leaves the job alone, as delayq::worker does.
             const int w = static_cast<int>(uniform(0, 99));
-            if (w < 4)
+            if (w < 4) {
                 pause(lease + lease / 4, lease + lease / 2);
-            else if (w < 24)
+            } else if (w < 12) {
+                pause(lease / 4, lease / 2);
+                if (!extend(j, uniform(lease, 2 * lease))) continue;
+                pause(lease / 2 + lease / 4, lease + lease / 4);
+                if (chance(30)) {
+                    if (!extend(j, uniform(lease, 2 * lease))) continue;
+                    pause(lease / 2, lease);
+                }
+            } else if (w < 28) {
                 pause(50, lease / 2);
-            else
+            } else {
                 pause(0, 20);
+            }
             const int how = static_cast<int>(uniform(0, 99));
             if (how < 60) {
                 ack(j);
@@ -384,6 +567,94 @@ class worker {
             }  // else: left to its lease, as a consumer that lost track of it
         }
         ack_many(batch);
+    }
+
+    // ---- a consumer that runs delayq::worker ---------------------------------------------------
+
+    // A delayq::worker over the queue (logged_queue logs its calls, a log per thread) with
+    // --threads handlers, until SIGTERM: then stop() (it drains), close, exit 0. Its handler runs
+    // mostly short, sometimes past the lease (the worker extends it), then returns (ack), throws
+    // (a nack, retry policy 10 ms doubling to 200 ms), throws dead_letter (bury) or retry_in; a
+    // poison job ends the process in the middle of its handler.
+    int run_worker() {
+        using wjob = typename logged_queue<B>::job;
+        logged_queue<B> lq(q_, a_.log_dir, name_,
+                           line("start") << a_.role << a_.index << a_.incarnation << ::getpid()
+                                         << static_cast<long long>(a_.qs.call_timeout.count()));
+        const long long lease = a_.qs.lease.count();
+        const auto tag = [](line l, const wjob& j) {
+            return std::move(l << std::string_view(j.id)
+                               << static_cast<unsigned long long>(j.token));
+        };
+        delayq::worker_options o;
+        o.threads = static_cast<std::size_t>(std::max(1, a_.threads));
+        o.retry = delayq::retry_policy{ms(10), ms(200), delayq::jitter::full};
+        // Some stops find handlers running past it: their stop tokens are asked, and the worker
+        // gives their jobs back (a nack, due now).
+        o.drain_timeout = ms(uniform(0, 2 * lease));
+        o.hooks.retrying = [&](const delayq::job& j, ms d, std::string_view why) {
+            lq.log().write(tag(line("worker-retry"), j)
+                           << static_cast<long long>(d.count()) << why);
+        };
+        o.hooks.dead_lettered = [&](const delayq::job& j, std::string_view why) {
+            lq.log().write(tag(line("worker-dead"), j) << why);
+        };
+        o.hooks.lease_lost = [&](const delayq::job& j) {
+            lq.log().write(tag(line("worker-lease-lost"), j));
+        };
+        o.hooks.call_failed = [&](std::string_view what) {
+            lq.log().write(line("worker-call-failed") << what);
+        };
+        const auto handler = [&](const wjob& j, std::stop_token stop) {
+            log_writer& log = lq.log();
+            thread_local std::mt19937_64 rng(
+                a_.seed ^ std::hash<std::thread::id>{}(std::this_thread::get_id()));
+            const auto pick = [&](long long lo, long long hi) {
+                return std::uniform_int_distribution<long long>(lo, hi)(rng);
+            };
+            log.write(tag(line("handler-begin"), j));
+            if (j.payload == "poison") {
+                log.write(line("die") << std::string_view(j.id));
+                if (pick(0, 1) == 0) ::_exit(poison_exit);
+                ::kill(::getpid(), SIGKILL);
+                ::_exit(poison_exit);
+            }
+            const int w = static_cast<int>(pick(0, 99));
+            const long long work = w < 25   ? pick(lease + lease / 5, 3 * lease)
+                                   : w < 45 ? pick(50, lease / 2)
+                                            : pick(0, 20);
+            const auto until = std::chrono::steady_clock::now() + ms(work);
+            while (!stop.stop_requested()) {
+                const auto left = until - std::chrono::steady_clock::now();
+                if (left <= left.zero()) break;
+                std::this_thread::sleep_for(
+                    std::min<std::chrono::steady_clock::duration>(left, ms(10)));
+            }
+            const int how = static_cast<int>(pick(0, 99));
+            const char* what = stop.stop_requested() ? "stopped"
+                               : how < 60            ? "return"
+                               : how < 78            ? "throw"
+                               : how < 90            ? "dead-letter"
+                                                     : "retry-in";
+            const bool past = now().real > logged_queue<B>::ns(j.lease_deadline);
+            log.write(tag(line("handler-end"), j) << what << (past ? 1 : 0));
+            const std::string_view h = what;
+            if (h == "throw") throw std::runtime_error("the handler failed");
+            if (h == "dead-letter") throw delayq::dead_letter("the job can never succeed");
+            if (h == "retry-in") throw delayq::retry_in(ms(pick(0, 300)));
+        };
+        {
+            delayq::worker<logged_queue<B>> wk(lq, handler, o);
+            while (!stop_requested) std::this_thread::sleep_for(ms(10));
+            log_.write(line("worker-stop-begin"));
+            wk.stop();
+            const auto n = wk.counters();
+            log_.write(line("worker-stop-end")
+                       << static_cast<unsigned long long>(n.done) << n.retried << n.dead
+                       << n.lease_lost << n.released);
+        }
+        close();
+        return 0;
     }
 
     // ---- canceller -----------------------------------------------------------------------------

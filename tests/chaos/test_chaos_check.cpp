@@ -516,3 +516,139 @@ TEST_CASE("chaos check: calls that fail in a stall or after a connection kill ar
         CHECK(kinds_of(judge({stalled(), p}, queued("a"))) == none);
     }
 }
+
+TEST_CASE("chaos check: a second holder while an extended lease still held") {
+    // Taken with a lease to 530; extended at 400 by 500 ms: the lease holds until 899 at least
+    // (the store reads its clock in whole ms).
+    log_builder c1(1), c2(2);
+    c1(20, "take-begin 0 1 100")(30, "take-end 0 1")(30, job(0, "a", 1, 7, 0, 530))(
+        400, "extend-begin a 7 500")(410, "extend-end a 7 1");
+    SECTION("handed out again before the extended end: the holder was killed, its lease held") {
+        c2(700, "take-begin 0 1 100")(710, "take-end 0 1")(710, job(0, "a", 2, 9, 530, 1210))(
+            720, "ack-begin a 9")(730, "ack-end a 9 1");
+        CHECK(kinds({producer("a"), c1, c2}, empty_end()) ==
+              std::multiset<std::string>{"double-lease-extended"});
+    }
+    SECTION("handed out again after the extended lease ended") {
+        c2(900, "take-begin 0 1 100")(910, "take-end 0 1")(910, job(0, "a", 2, 9, 530, 1410))(
+            920, "ack-begin a 9")(930, "ack-end a 9 1");
+        CHECK(kinds({producer("a"), c1, c2}, empty_end()) == none);
+    }
+    SECTION("handed out again after its holder let it go") {
+        c1(600, "nack-begin a 7 0")(610, "nack-end a 7 1");
+        c2(700, "take-begin 0 1 100")(710, "take-end 0 1")(710, job(0, "a", 2, 9, 530, 1210))(
+            720, "ack-begin a 9")(730, "ack-end a 9 1");
+        CHECK(kinds({producer("a"), c1, c2}, empty_end()) == none);
+    }
+    SECTION("a refused nack lets nothing go, and was refused while the lease held") {
+        c1(600, "nack-begin a 7 0")(610, "nack-end a 7 0");
+        c2(700, "take-begin 0 1 100")(710, "take-end 0 1")(710, job(0, "a", 2, 9, 530, 1210))(
+            720, "ack-begin a 9")(730, "ack-end a 9 1");
+        CHECK(kinds({producer("a"), c1, c2}, empty_end()) ==
+              std::multiset<std::string>{"double-lease-extended", "refused-while-held"});
+    }
+    SECTION("an extend of an older lease that returned true after a newer one was handed out") {
+        log_builder late(1);
+        late(20, "take-begin 0 1 100")(30, "take-end 0 1")(30, job(0, "a", 1, 7, 0, 530))(
+            700, "extend-begin a 7 500")(710, "extend-end a 7 1");
+        c2(600, "take-begin 0 1 100")(610, "take-end 0 1")(610, job(0, "a", 2, 9, 530, 1110))(
+            800, "ack-begin a 9")(810, "ack-end a 9 1");
+        CHECK(
+            kinds({producer("a"), late, c2}, empty_end()) ==
+            std::multiset<std::string>{"double-lease-extended", "fencing", "settled-after-lease"});
+    }
+}
+
+TEST_CASE("chaos check: acks, refusals and settles around an extended lease") {
+    log_builder c(1);
+    c(20, "take-begin 0 1 100")(30, "take-end 0 1")(30, job(0, "a", 1, 7, 0, 530))(
+        400, "extend-begin a 7 500")(410, "extend-end a 7 1");
+    SECTION("an ack after the take's lease, within the extended one") {
+        c(700, "ack-begin a 7")(710, "ack-end a 7 1");
+        CHECK(kinds({producer("a"), c}, empty_end()) == none);
+    }
+    SECTION("an ack that began after the extended lease ended must be refused") {
+        c(950, "ack-begin a 7")(960, "ack-end a 7 1");
+        CHECK(kinds({producer("a"), c}, empty_end()) ==
+              std::multiset<std::string>{"settled-after-lease"});
+    }
+    SECTION("an ack refused while the extended lease held") {
+        c(700, "ack-begin a 7")(710, "ack-end a 7 0");
+        CHECK(kinds({producer("a"), c}, queued("a")) ==
+              std::multiset<std::string>{"refused-while-held"});
+        log_builder k(2);  // unless a cancel let it go
+        k(640, "cancel-begin a")(650, "cancel-end a 1");
+        CHECK(kinds({producer("a"), c, k}, empty_end()) == none);
+    }
+    SECTION("an extend that began after the lease ended must be refused") {
+        c(950, "extend-begin a 7 500")(960, "extend-end a 7 1");
+        CHECK(kinds({producer("a"), c}, queued("a")) ==
+              std::multiset<std::string>{"settled-after-lease"});
+    }
+    SECTION("an extend of unknown outcome may have moved the lease: nothing judged after it") {
+        c(600, "extend-begin a 7 500")(610, "extend-fail a 7 @0 delayq::unavailable_error x");
+        c(1200, "ack-begin a 7")(1210, "ack-end a 7 1");
+        CHECK(kinds({producer("a"), c}, empty_end()).count("settled-after-lease") == 0);
+    }
+}
+
+TEST_CASE("chaos check: bury, and a holder that settles after its extend was refused") {
+    log_builder c(1);
+    c(20, "take-begin 0 1 100")(30, "take-end 0 1")(30, job(0, "a", 1, 7, 0, 530));
+    SECTION("buried: dead after one attempt is no violation") {
+        c(100, "bury-begin a 7")(110, "bury-end a 7 1");
+        CHECK(kinds({producer("a"), c}, dead("a", 1)) == none);
+        CHECK(kinds({producer("a"), c}, dead("a", -1)) == none);
+        CHECK(kinds({producer("a"), c}, queued("a")) ==
+              std::multiset<std::string>{"buried-came-back"});
+        log_builder c2(2);
+        c2(700, "take-begin 0 1 100")(710, "take-end 0 1")(710, job(0, "a", 2, 9, 0, 1210));
+        CHECK(kinds({producer("a"), c, c2}, dead("a", 1)) ==
+              std::multiset<std::string>{"buried-came-back"});
+    }
+    SECTION("dead after one attempt without a bury is too early") {
+        CHECK(kinds({producer("a"), c}, dead("a", 1)) ==
+              std::multiset<std::string>{"dead-too-early"});
+        c(100, "bury-begin a 7");  // killed in the bury: it may have been applied
+        CHECK(kinds({producer("a"), c}, dead("a", 1)) == none);
+    }
+    SECTION("settled after an extend was refused") {
+        log_builder k(2);
+        k(300, "cancel-begin a")(310, "cancel-end a 1");
+        c(400, "extend-begin a 7 500")(410, "extend-end a 7 0")(420, "ack-begin a 7")(
+            430, "ack-end a 7 0");
+        CHECK(kinds({producer("a"), c, k}, empty_end()) ==
+              std::multiset<std::string>{"settled-lost-lease"});
+    }
+}
+
+TEST_CASE("chaos check: a worker that gives a failed settlement up while its lease holds") {
+    // The lease extended at 400 holds until 899 at least; the ack fails at 610.
+    log_builder w(1);
+    w(20, "take-begin 0 1 100")(30, "take-end 0 1")(30, job(0, "a", 1, 7, 0, 530))(
+        400, "extend-begin a 7 500")(410, "extend-end a 7 1")(600, "ack-begin a 7")(
+        610, "ack-fail a 7 @0 delayq::unavailable_error gone");
+    SECTION("given up at once") {
+        w(611, "worker-lease-lost a 7");
+        CHECK(kinds({producer("a"), w}, queued("a")) ==
+              std::multiset<std::string>{"call-failed", "worker-gave-up"});
+    }
+    SECTION("tried again, then refused: the lease was lost") {
+        w(660, "ack-begin a 7")(670, "ack-end a 7 0")(671, "worker-lease-lost a 7");
+        CHECK(kinds({producer("a"), w}, queued("a")).count("worker-gave-up") == 0);
+    }
+    SECTION("given up after failures in a row, when its next wait would pass the lease's end") {
+        // Waits of 50 and 100 ms, then 200 ms would end after 899.
+        w(660, "ack-begin a 7")(670, "ack-fail a 7 @0 delayq::unavailable_error gone")(
+            770, "ack-begin a 7")(780, "ack-fail a 7 @0 delayq::unavailable_error gone")(
+            781, "worker-lease-lost a 7");
+        CHECK(kinds({producer("a"), w}, queued("a")).count("worker-gave-up") == 0);
+    }
+    SECTION("given up when the lease was about to end") {
+        log_builder late(1);
+        late(20, "take-begin 0 1 100")(30, "take-end 0 1")(30, job(0, "a", 1, 7, 0, 530))(
+            480, "ack-begin a 7")(490, "ack-fail a 7 @0 delayq::unavailable_error gone")(
+            491, "worker-lease-lost a 7");
+        CHECK(kinds({producer("a"), late}, queued("a")).count("worker-gave-up") == 0);
+    }
+}
