@@ -26,11 +26,11 @@
 // |         |         | max_attempts; bury, at once                                          |
 // clang-format on
 //
-// ack, nack, bury, extend and release need the job's current token while its lease holds (lease end > now), so
-// a holder whose lease ended, or whose job was cancelled or delivered again, is refused. A take
-// counts the attempt in the same script that leases the job, so the server has counted every
-// delivery before any user code sees the job; a release takes back an attempt that no user code
-// saw.
+// ack, nack, bury, extend and release need the job's current token while its lease holds (lease
+// end > now), so a holder whose lease ended, or whose job was cancelled or delivered again, is
+// refused. A take counts the attempt in the same script that leases the job, so the server has
+// counted every delivery before any user code sees the job; a release takes back an attempt that
+// no user code saw.
 //
 // Earlier versions. An ack of an earlier version could also lease the next due job for its
 // object's next take() ("kept": "m" = "attempts:token:hold end:lease end", its attempts not
@@ -89,9 +89,10 @@
 // (the head of `events`: the earliest due time or lease end) earlier publishes "<shard> <ms until
 // then>": put and reschedule when the job comes before the head, consume when a nack, a release
 // or an extend (to a shorter lease) makes the head earlier than it was. Nothing else can make it
-// earlier (acks, cancels and burials remove events; a take leases a job that was due, so its lease ends after the event it replaces;
-// a lease that ends is due at that same moment). So a consumer that knows a time before which
-// nothing is due (from its last script) and hears every message since never sleeps past a due job.
+// earlier (acks, cancels and burials remove events; a take leases a job that was due, so its
+// lease ends after the event it replaces; a lease that ends is due at that same moment). So a
+// consumer that knows a time before which nothing is due (from its last script) and hears every
+// message since never sleeps past a due job.
 #pragma once
 
 #include <array>
