@@ -137,7 +137,7 @@ struct worker_counters {
 template <job_queue Q>
 class worker {
   public:
-    using job_type = job_type_t<Q>;
+    using job_type = job_type_t<Q>;  ///< what the queue hands out (delayq::job)
     static_assert(std::is_convertible_v<const job_type&, const job&>,
                   "delayq::worker: the queue's job type must be delayq::job");
 
