@@ -591,9 +591,11 @@ inline report check(const std::vector<std::vector<event>>& logs, const final_sta
         const auto lease_at_least = [&](const detail::delivery& d, const call* x) {
             return std::max(d.lease, x->begin->real - store_ms + x->lease * 1'000'000LL);
         };
+        // (Not `h` itself: clang 14 cannot capture a structured binding.)
+        const auto& extends = h.extends;
         const auto lease_at_most = [&](const detail::delivery& d, const call& c) {
             long long most = d.lease;
-            for (const call& x : h.extends) {
+            for (const call& x : extends) {
                 if (&x == &c || x.token != d.token || x.begin->mono >= c.begin->mono ||
                     x.result == 0)
                     continue;
