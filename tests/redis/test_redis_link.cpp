@@ -77,7 +77,7 @@ TEST_CASE(
             o.io_timeout = timeouts[static_cast<std::size_t>(i) % timeouts.size()];
             qs.push_back(std::make_unique<delay_queue>(o));
         }
-        std::atomic<bool> stop{false};
+        std::atomic<bool> stop{false}, resets_over{false};
         std::atomic<long> started{0}, returned{0}, ok{0}, failed{0};
         std::vector<std::thread> ts;
         for (int t = 0; t < threads; ++t)
@@ -85,7 +85,13 @@ TEST_CASE(
                 delay_queue& q = *qs[static_cast<std::size_t>(t % objects)];
                 const std::string prefix =
                     "r" + std::to_string(round) + "-t" + std::to_string(t) + "-";
-                for (long i = 0; !stop.load(); ++i) {
+                // Once the resets are over, the threads of the 1 to 3 ms objects leave: on a
+                // loaded machine they fail most calls, one after the other without a pause, and
+                // 96 such threads left the server's one thread too little CPU to answer the
+                // 200 ms objects in time, for seconds (under ASan beside another test, past 10 s
+                // once). Their objects are still checked below, one call each.
+                const bool hasty = q.get_options().io_timeout < 200ms;
+                for (long i = 0; !stop.load() && !(hasty && resets_over.load()); ++i) {
                     ++started;
                     try {
                         if (i % 4 == 0) {
@@ -112,10 +118,12 @@ TEST_CASE(
             redisFree(c);
         });
         killer.join();
+        resets_over = true;
         const long ok_at_last_kill = ok.load();
-        // The load goes on without kills: calls go through again, on the shared connection.
+        // The load of the 200 ms objects goes on without kills: calls go through again, on the
+        // shared connection (in well under a second; the bound is one a user would call stuck).
         const bool recovered_under_load =
-            eventually([&] { return ok.load() > ok_at_last_kill + 100; }, 10s);
+            eventually([&] { return ok.load() > ok_at_last_kill + 100; }, 30s);
         stop = true;
         // Every call returns: none waits past its io_timeout (plus one connect).
         const bool all_returned =
