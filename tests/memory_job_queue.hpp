@@ -18,6 +18,7 @@
 #include <stop_token>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 namespace delayq_test {
@@ -51,6 +52,7 @@ class memory_job_queue {
     struct record {
         std::size_t takes = 0, acks = 0, nacks = 0, buries = 0, extends = 0, deliveries = 0;
         std::vector<milliseconds> nack_delays;
+        std::vector<std::string> reasons;  // of the nacks and buries that gave one
     };
 
     memory_job_queue() : memory_job_queue(options{}) {}
@@ -67,7 +69,7 @@ class memory_job_queue {
     bool put(std::string_view id, std::string_view payload, clock::time_point at) {
         std::lock_guard lk(m_);
         if (jobs_.count(std::string(id))) return false;
-        jobs_[std::string(id)] = entry{std::string(payload), at, at, 0, 0, false};
+        jobs_[std::string(id)] = entry{std::string(payload), at, at, 0, 0, false, {}};
         cv_.notify_all();
         return true;
     }
@@ -125,7 +127,8 @@ class memory_job_queue {
                     continue;
                 }
                 if (e.leased && opt_.max_attempts > 0 && e.attempts >= opt_.max_attempts) {
-                    dead_[id] = e.payload;
+                    e.last_error = delayq::lease_ended_reason;
+                    to_dead(it);
                     it = jobs_.erase(it);
                     continue;
                 }
@@ -152,31 +155,12 @@ class memory_job_queue {
         for (const auto& j : js) out.push_back(ack(j));
         return out;
     }
-    bool nack(const delayq::job& j, milliseconds d) {
-        return settle(
-            j,
-            [&](auto it) {
-                record_.nack_delays.push_back(d);
-                if (opt_.max_attempts > 0 && it->second.attempts >= opt_.max_attempts) {
-                    dead_[it->first] = it->second.payload;
-                    jobs_.erase(it);
-                    return;
-                }
-                it->second.leased = false;
-                it->second.at = clock::now() + std::max(d, milliseconds::zero());
-                cv_.notify_all();
-            },
-            'n');
+    bool nack(const delayq::job& j, milliseconds d) { return nack_for(j, d, nullptr); }
+    bool nack(const delayq::job& j, milliseconds d, std::string_view reason) {
+        return nack_for(j, d, &reason);
     }
-    bool bury(const delayq::job& j) {
-        return settle(
-            j,
-            [&](auto it) {
-                dead_[it->first] = it->second.payload;
-                jobs_.erase(it);
-            },
-            'b');
-    }
+    bool bury(const delayq::job& j) { return bury_for(j, nullptr); }
+    bool bury(const delayq::job& j, std::string_view reason) { return bury_for(j, &reason); }
     bool extend(const delayq::job& j, milliseconds lease) {
         if (lease < milliseconds::zero()) throw std::invalid_argument("negative lease");
         std::lock_guard lk(m_);
@@ -202,6 +186,56 @@ class memory_job_queue {
         std::lock_guard lk(m_);
         return dead_.size();
     }
+    std::optional<delayq::job_info> get(std::string_view id) {
+        std::lock_guard lk(m_);
+        if (auto it = jobs_.find(std::string(id)); it != jobs_.end()) {
+            const entry& e = it->second;
+            const bool leased = e.leased && e.at > clock::now();
+            return delayq::job_info{
+                it->first, leased ? delayq::job_state::leased : delayq::job_state::waiting,
+                e.at,      e.attempts,
+                e.payload, e.last_error};
+        }
+        if (auto it = dead_.find(std::string(id)); it != dead_.end()) return it->second;
+        return std::nullopt;
+    }
+    std::vector<delayq::job_info> dead(std::size_t max, std::string_view after = {}) {
+        std::lock_guard lk(m_);
+        std::vector<const delayq::job_info*> all;
+        for (const auto& [id, d] : dead_) all.push_back(&d);
+        std::sort(all.begin(), all.end(), [](auto* a, auto* b) {
+            return std::tie(a->time, a->id) < std::tie(b->time, b->id);
+        });
+        auto from = all.begin();
+        if (!after.empty()) {
+            from = std::find_if(all.begin(), all.end(), [&](auto* d) { return d->id == after; });
+            if (from == all.end()) return {};
+            ++from;
+        }
+        std::vector<delayq::job_info> out;
+        for (; from != all.end() && out.size() < std::min(max, delayq::max_take_many); ++from)
+            out.push_back(**from);
+        return out;
+    }
+
+    bool requeue_dead(std::string_view id, milliseconds delay) {
+        if (delay < milliseconds::zero()) throw std::invalid_argument("negative delay");
+        std::lock_guard lk(m_);
+        const auto it = dead_.find(std::string(id));
+        if (it == dead_.end() || jobs_.count(it->first)) return false;
+        const auto at = clock::now() + delay;
+        jobs_[it->first] = entry{it->second.payload, at, at, 0, 0, false, it->second.last_error};
+        dead_.erase(it);
+        cv_.notify_all();
+        return true;
+    }
+    std::size_t purge_dead(milliseconds older_than) {
+        if (older_than < milliseconds::zero()) throw std::invalid_argument("negative age");
+        std::lock_guard lk(m_);
+        return std::erase_if(
+            dead_, [&](const auto& d) { return d.second.time < clock::now() - older_than; });
+    }
+
     // The attempts of a queued job (0 if it is not queued).
     unsigned attempts(const std::string& id) {
         std::lock_guard lk(m_);
@@ -210,6 +244,34 @@ class memory_job_queue {
     }
 
   private:
+    bool nack_for(const delayq::job& j, milliseconds d, const std::string_view* reason) {
+        return settle(
+            j,
+            [&](auto it) {
+                record_.nack_delays.push_back(d);
+                keep(it, reason);
+                if (opt_.max_attempts > 0 && it->second.attempts >= opt_.max_attempts) {
+                    to_dead(it);
+                    jobs_.erase(it);
+                    return;
+                }
+                it->second.leased = false;
+                it->second.at = clock::now() + std::max(d, milliseconds::zero());
+                cv_.notify_all();
+            },
+            'n');
+    }
+    bool bury_for(const delayq::job& j, const std::string_view* reason) {
+        return settle(
+            j,
+            [&](auto it) {
+                keep(it, reason);
+                to_dead(it);
+                jobs_.erase(it);
+            },
+            'b');
+    }
+
     struct entry {
         std::string payload;
         clock::time_point at;        // due time, or lease end while leased
@@ -217,8 +279,23 @@ class memory_job_queue {
         unsigned attempts = 0;
         std::uint64_t token = 0;
         bool leased = false;
+        std::string last_error;
     };
     using iterator = std::map<std::string, entry>::iterator;
+
+    // Under m_: the reason, if any, becomes the job's last error.
+    void keep(iterator it, const std::string_view* reason) {
+        if (reason == nullptr) return;
+        it->second.last_error = std::string(reason->substr(0, delayq::max_reason_size));
+        record_.reasons.push_back(it->second.last_error);
+    }
+
+    // Under m_: a copy of the job goes to the dead letters (the caller erases it).
+    void to_dead(iterator it) {
+        const entry& e = it->second;
+        dead_[it->first] = delayq::job_info{
+            it->first, delayq::job_state::dead, clock::now(), e.attempts, e.payload, e.last_error};
+    }
 
     iterator holding(const delayq::job& j) {
         auto it = jobs_.find(j.id);
@@ -247,7 +324,7 @@ class memory_job_queue {
     std::mutex m_;
     std::condition_variable cv_;
     std::map<std::string, entry> jobs_;
-    std::map<std::string, std::string> dead_;
+    std::map<std::string, delayq::job_info> dead_;
     std::uint64_t tokens_ = 0;
     faults faults_;
     record record_;

@@ -257,6 +257,61 @@ TEST_CASE("worker: stop() lets a running handler finish within the drain timeout
     CHECK(q.size() == 0);
 }
 
+TEST_CASE("worker: the reason a handler gives is the job's last error in the store", "[worker]") {
+    memory_job_queue q({.lease = 30s, .max_attempts = 10});
+    REQUIRE(q.put_after("j", "p", 0ms));
+    std::atomic<int> calls{0};
+    {
+        delayq::worker w(
+            q,
+            [&](const delayq::job&) {
+                switch (++calls) {
+                    case 1:
+                        throw std::runtime_error("the payment service said 503");
+                    case 2:
+                        throw delayq::retry_in(1ms);  // no reason: the last one stays
+                    case 3:
+                        throw delayq::retry_in(1ms, "rate limited");
+                    default:
+                        throw delayq::dead_letter("no such order");
+                }
+            },
+            quick());
+        REQUIRE(eventually([&] { return w.counters().dead == 1; }));
+    }
+    CHECK(calls == 4);
+    q.with([](auto&, auto& r) {
+        CHECK(r.reasons == std::vector<std::string>{"the payment service said 503", "rate limited",
+                                                    "no such order"});
+    });
+    const auto i = q.get("j");
+    REQUIRE(i.has_value());
+    CHECK(i->state == delayq::job_state::dead);
+    CHECK(i->last_error == "no such order");
+}
+
+TEST_CASE("worker: a job released by stop() keeps its last error", "[worker]") {
+    memory_job_queue q;
+    REQUIRE(q.put_after("j", "p", 0ms));
+    std::atomic<int> calls{0};
+    auto o = quick();
+    o.drain_timeout = 10ms;
+    delayq::worker w(
+        q,
+        [&](const delayq::job&, std::stop_token st) {
+            if (++calls == 1) throw std::runtime_error("first failure");
+            while (!st.stop_requested()) std::this_thread::sleep_for(1ms);
+        },
+        o);
+    REQUIRE(eventually([&] { return calls.load() == 2; }));
+    w.stop();
+    CHECK(w.counters().released == 1);
+    const auto i = q.get("j");
+    REQUIRE(i.has_value());
+    CHECK(i->state == delayq::job_state::waiting);
+    CHECK(i->last_error == "first failure");
+}
+
 TEST_CASE("worker: after the drain timeout a handler is asked to stop and its job goes back",
           "[worker]") {
     memory_job_queue q;

@@ -36,6 +36,45 @@ struct job {
     std::chrono::system_clock::time_point lease_deadline;  ///< the lease ends then
 };
 
+/// The longest reason a nack() or bury() keeps, in bytes: a longer one is cut to its first
+/// max_reason_size bytes. An exception's what() can be a whole stack trace; the store keeps
+/// one per job, written with every failed attempt.
+inline constexpr std::size_t max_reason_size = 4096;
+
+/// The last error of a job whose last lease ended with its max_attempts-th delivery: it went to
+/// the dead letters because its consumer neither settled it nor extended its lease (it crashed,
+/// hung, or lost the store), not because it said why.
+inline constexpr std::string_view lease_ended_reason = "its last lease ended";
+
+/// Where a job is, as get() and dead() tell it.
+enum class job_state {
+    waiting,  ///< queued and not leased: due at job_info::time (maybe already)
+    leased,   ///< taken; the lease ends at job_info::time
+    dead,     ///< in the dead letters since job_info::time
+};
+
+/// A job as the store holds it, for an application or an operator to look at: get(), dead().
+struct job_info {
+    std::string id;                              ///< the id it was put with
+    job_state state = job_state::waiting;        ///< where it is
+    std::chrono::system_clock::time_point time;  ///< due (waiting), lease end (leased), died (dead)
+    unsigned attempts = 0;                       ///< deliveries so far (0: never taken)
+    std::string payload;                         ///< its payload, binary-safe
+    std::string last_error;                      ///< the last reason given by nack() or bury()
+};
+
+/// A queue's figures at one moment (stats()): how many jobs are where, and how far behind its
+/// consumers are.
+struct queue_stats {
+    std::size_t waiting = 0;  ///< queued and not leased, due or not
+    std::size_t due_now = 0;  ///< of those, the ones that are due
+    std::size_t leased = 0;   ///< taken, their lease not ended
+    std::size_t dead = 0;     ///< in the dead letters
+    /// How long the oldest due job has been due (0 when none is): how far behind the consumers
+    /// are. A queue whose lag grows needs more consumers, or has consumers that stopped.
+    std::chrono::milliseconds lag{0};
+};
+
 /// One job of a put_many(): put_after(id, payload, delay). The views must outlive the call.
 struct put_request {
     std::string_view id;                 ///< the job's id

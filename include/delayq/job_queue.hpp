@@ -20,6 +20,21 @@
 //   std::invalid_argument.
 // - bury() moves a leased job to the dead letters at once, fenced like ack() (a job its handler
 //   knows it can never do: retrying would only fail again).
+// - nack(job, retry_after, reason) and bury(job, reason) keep `reason` (its first max_reason_size
+//   bytes) as the job's last error, which stays with it in the dead letters; nack(job,
+//   retry_after) and bury(job) keep the last error as it was. A job whose max_attempts-th lease
+//   ends dies with lease_ended_reason. A put starts a job with none.
+// - get(id) tells a queued job (waiting or leased; a lease that ended reads as waiting, due at its
+//   end) or a dead letter (a queued job first, if its id is both), or nothing. dead(max, after)
+//   pages through the dead letters in the order they died, then by id: up to max (at most
+//   max_take_many) after the dead letter `after` (empty: from the first; not a dead letter: an
+//   empty page). Each is an index lookup, never a scan of the queue.
+// - requeue_dead(id, delay) puts a dead letter back as a waiting job due `delay` from now, with
+//   attempts from 0 and its last error kept; false, changing nothing, for an id that is not dead
+//   or is queued. purge_dead(older_than) removes the dead letters that died longer ago than that,
+//   and returns how many. The option keep_dead (0: for ever) makes each move to the dead letters
+//   remove a few that died longer ago than that, so they stay bounded. Negative delays and ages
+//   are std::invalid_argument.
 // - cancel() removes a waiting or leased job; reschedule() moves a waiting job only.
 // - With max_attempts N > 0, a job whose N-th delivery is nacked or whose N-th lease ends moves to
 //   the dead letters (dead_size()) instead of waiting again.
@@ -113,6 +128,12 @@ concept job_queue = requires {
     { q.nack(j, d) } -> std::same_as<bool>;
     { q.extend(j, d) } -> std::same_as<bool>;
     { q.bury(j) } -> std::same_as<bool>;
+    { q.nack(j, d, s) } -> std::same_as<bool>;
+    { q.bury(j, s) } -> std::same_as<bool>;
+    { q.get(s) } -> std::same_as<std::optional<job_info>>;
+    { q.dead(n, s) } -> std::same_as<std::vector<job_info>>;
+    { q.requeue_dead(s, d) } -> std::same_as<bool>;
+    { q.purge_dead(d) } -> std::same_as<std::size_t>;
     { q.size() } -> std::same_as<std::size_t>;
     { q.dead_size() } -> std::same_as<std::size_t>;
     q.get_options();

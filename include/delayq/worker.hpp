@@ -10,8 +10,9 @@
 // delayq::retry_in(d): nacked, due again d from now. It throws delayq::dead_letter(reason): to the
 // dead letters at once (bury). It throws anything else: nacked with the retry policy's delay for
 // its attempt, and what() as the reason; the queue's max_attempts then moves a job that keeps
-// failing to the dead letters (a nack of its last attempt does). Each of these is one call to the
-// queue, fenced by the job's token, so a worker whose lease was lost changes nothing.
+// failing to the dead letters (a nack of its last attempt does). The reason is kept in the store
+// as the job's last error, which get() and dead() show. Each of these is one call to the queue,
+// fenced by the job's token, so a worker whose lease was lost changes nothing.
 //
 // Leases. A handler may run longer than the queue's lease: while it runs, its job's lease is
 // extended by a lease every third of a lease (one thread of the worker does that for every
@@ -69,22 +70,29 @@ namespace delayq {
 /// the retry policy's delay). The queue's max_attempts still applies.
 class retry_in : public std::runtime_error {
   public:
-    /// Retry after `delay` (negative: at once), for `reason` (kept as the failure's reason).
-    explicit retry_in(std::chrono::milliseconds delay, const std::string& reason = "retry_in")
-        : std::runtime_error(reason), delay_(std::max(delay, std::chrono::milliseconds::zero())) {}
+    /// Retry after `delay` (negative: at once), for `reason`: the job's last error (see
+    /// job_info). Without one, the job keeps the last error it had.
+    explicit retry_in(std::chrono::milliseconds delay, std::string reason = {})
+        : std::runtime_error(reason.empty() ? "retry_in" : reason),
+          delay_(std::max(delay, std::chrono::milliseconds::zero())),
+          keeps_error_(reason.empty()) {}
 
     /// How long the job waits before its next attempt.
     std::chrono::milliseconds delay() const noexcept { return delay_; }
 
+    /// Whether it was thrown without a reason (the job's last error stays as it was).
+    bool keeps_error() const noexcept { return keeps_error_; }
+
   private:
     std::chrono::milliseconds delay_;
+    bool keeps_error_;
 };
 
 /// Thrown by a handler: the job can never succeed (a malformed payload, an order that no longer
 /// exists), so it goes to the dead letters at once, whatever attempt it is.
 class dead_letter : public std::runtime_error {
   public:
-    /// To the dead letters, for `reason` (its what()).
+    /// To the dead letters, for `reason` (its what(), and the dead letter's last error).
     explicit dead_letter(const std::string& reason) : std::runtime_error(reason) {}
 };
 
@@ -325,7 +333,8 @@ class worker {
         enum kind_t { ack, retry, bury } kind = ack;
         milliseconds delay{0};
         std::string reason;
-        bool error = false;  // the handler threw something of its own
+        bool error = false;        // the handler threw something of its own
+        bool keeps_error = false;  // the job's last error is not `reason`'s to replace
     };
 
     outcome call_handler(const job_type& j, const std::stop_token& token) {
@@ -333,14 +342,14 @@ class worker {
             handler_(j, token);
             return {};
         } catch (const retry_in& r) {
-            return {outcome::retry, r.delay(), r.what()};
+            return {outcome::retry, r.delay(), r.what(), false, r.keeps_error()};
         } catch (const dead_letter& d) {
             return {outcome::bury, milliseconds::zero(), d.what()};
         } catch (const std::exception& e) {
             return {outcome::retry, opt_.retry.delay(j.attempts, random()), e.what(), true};
         } catch (...) {
-            return {outcome::retry, opt_.retry.delay(j.attempts, random()), "unknown exception",
-                    true};
+            return {outcome::retry, opt_.retry.delay(j.attempts, random()),
+                    "an exception not derived from std::exception", true};
         }
     }
 
@@ -383,9 +392,9 @@ class worker {
             return;
         }
         if (asked_to_stop) {
-            o = {outcome::retry, milliseconds::zero(), "stopped by delayq::worker::stop()"};
-            if (settle(lease_end, [&] { return q_.nack(j, o.delay); }))
-                count(&worker_counters::released);
+            o = {outcome::retry, milliseconds::zero(), "stopped by delayq::worker::stop()", false,
+                 true};  // not the job's failure: its last error stays
+            if (settle(lease_end, [&] { return nack(j, o); })) count(&worker_counters::released);
             return;
         }
         switch (o.kind) {
@@ -396,7 +405,7 @@ class worker {
                     lease_was_lost(j);
                 return;
             case outcome::bury:
-                if (settle(lease_end, [&] { return q_.bury(j); })) {
+                if (settle(lease_end, [&] { return q_.bury(j, o.reason); })) {
                     count(&worker_counters::dead);
                     tell(opt_.hooks.dead_lettered, static_cast<const job&>(j), o.reason);
                 } else {
@@ -404,7 +413,7 @@ class worker {
                 }
                 return;
             case outcome::retry:
-                if (!settle(lease_end, [&] { return q_.nack(j, o.delay); })) {
+                if (!settle(lease_end, [&] { return nack(j, o); })) {
                     lease_was_lost(j);
                 } else if (const unsigned max = q_.get_options().max_attempts;
                            max > 0 && j.attempts >= max) {
@@ -416,6 +425,12 @@ class worker {
                 }
                 return;
         }
+    }
+
+    // A nack of `j` for the outcome `o`, with o's reason as the job's last error unless it keeps
+    // the one it had.
+    bool nack(const job_type& j, const outcome& o) {
+        return o.keeps_error ? q_.nack(j, o.delay) : q_.nack(j, o.delay, o.reason);
     }
 
     void count(std::uint64_t worker_counters::*which) {

@@ -170,6 +170,14 @@ class logged_queue {
     bool bury(const job& j) {
         return settle("bury", j, {}, [&] { return q_->bury(j); });
     }
+    // With a reason: logged as without one (the judge checks leases, not reasons).
+    bool nack(const job& j, ms retry, std::string_view reason) {
+        return settle("nack", j, static_cast<long long>(retry.count()),
+                      [&] { return q_->nack(j, retry, reason); });
+    }
+    bool bury(const job& j, std::string_view reason) {
+        return settle("bury", j, {}, [&] { return q_->bury(j, reason); });
+    }
     std::vector<bool> ack_many(std::span<const job> js) {
         std::vector<bool> out;
         for (const auto& j : js) out.push_back(ack(j));
@@ -188,6 +196,12 @@ class logged_queue {
     bool reschedule(std::string_view id, ms d) { return q_->reschedule(id, d); }
     std::size_t size() { return q_->size(); }
     std::size_t dead_size() { return q_->dead_size(); }
+    std::optional<delayq::job_info> get(std::string_view id) { return q_->get(id); }
+    std::vector<delayq::job_info> dead(std::size_t n, std::string_view after = {}) {
+        return q_->dead(n, after);
+    }
+    bool requeue_dead(std::string_view id, ms d) { return q_->requeue_dead(id, d); }
+    std::size_t purge_dead(ms older_than) { return q_->purge_dead(older_than); }
 
     static long long ns(std::chrono::system_clock::time_point tp) {
         return std::chrono::duration_cast<std::chrono::nanoseconds>(tp.time_since_epoch()).count();
@@ -535,18 +549,20 @@ class worker {
         const long long lease = a_.qs.lease.count();
         for (const auto& j : js) {
             // Work: mostly short; some long enough for a cancel to land; a few past the lease;
-            // some past the lease after an extend() (never a shorter lease than the queue's: the
-            // judge counts on extends only moving a lease later). A holder whose extend was
-            // refused or threw leaves the job alone, as delayq::worker does.
+            // some past the lease after an extend() (never a shorter lease than the queue's, and a
+            // second extend never shorter than the first, which it follows: the judge counts on
+            // extends only moving a lease later). A holder whose extend was refused or threw
+            // leaves the job alone, as delayq::worker does.
             const int w = static_cast<int>(uniform(0, 99));
             if (w < 4) {
                 pause(lease + lease / 4, lease + lease / 2);
             } else if (w < 12) {
                 pause(lease / 4, lease / 2);
-                if (!extend(j, uniform(lease, 2 * lease))) continue;
+                const long long first = uniform(lease, 2 * lease);
+                if (!extend(j, first)) continue;
                 pause(lease / 2 + lease / 4, lease + lease / 4);
                 if (chance(30)) {
-                    if (!extend(j, uniform(lease, 2 * lease))) continue;
+                    if (!extend(j, uniform(first, 2 * lease))) continue;
                     pause(lease / 2, lease);
                 }
             } else if (w < 28) {

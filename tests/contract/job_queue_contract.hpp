@@ -26,8 +26,10 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <stdexcept>
 #include <stop_token>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -42,6 +44,7 @@ using namespace std::chrono_literals;
 struct settings {
     std::chrono::milliseconds lease = std::chrono::seconds(30);
     unsigned max_attempts = 0;
+    std::chrono::milliseconds keep_dead{0};  // how long dead letters are kept (0: for ever)
 };
 
 /// A deadline already due by any clock on this machine.
@@ -63,6 +66,12 @@ bool eventually(F done) {
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     return true;
+}
+
+/// |a - b| <= tolerance.
+inline bool near(std::chrono::system_clock::time_point a, std::chrono::system_clock::time_point b,
+                 std::chrono::milliseconds tolerance = std::chrono::seconds(5)) {
+    return a - b <= tolerance && b - a <= tolerance;
 }
 
 }  // namespace delayq_contract
@@ -741,4 +750,292 @@ TEMPLATE_LIST_TEST_CASE(
     const auto start = std::chrono::steady_clock::now();
     w.stop();
     CHECK(std::chrono::steady_clock::now() - start < 30s);  // woken, not an hour's wait
+}
+
+TEMPLATE_LIST_TEST_CASE(
+    "contract: get() tells a job's state, time, attempts, payload and last error",
+    "[contract][lookup]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    TestType f;
+    auto q = f.make({});
+    auto other = f.make({});
+    const std::string payload("a\0b", 3);
+    const auto later = std::chrono::system_clock::now() + 1h;
+    REQUIRE(q->put("now", payload, past));
+    REQUIRE(q->put("later", "p", later));
+    CHECK_FALSE(q->get("nobody").has_value());
+
+    auto i = other->get("later");  // another handle sees it
+    REQUIRE(i.has_value());
+    CHECK(i->id == "later");
+    CHECK(i->state == delayq::job_state::waiting);
+    CHECK(near(i->time, later));
+    CHECK(i->attempts == 0);
+    CHECK(i->payload == "p");
+    CHECK(i->last_error.empty());
+
+    auto j = q->take(0ms);
+    REQUIRE(j.has_value());
+    REQUIRE(j->id == "now");
+    i = other->get("now");
+    REQUIRE(i.has_value());
+    CHECK(i->state == delayq::job_state::leased);
+    CHECK(near(i->time, j->lease_deadline));
+    CHECK(i->attempts == 1);
+    CHECK(i->payload == payload);
+
+    REQUIRE(q->nack(*j, 1h, "the payment service said 503"));
+    i = other->get("now");
+    REQUIRE(i.has_value());
+    CHECK(i->state == delayq::job_state::waiting);
+    CHECK(near(i->time, std::chrono::system_clock::now() + 1h));
+    CHECK(i->attempts == 1);
+    CHECK(i->last_error == "the payment service said 503");
+
+    // A nack without a reason keeps the last one; a stale holder's reason is refused with it.
+    REQUIRE(q->reschedule("now", 0ms));
+    auto again = q->take(5s);
+    REQUIRE(again.has_value());
+    CHECK_FALSE(q->nack(*j, 0ms, "a stale holder"));
+    REQUIRE(q->nack(*again, 1h));
+    i = q->get("now");
+    REQUIRE(i.has_value());
+    CHECK(i->attempts == 2);
+    CHECK(i->last_error == "the payment service said 503");
+
+    REQUIRE(q->cancel("now"));
+    CHECK_FALSE(q->get("now").has_value());
+}
+
+TEMPLATE_LIST_TEST_CASE(
+    "contract: a dead letter keeps its last error, and dead() pages oldest first",
+    "[contract][lookup]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    TestType f;
+    auto q = f.make({.max_attempts = 1});
+    constexpr std::size_t n = 5;
+    for (std::size_t k = 0; k < n; ++k) REQUIRE(q->put(id_of("d", k), "p", past));
+    CHECK(q->dead(10, "").empty());
+    std::vector<std::string> died;  // in that order, so they page in it
+    for (std::size_t k = 0; k < n; ++k) {
+        std::this_thread::sleep_for(3ms);  // each dies in a millisecond of its own
+        auto j = q->take(0ms);
+        REQUIRE(j.has_value());
+        died.push_back(j->id);
+        if (k % 2 == 0) {
+            REQUIRE(q->nack(*j, 0ms, "reason " + j->id));
+        } else {
+            REQUIRE(q->bury(*j, "reason " + j->id));
+        }
+    }
+    CHECK(q->dead_size() == n);
+    CHECK(q->size() == 0);
+
+    std::vector<std::string> seen;
+    std::string after;
+    for (int pages = 0; pages < 10; ++pages) {
+        const auto page = q->dead(2, after);
+        CHECK(page.size() <= 2);
+        if (page.empty()) break;
+        for (const auto& d : page) {
+            CHECK(d.state == delayq::job_state::dead);
+            CHECK(d.attempts == 1);
+            CHECK(d.payload == "p");
+            CHECK(near(d.time, std::chrono::system_clock::now(), 60s));
+            CHECK(d.last_error == "reason " + d.id);
+            seen.push_back(d.id);
+        }
+        after = page.back().id;
+    }
+    CHECK(seen == died);
+    CHECK(q->dead(10, "not dead").empty());  // nothing follows a job that is not dead
+    CHECK(q->dead(0, "").empty());
+
+    const auto i = q->get("d3");
+    REQUIRE(i.has_value());
+    CHECK(i->state == delayq::job_state::dead);
+    CHECK(i->last_error == "reason d3");
+
+    // Put again, the id is queued, and get() tells the queued job.
+    REQUIRE(q->put("d3", "new", past));
+    const auto queued = q->get("d3");
+    REQUIRE(queued.has_value());
+    CHECK(queued->state == delayq::job_state::waiting);
+    CHECK(queued->payload == "new");
+    CHECK(queued->last_error.empty());
+}
+
+TEMPLATE_LIST_TEST_CASE(
+    "contract: bury without a reason keeps the last error, and a long reason is cut",
+    "[contract][lookup]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    TestType f;
+    auto q = f.make({});
+    REQUIRE(q->put("kept", "p", past));
+    auto j = q->take(0ms);
+    REQUIRE(j.has_value());
+    REQUIRE(q->nack(*j, 0ms, "first failure"));
+    REQUIRE(q->put("long", "p", past));
+    j = q->take(5s);
+    REQUIRE(j.has_value());
+    if (j->id != "kept") {  // "long" came first: due at the same time
+        REQUIRE(q->nack(*j, 0ms));
+        j = q->take(5s);
+        REQUIRE(j.has_value());
+    }
+    REQUIRE(j->id == "kept");
+    REQUIRE(q->bury(*j));
+    auto i = q->get("kept");
+    REQUIRE(i.has_value());
+    CHECK(i->state == delayq::job_state::dead);
+    CHECK(i->last_error == "first failure");
+
+    auto l = q->take(5s);
+    REQUIRE(l.has_value());
+    REQUIRE(l->id == "long");
+    std::string reason(delayq::max_reason_size + 100, 'x');
+    reason.back() = 'y';
+    REQUIRE(q->nack(*l, 1h, reason));
+    i = q->get("long");
+    REQUIRE(i.has_value());
+    CHECK(i->last_error == std::string(delayq::max_reason_size, 'x'));
+}
+
+TEMPLATE_LIST_TEST_CASE("contract: a job whose last lease ends goes to the dead letters saying so",
+                        "[contract][lookup]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    TestType f;
+    auto q = f.make({.lease = 200ms, .max_attempts = 1});
+    REQUIRE(q->put("crashed", "p", past));
+    REQUIRE(q->take(0ms).has_value());  // and never settled, as by a consumer that crashed
+    CHECK(eventually([&] {
+        (void)q->take(0ms);  // a take finds the lease ended
+        return q->dead_size() == 1;
+    }));
+    const auto i = q->get("crashed");
+    REQUIRE(i.has_value());
+    CHECK(i->state == delayq::job_state::dead);
+    CHECK(i->attempts == 1);
+    CHECK(i->last_error == std::string(delayq::lease_ended_reason));
+}
+
+TEMPLATE_LIST_TEST_CASE("contract: a worker's dead letter says what its handler threw",
+                        "[contract][lookup][worker]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    TestType f;
+    auto q = f.make({.max_attempts = 2});
+    REQUIRE(q->put_after("bad", "p", 0ms));
+    REQUIRE(q->put_after("hopeless", "p", 0ms));
+    {
+        delayq::worker w(*q,
+                         [&](const delayq::job& j) {
+                             if (j.id == "hopeless") throw delayq::dead_letter("no such order");
+                             throw std::runtime_error("attempt " + std::to_string(j.attempts));
+                         },
+                         {.retry = {.base = 10ms, .cap = 50ms}});
+        CHECK(eventually([&] { return w.counters().dead >= 2; }));
+    }
+    const auto bad = q->get("bad");
+    REQUIRE(bad.has_value());
+    CHECK(bad->state == delayq::job_state::dead);
+    CHECK(bad->last_error == "attempt 2");
+    const auto hopeless = q->get("hopeless");
+    REQUIRE(hopeless.has_value());
+    CHECK(hopeless->last_error == "no such order");
+}
+
+TEMPLATE_LIST_TEST_CASE(
+    "contract: requeue_dead puts a dead letter back, attempts from 0, last error kept",
+    "[contract][dead]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    TestType f;
+    auto q = f.make({.max_attempts = 1});
+    auto other = f.make({.max_attempts = 1});
+    REQUIRE(q->put("a", "p", past));
+    REQUIRE(q->put("b", "p", past));
+    for (int k = 0; k < 2; ++k) {
+        auto j = q->take(0ms);
+        REQUIRE(j.has_value());
+        REQUIRE(q->nack(*j, 0ms, "failed " + j->id));
+    }
+    REQUIRE(q->dead_size() == 2);
+    CHECK_THROWS_AS(q->requeue_dead("a", -1ms), std::invalid_argument);
+    CHECK_FALSE(q->requeue_dead("nobody", 0ms));
+
+    REQUIRE(other->requeue_dead("a", 0ms));  // from another handle: a take here wakes
+    CHECK_FALSE(q->requeue_dead("a", 0ms));  // not dead any more
+    CHECK(q->dead_size() == 1);
+    auto i = q->get("a");
+    REQUIRE(i.has_value());
+    CHECK(i->state == delayq::job_state::waiting);
+    CHECK(i->attempts == 0);
+    CHECK(i->payload == "p");
+    CHECK(i->last_error == "failed a");
+    auto j = q->take(5s);
+    REQUIRE(j.has_value());
+    CHECK(j->id == "a");
+    CHECK(j->attempts == 1);
+    CHECK(q->ack(*j));
+
+    // Later, from now: not before its delay.
+    REQUIRE(q->requeue_dead("b", 1h));
+    i = q->get("b");
+    REQUIRE(i.has_value());
+    CHECK(near(i->time, std::chrono::system_clock::now() + 1h));
+    CHECK_FALSE(q->take(0ms).has_value());
+
+    // A dead letter whose id was put again stays dead: the queued job keeps the id.
+    REQUIRE(q->cancel("b"));
+    REQUIRE(q->put("c", "p", past));
+    j = q->take(0ms);
+    REQUIRE(j.has_value());
+    REQUIRE(q->bury(*j, "gone"));
+    REQUIRE(q->put("c", "new", past));
+    CHECK_FALSE(q->requeue_dead("c", 0ms));
+    CHECK(q->dead_size() == 1);
+    i = q->get("c");
+    REQUIRE(i.has_value());
+    CHECK(i->payload == "new");
+}
+
+TEMPLATE_LIST_TEST_CASE("contract: purge_dead removes the dead letters older than asked",
+                        "[contract][dead]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    TestType f;
+    auto q = f.make({.max_attempts = 1});
+    for (std::size_t k = 0; k < 3; ++k) REQUIRE(q->put(id_of("d", k), "p", past));
+    for (std::size_t k = 0; k < 3; ++k) {
+        auto j = q->take(0ms);
+        REQUIRE(j.has_value());
+        REQUIRE(q->bury(*j));
+    }
+    CHECK_THROWS_AS(q->purge_dead(-1ms), std::invalid_argument);
+    CHECK(q->purge_dead(1h) == 0);
+    CHECK(q->dead_size() == 3);
+    std::this_thread::sleep_for(20ms);  // each died at least a few ms before now
+    CHECK(q->purge_dead(0ms) == 3);
+    CHECK(q->dead_size() == 0);
+    CHECK(q->dead(10, "").empty());
+    CHECK_FALSE(q->get("d1").has_value());
+}
+
+TEMPLATE_LIST_TEST_CASE("contract: with keep_dead, a dead letter older than that goes",
+                        "[contract][dead]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    TestType f;
+    auto q = f.make({.max_attempts = 1, .keep_dead = 100ms});
+    REQUIRE(q->put("old", "p", past));
+    auto j = q->take(0ms);
+    REQUIRE(j.has_value());
+    REQUIRE(q->bury(*j));
+    std::this_thread::sleep_for(300ms);
+    REQUIRE(q->put("new", "p", past));
+    j = q->take(0ms);
+    REQUIRE(j.has_value());
+    REQUIRE(q->nack(*j, 0ms, "dies now"));
+    // The older one, dead three times longer than kept, went when the new one died (or
+    // before); the new one stays until it is that old itself.
+    CHECK_FALSE(q->get("old").has_value());
+    CHECK(q->get("new").has_value());
+    CHECK(q->dead_size() == 1);
 }

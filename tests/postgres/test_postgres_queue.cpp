@@ -2,7 +2,9 @@
 // server, a job that kills its consumer, a cancel from another process, a server killed and
 // restarted, a failover to a promoted standby, the typed errors, the put inside the caller's
 // transaction, an idle consumer's statements, a wake-up whose earlier job goes before it
-// commits, extend's wake-up, and many takes sharing one object.
+// commits, extend's wake-up, many takes sharing one object, the upgrade of tables made before the
+// last errors (in place, by openers racing, by a role that may not), last errors' bytes, and the
+// dead letters' upkeep (requeue_dead's wake-up, purge_dead's batches, keep_dead's bound).
 #include <libpq-fe.h>
 #include <unistd.h>
 
@@ -407,10 +409,16 @@ TEST_CASE("postgres: bad options and ids are std::invalid_argument", "[postgres]
     o = opts("x");
     o.connections = 0;
     CHECK_THROWS_AS(pg::delay_queue(o), std::invalid_argument);
+    o = opts("x");
+    o.keep_dead = -1ms;
+    CHECK_THROWS_AS(pg::delay_queue(o), std::invalid_argument);
     pg::delay_queue q(opts(fresh_name("ids")));
     CHECK_THROWS_AS(q.put_after("", "x", 0ms), std::invalid_argument);
     CHECK_THROWS_AS(q.put_after(std::string(1025, 'i'), "x", 0ms), std::invalid_argument);
     CHECK(q.put_after(std::string(1024, 'i'), "x", 0ms));
+    CHECK_THROWS_AS(q.requeue_dead("", 0ms), std::invalid_argument);
+    CHECK_THROWS_AS(q.requeue_dead(std::string(1025, 'i'), 0ms), std::invalid_argument);
+    CHECK_FALSE(q.requeue_dead(std::string(1024, 'i'), 0ms));  // queued, not dead
 }
 
 TEST_CASE(
@@ -735,4 +743,514 @@ TEST_CASE("postgres: the waiting takes of one object share one claim", "[postgre
     for (auto& t : ts) t.join();
     CHECK(got == 0);
     CHECK(claims() == 1);
+}
+
+namespace {
+
+// The schema `schema` as a delayq made before the last errors left it: no last_error columns, no
+// dead_died index (dropped, as the upgrade would find them on a database of that version).
+void make_old_layout(const std::string& schema) {
+    server().exec("ALTER TABLE " + schema + ".jobs DROP COLUMN last_error; ALTER TABLE " + schema +
+                  ".dead DROP COLUMN last_error; DROP INDEX " + schema + ".dead_died");
+}
+
+// Whether schema `schema` has both last_error columns and the dead_died index.
+bool has_new_layout(const std::string& schema) {
+    return server().query(
+               "SELECT (SELECT count(*) FROM information_schema.columns WHERE table_schema = '" +
+               schema +
+               "' AND table_name IN ('jobs', 'dead') AND column_name = 'last_error') = 2 AND "
+               "EXISTS (SELECT 1 FROM pg_indexes WHERE schemaname = '" +
+               schema + "' AND indexname = 'dead_died')") == "t";
+}
+
+}  // namespace
+
+TEST_CASE(
+    "postgres: tables made before the last errors are upgraded in place when a queue opens, "
+    "keeping their jobs and dead letters",
+    "[postgres][upgrade]") {
+    const std::string schema = "up_" + std::to_string(::getpid());
+    auto o = opts(fresh_name("upgrade"));
+    o.schema = schema;
+    o.max_attempts = 2;
+    {
+        pg::delay_queue q(o);
+        REQUIRE(q.put_after("waiting", "w", 1h));
+        REQUIRE(q.put_after("dead", "d", 0ms));
+        auto j = q.take(5s);
+        REQUIRE(j);
+        REQUIRE(q.bury(*j));
+        REQUIRE(q.put_after("leased", "l", 0ms));
+        REQUIRE(q.take(5s));
+    }
+    CHECK(has_new_layout(schema));
+    make_old_layout(schema);
+    REQUIRE_FALSE(has_new_layout(schema));
+
+    pg::delay_queue q(o);
+    CHECK(has_new_layout(schema));
+    CHECK(q.size() == 2);
+    CHECK(q.dead_size() == 1);
+    auto i = q.get("waiting");
+    REQUIRE(i);
+    CHECK(i->state == delayq::job_state::waiting);
+    CHECK(i->payload == "w");
+    CHECK(i->last_error.empty());
+    i = q.get("leased");
+    REQUIRE(i);
+    CHECK(i->state == delayq::job_state::leased);
+    CHECK(i->attempts == 1);
+    const auto dead = q.dead(10);
+    REQUIRE(dead.size() == 1);
+    CHECK(dead[0].id == "dead");
+    CHECK(dead[0].payload == "d");
+    CHECK(dead[0].last_error.empty());  // buried before there was a last error to keep
+
+    // The new calls work on the upgraded tables.
+    REQUIRE(q.reschedule("waiting", 0ms));
+    auto j = q.take(5s);
+    REQUIRE(j);
+    CHECK(j->id == "waiting");
+    REQUIRE(q.nack(*j, 0ms, "after the upgrade"));
+    j = q.take(5s);
+    REQUIRE(j);
+    REQUIRE(q.nack(*j, 0ms));  // its second delivery: to the dead letters, keeping the reason
+    const auto page = q.dead(10, "dead");
+    REQUIRE(page.size() == 1);
+    CHECK(page[0].id == "waiting");
+    CHECK(page[0].attempts == 2);
+    CHECK(page[0].last_error == "after the upgrade");
+    server().exec("DROP SCHEMA " + schema + " CASCADE");
+}
+
+TEST_CASE("postgres: queues that open at once on tables made before the last errors all succeed",
+          "[postgres][upgrade]") {
+    const std::string schema = "upr_" + std::to_string(::getpid());
+    auto o = opts(fresh_name("upgrade-race"));
+    o.schema = schema;
+    {
+        pg::delay_queue q(o);
+        REQUIRE(q.put_after("kept", "p", 1h));
+    }
+    make_old_layout(schema);
+
+    // Every opener finds the columns missing before any adds them: the application holds the
+    // advisory lock that the upgrade takes, until all of them wait for it.
+    app_conn app(server().conninfo());
+    app.exec("BEGIN");
+    app.exec("SELECT pg_advisory_xact_lock(" + std::to_string(pg::detail::schema_lock_key) + ")");
+    constexpr int n = 3;
+    std::vector<std::thread> openers;
+    std::atomic<int> opened{0};
+    std::vector<std::string> errors(n);
+    for (int k = 0; k < n; ++k)
+        openers.emplace_back([&, k] {
+            try {
+                auto mine = o;
+                mine.io_timeout = 20s;
+                pg::delay_queue q(mine);
+                if (q.get("kept").has_value()) ++opened;
+            } catch (const std::exception& e) {
+                errors[static_cast<std::size_t>(k)] = e.what();
+            }
+        });
+    wait_for("SELECT count(*) = " + std::to_string(n) +
+                 " FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+             "every opener waits for the upgrade's lock");
+    app.exec("COMMIT");
+    for (auto& t : openers) t.join();
+    for (const auto& e : errors) CHECK(e.empty());
+    CHECK(opened == n);
+    CHECK(has_new_layout(schema));
+    server().exec("DROP SCHEMA " + schema + " CASCADE");
+}
+
+TEST_CASE("postgres: a queue opened on up-to-date tables takes no lock on them",
+          "[postgres][upgrade]") {
+    // The upgrade's DDL would take ACCESS EXCLUSIVE on jobs and dead even when it had nothing to
+    // add, stalling every process at each open: here it would wait for the application's reads.
+    auto o = opts(fresh_name("no-lock"));
+    { pg::delay_queue q(o); }
+    app_conn app(server().conninfo());
+    app.exec("BEGIN");
+    app.exec("LOCK TABLE delayq.jobs, delayq.dead IN ACCESS SHARE MODE");
+    o.io_timeout = 2s;
+    pg::delay_queue q(o);
+    CHECK(q.put_after("a", "x", 0ms));
+    app.exec("COMMIT");
+}
+
+TEST_CASE("postgres: a last error is binary-safe, and get() and dead() check their ids",
+          "[postgres][lookup]") {
+    auto o = opts(fresh_name("reason"));
+    o.max_attempts = 3;
+    pg::delay_queue q(o);
+    const std::string reason("a\0b\xff\r\n", 6);
+    REQUIRE(q.put_after("nacked", "p", 0ms));
+    auto j = q.take(5s);
+    REQUIRE(j);
+    REQUIRE(q.nack(*j, 1h, reason));
+    auto i = q.get("nacked");
+    REQUIRE(i);
+    CHECK(i->last_error == reason);
+
+    REQUIRE(q.put_after("buried", "p", 0ms));
+    j = q.take(5s);
+    REQUIRE(j);
+    REQUIRE(q.bury(*j, reason + reason));
+    i = q.get("buried");
+    REQUIRE(i);
+    CHECK(i->state == delayq::job_state::dead);
+    CHECK(i->last_error == reason + reason);
+
+    // A lease that ended reads as waiting, due when it ended.
+    o.lease = 100ms;
+    pg::delay_queue short_lease(o);
+    REQUIRE(short_lease.put_after("ended", "p", 0ms));
+    j = short_lease.take(5s);
+    REQUIRE(j);
+    std::this_thread::sleep_for(300ms);
+    i = q.get("ended");
+    REQUIRE(i);
+    CHECK(i->state == delayq::job_state::waiting);
+    CHECK(i->time == std::chrono::time_point_cast<std::chrono::milliseconds>(j->lease_deadline));
+    CHECK(i->attempts == 1);
+
+    CHECK_THROWS_AS(q.get(""), std::invalid_argument);
+    CHECK_THROWS_AS(q.get(std::string(delayq::max_id_size + 1, 'i')), std::invalid_argument);
+    CHECK_FALSE(q.get(std::string(delayq::max_id_size, 'i')));
+    CHECK_THROWS_AS(q.dead(10, std::string(delayq::max_id_size + 1, 'i')), std::invalid_argument);
+    CHECK(q.dead(10, std::string(delayq::max_id_size, 'i')).empty());
+}
+
+TEST_CASE("postgres: a role that may use the tables but not alter them cannot upgrade them",
+          "[postgres][upgrade][errors]") {
+    const std::string role = "user_" + std::to_string(::getpid());
+    const std::string schema = "upo_" + std::to_string(::getpid());
+    server().exec("CREATE ROLE " + role + " LOGIN");
+    auto o = opts(fresh_name("upgrade-owner"));
+    o.schema = schema;
+    { pg::delay_queue q(o); }  // the tables, the superuser's
+    server().exec("GRANT USAGE ON SCHEMA " + schema + " TO " + role + "; GRANT ALL ON ALL " +
+                  "TABLES IN SCHEMA " + schema + " TO " + role + "; GRANT ALL ON ALL SEQUENCES " +
+                  "IN SCHEMA " + schema + " TO " + role);
+    make_old_layout(schema);
+    auto as_role = o;
+    as_role.conninfo = server().conninfo(role);
+    const auto m = message_of<pg::permission_error>([&] { pg::delay_queue q(as_role); });
+    INFO(m);
+    CHECK(contains(m, "last_error"));
+    CHECK(contains(m, "ownership"));
+    CHECK_FALSE(has_new_layout(schema));  // nothing of it applied
+
+    { pg::delay_queue q(o); }  // the owner upgrades
+    pg::delay_queue q(as_role);
+    REQUIRE(q.put_after("a", "p", 0ms));
+    auto j = q.take(5s);
+    REQUIRE(j);
+    REQUIRE(q.bury(*j, "why"));
+    CHECK(q.dead(1).at(0).last_error == "why");
+    server().exec("DROP SCHEMA " + schema + " CASCADE");
+}
+
+namespace {
+
+// `n` dead letters of queue `name` (ids `prefix`1, `prefix`2, ...), written straight into the
+// table of schema delayq on `srv`, as if they died `age` ago, a millisecond apart.
+void insert_dead(const std::string& name, const std::string& prefix, int n,
+                 std::chrono::milliseconds age, delayq_pg_test::pg_server& srv = server()) {
+    srv.exec("INSERT INTO delayq.dead(queue, id, payload, attempts, died) SELECT '" + name +
+             "', convert_to('" + prefix +
+             "' || g, 'UTF8'), 'p'::bytea, 1, floor(extract(epoch FROM clock_timestamp()) * "
+             "1000)::bigint - " +
+             std::to_string(age.count()) + " - g FROM generate_series(1, " + std::to_string(n) +
+             ") g");
+}
+
+// How many dead letters of queue `name` have an id that begins with `prefix`.
+int dead_with(const std::string& name, const std::string& prefix) {
+    return std::stoi(server().query("SELECT count(*) FROM delayq.dead WHERE queue = '" + name +
+                                    "' AND convert_from(id, 'UTF8') LIKE '" + prefix + "%'"));
+}
+
+}  // namespace
+
+TEST_CASE("postgres: requeue_dead wakes a take waiting on another object of the queue",
+          "[postgres][dead][wake]") {
+    // The take's claim found the queue empty, so it sleeps until a notification: only
+    // requeue_dead's wake-up, as a put's, can end its wait before max_wait.
+    const std::string name = fresh_name("requeue-wake");
+    auto o = opts(name);
+    o.max_attempts = 1;
+    pg::delay_queue other(o);
+    o.conninfo += " application_name=requeue-consumer";
+    pg::delay_queue consumer(o);
+    for (const char* id : {"now", "later"}) {
+        REQUIRE(other.put_after(id, "p", 0ms));
+        auto j = other.take(5s);
+        REQUIRE(j);
+        REQUIRE(other.bury(*j, "why"));
+    }
+    for (const auto delay : {0ms, 300ms}) {
+        std::optional<delayq::job> got;
+        std::chrono::steady_clock::duration waited{};
+        std::thread t([&] {
+            const auto start = std::chrono::steady_clock::now();
+            got = consumer.take(60s);
+            waited = std::chrono::steady_clock::now() - start;
+        });
+        wait_for(
+            "SELECT count(*) = 1 FROM pg_stat_activity WHERE application_name = "
+            "'requeue-consumer' AND query LIKE 'LISTEN%' AND state = 'idle'",
+            "the take listens");
+        std::this_thread::sleep_for(100ms);  // and sleeps, its claim having found nothing
+        const auto requeued = std::chrono::steady_clock::now();
+        REQUIRE(other.requeue_dead(delay == 0ms ? "now" : "later", delay));
+        t.join();
+        REQUIRE(got);
+        CHECK(got->id == (delay == 0ms ? "now" : "later"));
+        CHECK(got->attempts == 1);
+        CHECK(waited < 10s);  // not the 30 s lease end of the job before, nor max_wait
+        CHECK(std::chrono::steady_clock::now() - requeued >= delay);
+        CHECK(consumer.get(got->id)->last_error == "why");
+        CHECK(consumer.ack(*got));
+    }
+    CHECK(consumer.dead_size() == 0);
+}
+
+TEST_CASE("postgres: purge_dead removes a backlog of many batches, and only what is old enough",
+          "[postgres][dead]") {
+    // A server of its own, which logs every statement: each batch is a statement of its own.
+    delayq_pg_test::pg_server srv({"log_statement=all", "log_line_prefix=%a|"});
+    const std::string name = fresh_name("purge");
+    auto o = opts(name, srv);
+    o.conninfo += " application_name=purger";
+    pg::delay_queue q(o);
+    const std::string other = fresh_name("purge-other");
+    { pg::delay_queue untouched(opts(other, srv)); }
+    insert_dead(name, "old", 25000, 2h, srv);
+    insert_dead(name, "young", 10, 0ms, srv);
+    insert_dead(other, "old", 5, 2h, srv);
+    REQUIRE(q.dead_size() == 25010);
+    const auto batches = [&] {
+        std::ifstream in(srv.log());
+        int n = 0;
+        for (std::string line; std::getline(in, line);)
+            if (line.rfind("purger|", 0) == 0 && contains(line, "execute dq16")) ++n;
+        return n;
+    };
+
+    CHECK(q.purge_dead(1h) == 25000);
+    CHECK(batches() == 3);  // 10 000, 10 000, 5 000
+    CHECK(q.dead_size() == 10);
+    CHECK(q.dead(1).at(0).id.rfind("young", 0) == 0);
+    CHECK(srv.query("SELECT count(*) FROM delayq.dead WHERE queue = '" + other + "'") == "5");
+    CHECK(q.purge_dead(1h) == 0);
+    CHECK(batches() == 4);
+
+    // A backlog of exactly one batch takes a second statement, which finds nothing.
+    insert_dead(name, "full", 10000, 2h, srv);
+    CHECK(q.purge_dead(1h) == 10000);
+    CHECK(batches() == 6);
+    std::this_thread::sleep_for(20ms);
+    CHECK(q.purge_dead(0ms) == 10);
+    CHECK(q.dead_size() == 0);
+}
+
+TEST_CASE(
+    "postgres: with keep_dead, each move to the dead letters removes up to 100 old ones, the "
+    "queue's only",
+    "[postgres][dead]") {
+    const std::string name = fresh_name("keep");
+    auto o = opts(name);
+    o.max_attempts = 1;
+    o.lease = 200ms;
+    o.keep_dead = 1h;
+    pg::delay_queue q(o);
+    const std::string other = fresh_name("keep-other");
+    auto kept = opts(other);  // keep_dead 0: for ever
+    kept.max_attempts = 1;
+    pg::delay_queue forever(kept);
+    insert_dead(name, "old", 250, 2h);
+    insert_dead(other, "old", 10, 2h);
+
+    REQUIRE(q.put_after("nacked", "p", 0ms));
+    auto j = q.take(5s);
+    REQUIRE(j);
+    REQUIRE(q.nack(*j, 0ms, "last attempt"));
+    CHECK(dead_with(name, "old") == 150);
+
+    REQUIRE(q.put_after("buried", "p", 0ms));
+    j = q.take(5s);
+    REQUIRE(j);
+    REQUIRE(q.bury(*j));
+    CHECK(dead_with(name, "old") == 50);
+
+    REQUIRE(q.put_after("crashed", "p", 0ms));
+    j = q.take(5s);
+    REQUIRE(j);
+    std::this_thread::sleep_for(400ms);  // its last lease ends unsettled
+    CHECK_FALSE(q.take(0ms));            // the claim moves it to the dead letters
+    CHECK(dead_with(name, "old") == 0);
+    auto i = q.get("crashed");
+    REQUIRE(i);
+    CHECK(i->state == delayq::job_state::dead);
+    CHECK(i->last_error == std::string(delayq::lease_ended_reason));
+
+    // Nacks that are not the last attempt, and takes that bury nothing, remove nothing.
+    insert_dead(name, "old", 5, 2h);
+    o.max_attempts = 2;
+    pg::delay_queue twice(o);
+    REQUIRE(twice.put_after("retried", "p", 0ms));
+    j = twice.take(5s);
+    REQUIRE(j);
+    REQUIRE(twice.nack(*j, 0ms));
+    CHECK(dead_with(name, "old") == 5);
+    j = twice.take(5s);
+    REQUIRE(j);
+    REQUIRE(twice.nack(*j, 0ms));
+    CHECK(dead_with(name, "old") == 0);
+
+    // An old dead letter whose id dies again is replaced by the new death, not removed.
+    insert_dead(name, "again", 1, 2h);
+    REQUIRE(q.put_after("again1", "new", 0ms));
+    j = q.take(5s);
+    REQUIRE(j);
+    REQUIRE(q.bury(*j, "second"));
+    i = q.get("again1");
+    REQUIRE(i);
+    CHECK(i->state == delayq::job_state::dead);
+    CHECK(i->payload == "new");
+    CHECK(i->last_error == "second");
+    CHECK(i->time > std::chrono::system_clock::now() - 1min);
+    CHECK(q.dead_size() == 5);  // nacked, buried, crashed, retried, again1
+
+    // Another queue's, and a queue without keep_dead: kept.
+    REQUIRE(forever.put_after("dies", "p", 0ms));
+    j = forever.take(5s);
+    REQUIRE(j);
+    REQUIRE(forever.bury(*j));
+    CHECK(dead_with(other, "old") == 10);
+}
+
+TEST_CASE("postgres: keep_dead bounds the dead letters under a stream of deaths",
+          "[postgres][dead]") {
+    auto o = opts(fresh_name("keep-stream"));
+    o.max_attempts = 1;
+    o.keep_dead = 300ms;
+    pg::delay_queue q(o);
+    constexpr std::size_t per_round = 10;
+    for (std::size_t round = 0; round < 4; ++round) {
+        std::vector<std::string> ids;
+        std::vector<delayq::put_request> puts;
+        for (std::size_t k = 0; k < per_round; ++k)
+            ids.push_back("r" + std::to_string(round) + "-" + std::to_string(k));
+        for (const auto& id : ids) puts.push_back({id, "p", 0ms});
+        REQUIRE(q.put_many(puts) == std::vector<bool>(per_round, true));
+        std::vector<delayq::job> js;
+        while (js.size() < per_round) {
+            auto more = q.take_many(per_round - js.size(), 5s);
+            REQUIRE_FALSE(more.empty());
+            js.insert(js.end(), more.begin(), more.end());
+        }
+        for (const auto& j : js) REQUIRE(q.bury(j, "round " + std::to_string(round)));
+        // The rounds before died 400 ms or more before this round's first death: it removed them.
+        CHECK(q.dead_size() <= per_round);
+        if (round > 0) CHECK_FALSE(q.get("r" + std::to_string(round - 1) + "-0"));
+        std::this_thread::sleep_for(400ms);
+    }
+}
+
+TEST_CASE("postgres: with keep_dead, a death that waits for its dead letter holds no other",
+          "[postgres][dead]") {
+    // Two ids put again after they died long ago, dying at once: were each death to take old dead
+    // letters before it waits for its own, each could hold what the other waits for.
+    const std::string name = fresh_name("keep-wait");
+    auto o = opts(name);
+    o.max_attempts = 1;
+    o.keep_dead = 1h;
+    o.io_timeout = 20s;
+    o.conninfo += " application_name=keep-dier";
+    pg::delay_queue q(o);
+    insert_dead(name, "x", 1, 2h);
+    insert_dead(name, "y", 1, 2h);
+    REQUIRE(q.put_after("x1", "again", 0ms));
+    auto j = q.take(5s);
+    REQUIRE(j);
+    const std::string dead_row = "SELECT 1 FROM delayq.dead WHERE queue = '" + name +
+                                 "' AND id = convert_to('%', 'UTF8') FOR UPDATE";
+    const auto locking = [&](const char* id, const char* how) {
+        std::string sql = dead_row;
+        return sql.replace(sql.find('%'), 1, id) + how;
+    };
+    app_conn other(server().conninfo());  // another death's hold on x1's dead letter
+    other.exec("BEGIN");
+    other.exec(locking("x1", ""));
+    bool buried = false;
+    std::thread t([&] { buried = q.bury(*j, "died again"); });
+    wait_for(
+        "SELECT count(*) = 1 FROM pg_stat_activity WHERE application_name = 'keep-dier' AND "
+        "wait_event_type = 'Lock'",
+        "the death waits for x1's dead letter");
+    CHECK(other.try_exec(locking("y1", " NOWAIT")).empty());  // not held by the waiting death
+    other.exec("COMMIT");
+    t.join();
+    CHECK(buried);
+    const auto i = q.get("x1");
+    REQUIRE(i);
+    CHECK(i->last_error == "died again");
+    CHECK(dead_with(name, "y") == 0);  // removed once the death went on
+}
+
+TEST_CASE("postgres: requeue_dead during a death of the same id puts back the new dead letter",
+          "[postgres][dead]") {
+    // The requeue waits for the death's job row, as the death takes it first, then its dead
+    // letter; it then finds the dead letter that death wrote.
+    const std::string name = fresh_name("requeue-race");
+    auto o = opts(name);
+    o.max_attempts = 1;
+    o.io_timeout = 20s;
+    pg::delay_queue q(o);
+    auto od = o;
+    od.conninfo += " application_name=race-dier";
+    pg::delay_queue dier(od);
+    auto orq = o;
+    orq.conninfo += " application_name=race-requeuer";
+    pg::delay_queue requeuer(orq);
+    REQUIRE(q.put_after("z", "first", 0ms));
+    auto j = q.take(5s);
+    REQUIRE(j);
+    REQUIRE(q.bury(*j, "first death"));
+    REQUIRE(q.put_after("z", "second", 0ms));
+    j = q.take(5s);
+    REQUIRE(j);
+
+    app_conn other(server().conninfo());  // holds z's dead letter, so that the death waits
+    other.exec("BEGIN");
+    other.exec("SELECT 1 FROM delayq.dead WHERE queue = '" + name +
+               "' AND id = 'z'::bytea FOR UPDATE");
+    bool buried = false, requeued = false;
+    std::thread death([&] { buried = dier.bury(*j, "second death"); });
+    wait_for(
+        "SELECT count(*) = 1 FROM pg_stat_activity WHERE application_name = 'race-dier' AND "
+        "wait_event_type = 'Lock'",
+        "the death waits for z's dead letter");
+    std::thread requeue([&] { requeued = requeuer.requeue_dead("z", 0ms); });
+    wait_for(
+        "SELECT count(*) = 1 FROM pg_stat_activity WHERE application_name = 'race-requeuer' AND "
+        "wait_event_type = 'Lock'",
+        "the requeue waits for the death");
+    other.exec("COMMIT");
+    death.join();
+    requeue.join();
+    CHECK(buried);
+    CHECK(requeued);
+    const auto i = q.get("z");
+    REQUIRE(i);
+    CHECK(i->state == delayq::job_state::waiting);
+    CHECK(i->payload == "second");
+    CHECK(i->last_error == "second death");
+    CHECK(i->attempts == 0);
+    CHECK(q.dead_size() == 0);
 }

@@ -8,6 +8,7 @@
 #include <future>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "catch.hpp"
@@ -91,7 +92,7 @@ TEST_CASE("an ACL user with exactly the documented permissions can use every cal
     CHECK(w->payload == "pw");
     CHECK(consumer.ack(*w));
 
-    // put, reschedule, take, ack, nack, dead letters, cancel.
+    // put, reschedule, take, ack, nack, dead letters (and how get() and dead() show them), cancel.
     REQUIRE(q.put("a", "", past));
     REQUIRE(q.put("b", "pb", past));
     REQUIRE(q.put_after("c", "", 1h));
@@ -102,11 +103,39 @@ TEST_CASE("an ACL user with exactly the documented permissions can use every cal
     auto b = q.take(0ms);
     REQUIRE(b);
     CHECK(b->id == "b");
-    CHECK(q.nack(*b, 0ms));
+    CHECK(q.nack(*b, 0ms, "first"));
     auto b2 = q.take(1s);
     REQUIRE(b2);
     CHECK(b2->attempts == 2);
+    const auto leased = q.get("b");
+    REQUIRE(leased);
+    CHECK(leased->state == delayq::job_state::leased);
+    CHECK(leased->last_error == "first");
     CHECK(q.nack(*b2, 0ms));  // its last attempt: dead
+    CHECK(q.dead_size() == 1);
+    const auto dead = q.get("b");
+    REQUIRE(dead);
+    CHECK(dead->state == delayq::job_state::dead);
+    const auto page = q.dead(10);
+    REQUIRE(page.size() == 1);
+    CHECK(page[0].last_error == "first");
+    CHECK(q.dead(10, "b").empty());
+    // Back from the dead letters, and dead again; then swept by a death under keep_dead.
+    CHECK(q.requeue_dead("b", 0ms));
+    auto b3 = q.take(1s);
+    REQUIRE(b3);
+    CHECK(b3->attempts == 1);
+    CHECK(q.bury(*b3, "again"));
+    CHECK(q.dead_size() == 1);
+    auto keeping = o;
+    keeping.keep_dead = 1ms;
+    delay_queue k(keeping);
+    REQUIRE(k.put("k", "", past));
+    auto kj = k.take(1s);
+    REQUIRE(kj);
+    std::this_thread::sleep_for(5ms);  // "b" died more than keep_dead ago
+    CHECK(k.bury(*kj));
+    CHECK_FALSE(q.get("b"));
     CHECK(q.dead_size() == 1);
     CHECK(q.cancel("c"));
     CHECK(q.size() == 0);
@@ -147,10 +176,15 @@ TEST_CASE("an ACL user with exactly the documented permissions can use every cal
         ++taken;
     }
     CHECK(taken == static_cast<int>(ids.size()));
+    CHECK(sh.dead(10).empty());
+    CHECK_FALSE(sh.get(ids.front()));
 
     CHECK(q.size() == 0);
     CHECK(sh.size() == 0);
     CHECK(q.dead_size() == 1);
+    std::this_thread::sleep_for(5ms);  // "k" died before now
+    CHECK(q.purge_dead(0ms) == 1);
+    CHECK(q.dead_size() == 0);
     CHECK(connections_of(srv, "dq") >= 3);       // each object's link, the subscription
     CHECK(connections_of(srv, "default") == 1);  // CLIENT LIST's own
 }

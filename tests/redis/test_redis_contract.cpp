@@ -22,6 +22,7 @@ struct redis_fixture {
         auto o = delayq_test::opts(server);
         o.lease = s.lease;
         o.max_attempts = s.max_attempts;
+        o.keep_dead = s.keep_dead;
         return std::make_unique<queue>(o);
     }
 };

@@ -128,6 +128,58 @@ TEST_CASE(
     CHECK(objects[0]->size() == 0);
 }
 
+TEST_CASE("nacks and burials with reasons merged: each job keeps its own last error", "[lookup]") {
+    redis_server srv;
+    auto o = opts(srv);
+    o.lease = 60s;
+    o.max_attempts = 2;
+    delay_queue q(o);
+    for (int i = 0; i < 8; ++i) REQUIRE(q.put("j" + std::to_string(i), "", past));
+    std::vector<job> held;
+    for (int i = 0; i < 8; ++i) {
+        auto j = q.take(0ms);
+        REQUIRE(j);
+        held.push_back(*j);
+    }
+    // Reasons with a NUL and a slash, of several lengths; every third without a reason.
+    const auto reason_of = [](int i) {
+        std::string r("why\0/", 5);
+        r.append(static_cast<std::size_t>(i) * 7, static_cast<char>('a' + i));
+        return r;
+    };
+    std::vector<int> settled(8, -1);
+    std::vector<std::function<void()>> calls;
+    for (int i = 0; i < 8; ++i)
+        calls.emplace_back([&, i] {
+            const auto& j = held[static_cast<std::size_t>(i)];
+            bool ok = false;
+            if (i % 3 == 2)
+                ok = q.nack(j, 1h);
+            else if (i % 2 == 0)
+                ok = q.nack(j, 1h, reason_of(i));
+            else
+                ok = q.bury(j, reason_of(i));
+            settled[static_cast<std::size_t>(i)] = ok ? 1 : 0;
+        });
+    const long long scripts = while_paused(srv, calls);
+    CHECK(settled == std::vector<int>(8, 1));
+    CHECK(scripts <= 4);  // fewer than the eight calls: they went together
+    for (int i = 0; i < 8; ++i) {
+        INFO(i);
+        const auto info = q.get("j" + std::to_string(i));
+        REQUIRE(info);
+        CHECK(info->attempts == 1);
+        if (i % 3 == 2) {
+            CHECK(info->state == delayq::job_state::waiting);
+            CHECK(info->last_error.empty());
+        } else {
+            CHECK(info->state ==
+                  (i % 2 == 0 ? delayq::job_state::waiting : delayq::job_state::dead));
+            CHECK(info->last_error == reason_of(i));
+        }
+    }
+}
+
 TEST_CASE(
     "objects with different options do not merge their calls: each take has its own "
     "lease") {

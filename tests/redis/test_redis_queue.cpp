@@ -58,8 +58,18 @@ TEST_CASE("bad options and ids are std::invalid_argument naming the problem") {
     o.max_block = 1ms;
     CHECK(fails_with(o, "max_block"));
     o.max_block = 1s;
+    o.keep_dead = -1ms;
+    CHECK(fails_with(o, "keep_dead"));
+    o.keep_dead = 0ms;
     delay_queue q(o);  // valid options do not connect: no server is needed yet
     CHECK_THROWS_AS(q.put_after("", "x", 0ms), std::invalid_argument);
+    const std::string too_long(delayq::max_id_size + 1, 'x');
+    CHECK_THROWS_AS(q.get(""), std::invalid_argument);
+    CHECK_THROWS_AS(q.get(too_long), std::invalid_argument);
+    CHECK_THROWS_AS(q.dead(1, too_long), std::invalid_argument);
+    CHECK_THROWS_AS(q.requeue_dead(too_long, 0ms), std::invalid_argument);
+    CHECK_THROWS_AS(q.requeue_dead("x", -1ms), std::invalid_argument);
+    CHECK_THROWS_AS(q.purge_dead(-1ms), std::invalid_argument);
 }
 
 TEST_CASE("put then take then ack: a binary payload goes through intact") {
@@ -333,6 +343,74 @@ TEST_CASE("max_attempts moves a job to the dead-letter hash") {
     CHECK(q.nack(*d, 0ms));
     CHECK(q.dead_size() == 2);
     CHECK(q.size() == 0);
+}
+
+TEST_CASE("get() and dead() show a job, then its dead letter, with its last error", "[lookup]") {
+    server srv;
+    auto o = opts(srv);
+    o.max_attempts = 2;
+    o.lease = 10s;
+    delay_queue q(o);
+    REQUIRE(q.put("a", "pa", past));
+    auto j = q.take(1s);
+    REQUIRE(j);
+    auto i = q.get("a");
+    REQUIRE(i);
+    CHECK(i->state == delayq::job_state::leased);
+    CHECK(i->time == j->lease_deadline);
+    REQUIRE(q.nack(*j, 0ms, "first"));
+    i = q.get("a");
+    REQUIRE(i);
+    CHECK(i->state == delayq::job_state::waiting);
+    CHECK(i->attempts == 1);
+    CHECK(i->last_error == "first");
+    j = q.take(5s);
+    REQUIRE(j);
+    CHECK(j->attempts == 2);
+    REQUIRE(q.nack(*j, 0ms, "second"));  // its last attempt: dead
+    i = q.get("a");
+    REQUIRE(i);
+    CHECK(i->state == delayq::job_state::dead);
+    CHECK(i->attempts == 2);
+    CHECK(i->payload == "pa");
+    CHECK(i->last_error == "second");
+    const auto page = q.dead(10);
+    REQUIRE(page.size() == 1);
+    CHECK(page[0].id == "a");
+    CHECK(page[0].time == i->time);
+    CHECK(q.dead(10, "a").empty());
+    CHECK(q.dead(0).empty());
+    CHECK_FALSE(q.get("b"));
+}
+
+TEST_CASE("requeue_dead wakes a take blocked on another object, as a put does", "[dead]") {
+    server srv;
+    auto o = opts(srv);
+    o.max_attempts = 1;
+    delay_queue producer(o), consumer(o);
+    REQUIRE(producer.put("x", "px", past));
+    auto j = producer.take(1s);
+    REQUIRE(j);
+    REQUIRE(producer.bury(*j, "why"));
+    const long long listening = srv.waiting_objects();  // the producer, if its take had to wait
+    auto taken = std::async(std::launch::async, [&] { return consumer.take(20s); });
+    REQUIRE(eventually([&] { return srv.waiting_objects() == listening + 1; }));
+    const auto start = std::chrono::steady_clock::now();
+    REQUIRE(producer.requeue_dead("x", 0ms));
+    REQUIRE(taken.wait_for(4s) ==
+            std::future_status::ready);  // well before the 5 s idle block ends
+    j = taken.get();
+    REQUIRE(j);
+    CHECK(j->id == "x");
+    CHECK(j->payload == "px");
+    CHECK(j->attempts == 1);
+    CHECK(std::chrono::steady_clock::now() - start < 4s);
+    CHECK(producer.dead_size() == 0);
+    const auto i = producer.get("x");
+    REQUIRE(i);
+    CHECK(i->state == delayq::job_state::leased);
+    CHECK(i->last_error == "why");
+    CHECK(consumer.ack(*j));
 }
 
 TEST_CASE("scripts are reloaded after the server forgets them (NOSCRIPT)") {

@@ -1,10 +1,14 @@
 // What the Redis queue's Lua scripts keep on the server, at its edges: fencing tokens of 10^14 and
-// beyond, the one spelling of "no deadline", a put retried after its job was acked, and the keys
-// of an older layout, which are refused and left untouched.
+// beyond, the one spelling of "no deadline", a put retried after its job was acked, the keys
+// of an older layout, which are refused and left untouched, and where a job's last error and its
+// dead letter are kept (beside the dead-letter hash that every version reads), and how dead
+// letters are put back and removed: in bounded batches, by a purge or by keep_dead.
 #include <chrono>
 #include <delayq/redis/delay_queue.hpp>
 #include <string>
 #include <string_view>
+#include <thread>
+#include <vector>
 
 #include "catch.hpp"
 #include "expect_error.hpp"
@@ -77,7 +81,9 @@ TEST_CASE("'no deadline' is spelled once: the scripts take it from the C++ const
              {"9999", "1e14", "1e+14", "1E14", "1E+14", "10^14", "100000000000000"})
             CHECK(rest.find(other) == std::string::npos);
     }
-    CHECK(defined == 4);  // put, consume, cancel and reschedule; size reads no time
+    // put, consume, cancel, reschedule, get, requeue dead and purge dead; size and the dead page
+    // read no time
+    CHECK(defined == 7);
 
     // The scripts clamp with it: a far delay (put, reschedule) and a far lease end (take); and
     // EVALSHA finds every script that the object loaded (no EVAL fallback).
@@ -154,4 +160,392 @@ TEST_CASE("a queue written in key layout v2 is refused with layout_error, its jo
     o.name = "other";
     delay_queue fresh(o);
     CHECK(fresh.put_after("new", "", 0ms));
+}
+
+namespace {
+
+// A deadline already due by any server clock on this machine.
+const auto long_ago = std::chrono::system_clock::time_point(std::chrono::hours(24));
+
+// The "m" entry of job `id` in queue `q`'s buckets (whichever bucket holds it), or "".
+std::string meta_of(const redis_server& srv, const std::string& id) {
+    for (const auto& bucket : srv.keys("dq:v3:{q}:data:*")) {
+        const std::string m = srv.text({"HGET", bucket, "m" + id});
+        if (!m.empty()) return m;
+    }
+    return "";
+}
+
+// `n` dead letters of queue `q` as a burial writes them, "old1" .. "old<n>", died at the epoch's
+// 1001st .. ms: far older than anything kept. One script, not n round trips.
+void write_old_dead_letters(const redis_server& srv, int n) {
+    const auto r = srv.command({"EVAL",
+                                "for i = 1, tonumber(ARGV[1]) do\n"
+                                "  local id, died = 'old' .. i, string.format('%014d', 1000 + i)\n"
+                                "  redis.call('HSET', KEYS[1], id, 'p')\n"
+                                "  redis.call('HSET', KEYS[2], id, '1:' .. died .. '/ancient')\n"
+                                "  redis.call('ZADD', KEYS[3], '0', died .. ':' .. id)\n"
+                                "end",
+                                "3", "dq:v3:{q}:dead", "dq:v3:{q}:dead:info",
+                                "dq:v3:{q}:dead:order", std::to_string(n)});
+    REQUIRE(r->type != REDIS_REPLY_ERROR);
+}
+
+// How many dead letters queue `q`'s three dead-letter keys hold: the hash, the info, the order.
+std::vector<long long> dead_keys(const redis_server& srv) {
+    return {srv.command({"HLEN", "dq:v3:{q}:dead"})->integer,
+            srv.command({"HLEN", "dq:v3:{q}:dead:info"})->integer,
+            srv.command({"ZCARD", "dq:v3:{q}:dead:order"})->integer};
+}
+
+}  // namespace
+
+TEST_CASE("a job's last error rides in its meta entry: kept by a take and an extend, gone with it",
+          "[scripts][lookup]") {
+    redis_server srv;
+    auto o = opts(srv);
+    o.lease = 10s;
+    delay_queue q(o);
+    const std::string reason("503\0from\r\nupstream/x", 20);  // NUL, line breaks, a slash
+    REQUIRE(q.put("j", "p", long_ago));
+    auto j = q.take(1s);
+    REQUIRE(j);
+    REQUIRE(q.nack(*j, 0ms, reason));
+    CHECK(meta_of(srv, "j") == "1:0:0/" + reason);
+    auto i = q.get("j");
+    REQUIRE(i);
+    CHECK(i->state == delayq::job_state::waiting);
+    CHECK(i->last_error == reason);
+
+    j = q.take(5s);  // leased again: the last error stays
+    REQUIRE(j);
+    i = q.get("j");
+    REQUIRE(i);
+    CHECK(i->state == delayq::job_state::leased);
+    CHECK(i->attempts == 2);
+    CHECK(i->time == j->lease_deadline);
+    CHECK(i->last_error == reason);
+    REQUIRE(q.extend(*j, 20s));
+    i = q.get("j");
+    REQUIRE(i);
+    CHECK(i->time > j->lease_deadline);
+    CHECK(i->last_error == reason);
+
+    REQUIRE(q.ack(*j));  // gone, and so is its last error: a new put starts without one
+    CHECK_FALSE(q.get("j"));
+    CHECK(meta_of(srv, "j").empty());
+    REQUIRE(q.put("j", "again", long_ago));
+    i = q.get("j");
+    REQUIRE(i);
+    CHECK(i->attempts == 0);
+    CHECK(i->payload == "again");
+    CHECK(i->last_error.empty());
+
+    // An empty reason is a last error too: it replaces the one before.
+    j = q.take(1s);
+    REQUIRE(j);
+    REQUIRE(q.nack(*j, 1h, "first"));
+    REQUIRE(q.reschedule("j", 0ms));
+    j = q.take(5s);
+    REQUIRE(j);
+    REQUIRE(q.nack(*j, 1h, ""));
+    i = q.get("j");
+    REQUIRE(i);
+    CHECK(i->attempts == 2);
+    CHECK(i->last_error.empty());
+}
+
+TEST_CASE("a reason with NUL bytes goes to the dead letters intact, and the dead hash is as before",
+          "[scripts][lookup]") {
+    redis_server srv;
+    auto o = opts(srv);
+    o.max_attempts = 1;
+    delay_queue q(o);
+    const std::string payload("a\0b", 3);
+    const std::string reason("\0no\0such\0order\0", 15);
+    REQUIRE(q.put("n", payload, long_ago));
+    REQUIRE(q.put("b", payload, long_ago));
+    auto j = q.take(1s);
+    REQUIRE(j);
+    REQUIRE(q.nack(*j, 0ms, reason));  // its last attempt: dead
+    auto k = q.take(1s);
+    REQUIRE(k);
+    REQUIRE(q.bury(*k, reason + "!"));
+    for (const auto& [id, why] : {std::pair{j->id, reason}, std::pair{k->id, reason + "!"}}) {
+        INFO(id);
+        // What every version reads: id -> payload.
+        CHECK(srv.text({"HGET", "dq:v3:{q}:dead", id}) == payload);
+        const auto i = q.get(id);
+        REQUIRE(i);
+        CHECK(i->state == delayq::job_state::dead);
+        CHECK(i->attempts == 1);
+        CHECK(i->payload == payload);
+        CHECK(i->last_error == why);
+    }
+    const auto page = q.dead(10);
+    REQUIRE(page.size() == 2);
+    CHECK(page[0].id == j->id);
+    CHECK(page[0].last_error == reason);
+    CHECK(page[1].id == k->id);
+    CHECK(page[1].last_error == reason + "!");
+    CHECK(page[0].time <= page[1].time);
+}
+
+TEST_CASE("a dead letter written by an earlier version is seen by get(), not paged by dead()",
+          "[scripts][lookup]") {
+    redis_server srv;
+    auto o = opts(srv);
+    o.max_attempts = 1;
+    delay_queue q(o);
+    REQUIRE(q.put("warm", "", long_ago));  // the keys' layout checked, the scripts loaded
+    REQUIRE(srv.command({"HSET", "dq:v3:{q}:dead", "old", std::string("p\0q", 3)})->integer == 1);
+    auto i = q.get("old");
+    REQUIRE(i);
+    CHECK(i->id == "old");
+    CHECK(i->state == delayq::job_state::dead);
+    CHECK(i->time == std::chrono::system_clock::time_point{});  // unknown
+    CHECK(i->attempts == 0);
+    CHECK(i->payload == std::string("p\0q", 3));
+    CHECK(i->last_error.empty());
+    CHECK(q.dead_size() == 1);
+    CHECK(q.dead(10).empty());
+    CHECK(q.dead(10, "old").empty());  // it has no place in the order
+
+    // Beside it, a dead letter of this version pages as usual.
+    auto j = q.take(1s);
+    REQUIRE(j);
+    REQUIRE(q.bury(*j, "why"));
+    const auto page = q.dead(10);
+    REQUIRE(page.size() == 1);
+    CHECK(page[0].id == "warm");
+    CHECK(q.dead_size() == 2);
+    // Put again and dead again, the old one becomes a dead letter of this version.
+    REQUIRE(q.put("old", "new", long_ago));
+    i = q.get("old");
+    REQUIRE(i);
+    CHECK(i->state == delayq::job_state::waiting);
+    j = q.take(1s);
+    REQUIRE(j);
+    std::this_thread::sleep_for(2ms);  // dies after "warm", in a millisecond of its own
+    REQUIRE(q.bury(*j));
+    const auto both = q.dead(10);
+    REQUIRE(both.size() == 2);
+    CHECK(both[1].id == "old");
+    CHECK(both[1].payload == "new");
+    CHECK(both[1].attempts == 1);
+}
+
+TEST_CASE("a dead letter has one place in the order: dying again moves it, by hand it is dropped",
+          "[scripts][lookup]") {
+    redis_server srv;
+    auto o = opts(srv);
+    o.max_attempts = 1;
+    delay_queue q(o);
+    for (const char* why : {"first", "second"}) {
+        REQUIRE(q.put("x", "p", long_ago));
+        auto j = q.take(1s);
+        REQUIRE(j);
+        std::this_thread::sleep_for(2ms);  // a millisecond of its own
+        REQUIRE(q.bury(*j, why));
+    }
+    REQUIRE(q.put("y", "p", long_ago));
+    auto y = q.take(1s);
+    REQUIRE(y);
+    REQUIRE(q.bury(*y));
+    CHECK(srv.command({"ZCARD", "dq:v3:{q}:dead:order"})->integer == 2);
+    auto page = q.dead(10);
+    REQUIRE(page.size() == 2);
+    CHECK(page[0].id == "x");
+    CHECK(page[0].last_error == "second");
+    CHECK(page[1].id == "y");
+    CHECK(page[1].last_error.empty());
+
+    // Removed from the dead-letter hash by hand: the next page drops what stood beside it.
+    REQUIRE(srv.command({"HDEL", "dq:v3:{q}:dead", "x"})->integer == 1);
+    CHECK_FALSE(q.get("x"));
+    CHECK(q.dead(10, "x").empty());
+    page = q.dead(10);
+    REQUIRE(page.size() == 1);
+    CHECK(page[0].id == "y");
+    CHECK(srv.command({"ZCARD", "dq:v3:{q}:dead:order"})->integer == 1);
+    CHECK(srv.command({"HEXISTS", "dq:v3:{q}:dead:info", "x"})->integer == 0);
+}
+
+TEST_CASE("jobs that die in the same millisecond page by id", "[scripts][lookup]") {
+    redis_server srv;
+    auto o = opts(srv);
+    o.max_attempts = 1;
+    o.lease = 200ms;
+    delay_queue q(o);
+    std::vector<std::string> ids;
+    for (int i = 5; i-- > 0;) ids.push_back("t" + std::to_string(i));  // put in reverse
+    for (const auto& id : ids) REQUIRE(q.put(id, "p", long_ago));
+    REQUIRE(q.take_many(10, 1s).size() == ids.size());  // and never settled
+    std::this_thread::sleep_for(300ms);
+    CHECK_FALSE(q.take(0ms));  // one call finds every lease ended: they die in one script
+    REQUIRE(q.dead_size() == ids.size());
+    std::vector<std::string> seen;
+    std::string after;
+    const auto died = q.dead(1).at(0).time;
+    while (true) {
+        const auto page = q.dead(2, after);
+        if (page.empty()) break;
+        for (const auto& d : page) {
+            CHECK(d.time == died);
+            CHECK(d.last_error == std::string(delayq::lease_ended_reason));
+            seen.push_back(d.id);
+        }
+        after = page.back().id;
+    }
+    CHECK(seen == std::vector<std::string>{"t0", "t1", "t2", "t3", "t4"});
+}
+
+TEST_CASE("a lease that ends keeps the job's last error: it is due again at its lease end",
+          "[scripts][lookup]") {
+    redis_server srv;
+    auto o = opts(srv);
+    o.lease = 200ms;
+    delay_queue q(o);
+    REQUIRE(q.put("j", "p", long_ago));
+    auto j = q.take(1s);
+    REQUIRE(j);
+    REQUIRE(q.nack(*j, 0ms, "timeout"));
+    j = q.take(5s);
+    REQUIRE(j);  // and never settled
+    std::this_thread::sleep_for(300ms);
+    auto i = q.get("j");
+    REQUIRE(i);
+    CHECK(i->state == delayq::job_state::waiting);
+    CHECK(i->time == j->lease_deadline);
+    CHECK(i->attempts == 2);
+    CHECK(i->last_error == "timeout");
+    auto again = q.take(1s);
+    REQUIRE(again);
+    CHECK(again->attempts == 3);
+    i = q.get("j");
+    REQUIRE(i);
+    CHECK(i->state == delayq::job_state::leased);
+    CHECK(i->last_error == "timeout");
+}
+
+TEST_CASE("requeue_dead: the job waits again with its last error in its meta entry, attempts 0",
+          "[scripts][dead]") {
+    redis_server srv;
+    auto o = opts(srv);
+    o.max_attempts = 1;
+    delay_queue q(o);
+    REQUIRE(q.put("x", "px", long_ago));
+    auto j = q.take(1s);
+    REQUIRE(j);
+    REQUIRE(q.bury(*j, "why"));
+    CHECK(dead_keys(srv) == std::vector<long long>{1, 1, 1});
+    REQUIRE(q.requeue_dead("x", 0ms));
+    CHECK(dead_keys(srv) == std::vector<long long>{0, 0, 0});  // a dead letter no more
+    CHECK(meta_of(srv, "x") == "0:0:0/why");
+    j = q.take(1s);
+    REQUIRE(j);
+    CHECK(j->payload == "px");
+    CHECK(j->attempts == 1);
+    CHECK(meta_of(srv, "x").ends_with("/why"));
+    CHECK(q.ack(*j));
+
+    // A dead letter of an earlier version (in `dead` alone): back with no last error, no meta.
+    REQUIRE(srv.command({"HSET", "dq:v3:{q}:dead", "legacy", "pl"})->integer == 1);
+    REQUIRE(q.requeue_dead("legacy", 0ms));
+    CHECK(meta_of(srv, "legacy").empty());
+    CHECK(dead_keys(srv) == std::vector<long long>{0, 0, 0});
+    const auto i = q.get("legacy");
+    REQUIRE(i);
+    CHECK(i->state == delayq::job_state::waiting);
+    CHECK(i->payload == "pl");
+    CHECK(i->attempts == 0);
+    CHECK(i->last_error.empty());
+    CHECK_THROWS_AS(q.requeue_dead("", 0ms), std::invalid_argument);
+    CHECK_THROWS_AS(q.requeue_dead("x", -1ms), std::invalid_argument);
+}
+
+TEST_CASE("purge_dead goes through 2500 dead letters in calls of at most 1000", "[scripts][dead]") {
+    redis_server srv;
+    auto o = opts(srv);
+    o.max_attempts = 1;
+    delay_queue q(o);
+    REQUIRE(q.put("fresh", "", long_ago));
+    auto j = q.take(1s);  // the keys' layout checked, the scripts loaded
+    REQUIRE(j);
+    REQUIRE(q.bury(*j));
+    write_old_dead_letters(srv, 2500);
+    // One removed from the dead-letter hash by hand (its place and entry stay): not counted.
+    REQUIRE(srv.command({"HDEL", "dq:v3:{q}:dead", "old7"})->integer == 1);
+    // One of an earlier version, in `dead` alone: no purge sees it.
+    REQUIRE(srv.command({"HSET", "dq:v3:{q}:dead", "legacy", ""})->integer == 1);
+    CHECK(q.dead_size() == 2501);
+    CHECK(q.purge_dead(1h) == 2499);
+    CHECK(dead_keys(srv) == std::vector<long long>{2, 1, 1});  // "fresh" and "legacy"
+    // 2501 places: 1000, 1000 and 501, each removed by one ZREMRANGEBYLEX of its own call.
+    CHECK(srv.info_field("commandstats", "cmdstat_zremrangebylex:calls=") == "3");
+    CHECK(q.purge_dead(1h) == 0);
+    const auto page = q.dead(10);
+    REQUIRE(page.size() == 1);
+    CHECK(page[0].id == "fresh");
+    CHECK(q.get("legacy"));
+    CHECK_FALSE(q.get("old1"));
+    CHECK_THROWS_AS(q.purge_dead(-1ms), std::invalid_argument);
+}
+
+TEST_CASE("keep_dead: each death removes at most 10 dead letters kept too long, oldest first",
+          "[scripts][dead]") {
+    redis_server srv;
+    auto o = opts(srv);
+    o.max_attempts = 2;
+    o.keep_dead = 1h;
+    delay_queue q(o);
+    REQUIRE(q.put("warm", "", long_ago));
+    REQUIRE(q.cancel("warm"));
+    write_old_dead_letters(srv, 500);
+
+    // A burial.
+    REQUIRE(q.put("b", "", long_ago));
+    auto j = q.take(1s);
+    REQUIRE(j);
+    REQUIRE(q.bury(*j, "buried"));
+    CHECK(dead_keys(srv) == std::vector<long long>{491, 491, 491});
+    CHECK_FALSE(q.get("old10"));
+    CHECK(q.get("old11"));  // the oldest went first
+
+    // A nack of the last attempt.
+    REQUIRE(q.put("n", "", long_ago));
+    for (int k = 0; k < 2; ++k) {
+        j = q.take(5s);
+        REQUIRE(j);
+        REQUIRE(q.nack(*j, 0ms, "nacked"));
+    }
+    CHECK(dead_keys(srv) == std::vector<long long>{482, 482, 482});
+
+    // A take that finds the last lease ended.
+    auto short_lease = o;
+    short_lease.lease = 100ms;
+    short_lease.max_attempts = 1;
+    delay_queue r(short_lease);
+    REQUIRE(r.put("r", "", long_ago));
+    REQUIRE(r.take(1s));
+    std::this_thread::sleep_for(200ms);
+    CHECK_FALSE(r.take(0ms));
+    CHECK(dead_keys(srv) == std::vector<long long>{473, 473, 473});
+    const auto reclaimed = q.get("r");
+    REQUIRE(reclaimed);
+    CHECK(reclaimed->state == delayq::job_state::dead);
+
+    // A stream of deaths: after 47 more, none of the old ones is left, and nothing new goes.
+    for (int k = 0; k < 100; ++k) {
+        REQUIRE(q.put("s" + std::to_string(k), "", long_ago));
+        j = q.take(1s);
+        REQUIRE(j);
+        REQUIRE(q.bury(*j));
+        const auto held = q.dead_size();
+        CHECK(held == (k < 47 ? 473 - 9 * static_cast<std::size_t>(k + 1)
+                              : 4 + static_cast<std::size_t>(k)));
+    }
+    CHECK(dead_keys(srv) == std::vector<long long>{103, 103, 103});
+    CHECK(q.get("b"));
+    CHECK(q.dead(1).at(0).id == "b");
 }

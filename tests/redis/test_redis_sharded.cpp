@@ -13,6 +13,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "catch.hpp"
@@ -214,4 +215,120 @@ TEST_CASE(
     CHECK_THROWS_AS(consumer.take(30s), delayq::redis::error);
     CHECK(std::chrono::steady_clock::now() - start >= 500ms);  // not at the first failure
     CHECK(proxy.dropped() >= 2);
+}
+
+TEST_CASE("sharded: dead() pages the dead letters of every shard in the order they died",
+          "[lookup]") {
+    redis_server srv;
+    auto o = opts(srv);
+    o.max_attempts = 1;
+    sharded_delay_queue q(o, 4);
+    const auto past = std::chrono::system_clock::time_point(std::chrono::hours(24));
+    std::set<std::size_t> shards;
+    for (int i = 0; i < 12; ++i) {
+        const std::string id = "d" + std::to_string(i);
+        REQUIRE(q.put(id, "p" + id, past));
+        shards.insert(delayq::redis::detail::fnv1a(id) % 4);
+    }
+    REQUIRE(shards.size() > 1);
+    std::vector<std::string> died;  // in that order
+    while (auto j = q.take(0ms)) {
+        std::this_thread::sleep_for(2ms);  // a millisecond of its own
+        REQUIRE(q.bury(*j, "why " + j->id));
+        died.push_back(j->id);
+    }
+    REQUIRE(died.size() == 12);
+    for (const std::size_t size : {1, 5, 12, 100}) {
+        std::vector<std::string> seen;
+        std::string after;
+        for (auto page = q.dead(size); !page.empty(); page = q.dead(size, after)) {
+            CHECK(page.size() <= size);
+            for (const auto& d : page) {
+                CHECK(d.state == delayq::job_state::dead);
+                CHECK(d.payload == "p" + d.id);
+                CHECK(d.last_error == "why " + d.id);
+                seen.push_back(d.id);
+            }
+            after = page.back().id;
+        }
+        CHECK(seen == died);
+    }
+    const auto i = q.get("d7");  // on its own shard
+    REQUIRE(i);
+    CHECK(i->state == delayq::job_state::dead);
+    CHECK(i->last_error == "why d7");
+    CHECK(q.dead(10, "nobody").empty());
+}
+
+TEST_CASE("sharded: dead letters of several shards that died in the same millisecond page by id",
+          "[lookup]") {
+    redis_server srv;
+    sharded_delay_queue q(opts(srv), 3);
+    // Written as a burial writes them: the dead-letter hash, the entry with the attempts, the time
+    // and the last error, the place in the order ("died:id", died in 14 digits).
+    const std::map<std::string, int> letters{{"a", 1000}, {"b", 1000}, {"c", 999}, {"d", 1000},
+                                             {"e", 1001}, {"f", 1000}, {"g", 999}, {"h", 1001}};
+    std::set<std::size_t> tied;  // the shards of those that died at 1000
+    for (const auto& [id, ms] : letters) {
+        const std::size_t shard = delayq::redis::detail::fnv1a(id) % 3;
+        if (ms == 1000) tied.insert(shard);
+        const std::string key = "dq:v3:{q#" + std::to_string(shard) + "}:dead";
+        std::string died = std::to_string(ms);
+        died.insert(0, 14 - died.size(), '0');
+        srv.command({"HSET", key, id, "p"});
+        srv.command({"HSET", key + ":info", id, "1:" + died + "/why " + id});
+        srv.command({"ZADD", key + ":order", "0", died + ":" + id});
+    }
+    REQUIRE(tied.size() > 1);
+    const std::vector<std::string> order{"c", "g", "a", "b", "d", "f", "e", "h"};
+    std::vector<std::string> seen;
+    std::string after;
+    for (auto page = q.dead(3); !page.empty(); page = q.dead(3, after)) {
+        for (const auto& d : page) {
+            CHECK(d.time == std::chrono::system_clock::time_point(
+                                std::chrono::milliseconds(letters.at(d.id))));
+            CHECK(d.attempts == 1);
+            CHECK(d.last_error == "why " + d.id);
+            seen.push_back(d.id);
+        }
+        after = page.back().id;
+    }
+    CHECK(seen == order);
+    const auto two = q.dead(2, "b");  // from within the tie
+    REQUIRE(two.size() == 2);
+    CHECK(two[0].id == "d");
+    CHECK(two[1].id == "f");
+}
+
+TEST_CASE("sharded: purge_dead purges every shard and sums, requeue_dead finds the id's shard",
+          "[dead]") {
+    redis_server srv;
+    auto o = opts(srv);
+    o.max_attempts = 1;
+    sharded_delay_queue q(o, 4);
+    const auto past = std::chrono::system_clock::time_point(std::chrono::hours(24));
+    std::set<std::size_t> shards;
+    for (int i = 0; i < 20; ++i) {
+        const std::string id = "d" + std::to_string(i);
+        REQUIRE(q.put(id, "p" + id, past));
+        shards.insert(delayq::redis::detail::fnv1a(id) % 4);
+    }
+    REQUIRE(shards.size() == 4);
+    while (auto j = q.take(0ms)) REQUIRE(q.bury(*j, "why " + j->id));
+    REQUIRE(q.dead_size() == 20);
+    REQUIRE(q.requeue_dead("d3", 0ms));
+    CHECK_FALSE(q.requeue_dead("d3", 0ms));
+    auto j = q.take(1s);
+    REQUIRE(j);
+    CHECK(j->id == "d3");
+    CHECK(j->attempts == 1);
+    CHECK(q.get("d3")->last_error == "why d3");
+    CHECK(q.ack(*j));
+    CHECK(q.purge_dead(1h) == 0);
+    std::this_thread::sleep_for(20ms);  // each died at least a few ms before now
+    CHECK(q.purge_dead(0ms) == 19);
+    CHECK(q.dead_size() == 0);
+    CHECK(q.dead(10).empty());
+    for (std::size_t s = 0; s < 4; ++s)
+        CHECK(srv.keys("dq:v3:{q#" + std::to_string(s) + "}:dead*").empty());
 }

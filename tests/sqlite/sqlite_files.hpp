@@ -60,6 +60,7 @@ struct fixture {
         auto o = opts(dir.file());
         o.lease = s.lease;
         o.max_attempts = s.max_attempts;
+        o.keep_dead = s.keep_dead;
         return std::make_unique<queue>(o);
     }
 };

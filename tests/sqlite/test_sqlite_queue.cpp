@@ -132,6 +132,9 @@ TEST_CASE("bad options and ids are std::invalid_argument naming the problem") {
     o = opts(dir.file());
     o.commit_batch = 0;
     CHECK(fails_with(o, "commit_batch"));
+    o = opts(dir.file());
+    o.keep_dead = -1ms;
+    CHECK(fails_with(o, "keep_dead"));
     delay_queue q(opts(dir.file()));
     CHECK(q.get_options().path == dir.file());
     CHECK_THROWS_AS(q.put_after("", "x", 0ms), std::invalid_argument);
@@ -665,4 +668,432 @@ TEST_CASE("kill -9 of producers and consumers mid-flow: no returned put lost, no
         if (acked.count(*it) > 1) ++twice;
     CHECK(lost == 0);
     CHECK(twice == 0);
+}
+
+namespace {
+
+// Whether `table` of the file at `path` has a column `column`.
+bool has_column(const std::string& path, const std::string& table, const char* column) {
+    return raw_text(path, ("SELECT count(*) FROM pragma_table_info('" + table +
+                           "') WHERE name = '" + column + "'")
+                              .c_str()) == "1";
+}
+
+// Makes the queue in `path` (its tables named with `prefix`) as the layout before the last error
+// wrote it: no last_error columns, no index of the dead letters.
+void to_layout_without_last_error(const std::string& path, const std::string& prefix) {
+    raw_exec(path,
+             ("DROP INDEX " + prefix + "dead_died; ALTER TABLE " + prefix +
+              "jobs DROP COLUMN last_error; ALTER TABLE " + prefix + "dead DROP COLUMN last_error")
+                 .c_str());
+    REQUIRE_FALSE(has_column(path, prefix + "jobs", "last_error"));
+    REQUIRE_FALSE(has_column(path, prefix + "dead", "last_error"));
+}
+
+}  // namespace
+
+TEST_CASE("a file of the layout before the last error upgrades in place and keeps its jobs") {
+    temp_dir dir;
+    auto o = opts(dir.file());
+    std::string prefix;
+    SECTION("a queue in a file of its own") {}
+    SECTION("a queue beside the application's tables") {
+        o.allow_other_tables = true;
+        prefix = "delayq_";
+    }
+    o.lease = 1h;
+    delayq::job held;
+    const auto later =
+        std::chrono::floor<std::chrono::milliseconds>(std::chrono::system_clock::now() + 1h);
+    {
+        delay_queue q(o);
+        REQUIRE(q.put("held", "ph", past));
+        REQUIRE(q.put("buried", std::string("pb\0", 3), past + 1ms));
+        REQUIRE(q.put("waiting", "pw", later));
+        auto both = q.take_many(2, 5s);
+        REQUIRE(both.size() == 2);
+        held = both[0];
+        REQUIRE(held.id == "held");
+        REQUIRE(q.bury(both[1]));
+    }
+    to_layout_without_last_error(dir.file(), prefix);
+
+    delay_queue q(o);
+    CHECK(has_column(dir.file(), prefix + "jobs", "last_error"));
+    CHECK(has_column(dir.file(), prefix + "dead", "last_error"));
+    CHECK(raw_text(dir.file(), ("SELECT count(*) FROM sqlite_schema WHERE type = 'index' AND "
+                                "name = '" +
+                                prefix + "dead_died'")
+                                   .c_str()) == "1");
+    // The same format: a version without the last error opens the upgraded file too.
+    if (prefix.empty()) {
+        CHECK(raw_text(dir.file(), "PRAGMA user_version") == "1");
+    } else {
+        CHECK(raw_text(dir.file(), "SELECT value FROM delayq_meta WHERE name = 'format'") == "1");
+    }
+    CHECK(q.size() == 2);
+    CHECK(q.dead_size() == 1);
+
+    auto i = q.get("waiting");
+    REQUIRE(i);
+    CHECK(i->state == delayq::job_state::waiting);
+    CHECK(i->time == later);
+    CHECK(i->attempts == 0);
+    CHECK(i->payload == "pw");
+    CHECK(i->last_error.empty());
+    i = q.get("held");
+    REQUIRE(i);
+    CHECK(i->state == delayq::job_state::leased);
+    CHECK(i->time == held.lease_deadline);
+    CHECK(i->attempts == 1);
+    const auto dead = q.dead(10);
+    REQUIRE(dead.size() == 1);
+    CHECK(dead[0].id == "buried");
+    CHECK(dead[0].state == delayq::job_state::dead);
+    CHECK(dead[0].payload == std::string("pb\0", 3));
+    CHECK(dead[0].attempts == 1);
+    CHECK(dead[0].last_error.empty());
+    CHECK(q.dead(10, "buried").empty());
+
+    REQUIRE(q.nack(held, 0ms, "failed after the upgrade"));  // the lease from before it
+    i = q.get("held");
+    REQUIRE(i);
+    CHECK(i->state == delayq::job_state::waiting);
+    CHECK(i->last_error == "failed after the upgrade");
+    auto again = q.take(5s);
+    REQUIRE(again);
+    REQUIRE(again->id == "held");
+    REQUIRE(q.bury(*again));  // without a reason: the dead letter keeps the last one
+    const auto both = q.dead(10);
+    REQUIRE(both.size() == 2);
+    CHECK(both[0].id == "buried");
+    CHECK(both[1].id == "held");
+    CHECK(both[1].last_error == "failed after the upgrade");
+    CHECK(q.get("held")->state == delayq::job_state::dead);
+
+    // Opened again: nothing left to add, and nothing changes.
+    delay_queue reopened(o);
+    CHECK(reopened.dead(10).size() == 2);
+    CHECK(reopened.get("held")->last_error == "failed after the upgrade");
+    CHECK(integrity(dir.file()) == "ok");
+}
+
+TEST_CASE("an upgraded file keeps working with the statements of the version before it") {
+    // What a version without the last error runs on the file (it names its columns): its put,
+    // its move to the dead letters. Its rows just have no last error.
+    temp_dir dir;
+    delay_queue q(opts(dir.file()));
+    REQUIRE(q.put("a", "x", past));
+    auto j = q.take(5s);
+    REQUIRE(j);
+    REQUIRE(q.nack(*j, 1h, "new version's reason"));
+    raw_exec(dir.file(),
+             "INSERT OR IGNORE INTO jobs(id, payload, due) VALUES(CAST('b' AS BLOB), "
+             "CAST('y' AS BLOB), 0);"
+             "INSERT OR REPLACE INTO dead(id, payload, attempts, died) SELECT id, payload, "
+             "attempts, 5 FROM jobs WHERE id = CAST('a' AS BLOB);"
+             "DELETE FROM jobs WHERE id = CAST('a' AS BLOB)");
+    auto b = q.get("b");
+    REQUIRE(b);
+    CHECK(b->state == delayq::job_state::waiting);
+    CHECK(b->last_error.empty());
+    auto a = q.get("a");
+    REQUIRE(a);
+    CHECK(a->state == delayq::job_state::dead);
+    CHECK(a->last_error.empty());
+    CHECK(a->time == std::chrono::system_clock::time_point(5ms));
+}
+
+TEST_CASE("a reason is binary-safe, cut to max_reason_size bytes, and kept by the dead letter") {
+    temp_dir dir;
+    auto o = opts(dir.file());
+    o.max_attempts = 2;
+    delay_queue q(o);
+    REQUIRE(q.put("a", "x", past));
+    REQUIRE(q.put_after("b", "y", 1h));
+    const std::string nul("bad\0byte\xff", 9);
+    auto a = q.take(5s);
+    REQUIRE(a);
+    REQUIRE(a->id == "a");
+    REQUIRE(q.nack(*a, 0ms, nul));
+    auto i = q.get("a");
+    REQUIRE(i);
+    CHECK(i->last_error == nul);
+
+    // Exactly max_reason_size bytes are kept whole; past them, cut, a NUL within kept.
+    std::string longest(delayq::max_reason_size, 'r');
+    longest[10] = '\0';
+    a = q.take(5s);
+    REQUIRE(a);
+    REQUIRE(a->id == "a");
+    REQUIRE(q.nack(*a, 0ms, longest + "cut"));  // its second delivery: to the dead letters
+    CHECK(q.size() == 1);
+    i = q.get("a");
+    REQUIRE(i);
+    CHECK(i->state == delayq::job_state::dead);
+    CHECK(i->attempts == 2);
+    CHECK(i->last_error == longest);
+
+    REQUIRE(q.reschedule("b", 0ms));
+    auto b = q.take(5s);
+    REQUIRE(b);
+    REQUIRE(b->id == "b");
+    REQUIRE(q.bury(*b, nul + nul));
+    CHECK(q.get("b")->last_error == nul + nul);
+    const auto dead = q.dead(10);
+    REQUIRE(dead.size() == 2);
+    CHECK(dead[0].last_error == longest);
+    CHECK(dead[1].last_error == nul + nul);
+
+    // A put of a dead job's id starts without a last error; the dead letter keeps its own.
+    REQUIRE(q.put("a", "again", past));
+    i = q.get("a");
+    REQUIRE(i);
+    CHECK(i->state == delayq::job_state::waiting);
+    CHECK(i->last_error.empty());
+    CHECK(q.dead(1)[0].last_error == longest);
+}
+
+TEST_CASE("get() of a lease that ended reads as waiting, due at the lease's end") {
+    temp_dir dir;
+    auto o = opts(dir.file());
+    o.lease = 100ms;
+    delay_queue q(o);
+    REQUIRE(q.put("a", "x", past));
+    auto j = q.take(5s);
+    REQUIRE(j);
+    auto i = q.get("a");
+    REQUIRE(i);
+    CHECK(i->state == delayq::job_state::leased);
+    CHECK(i->time == j->lease_deadline);
+    std::this_thread::sleep_for(200ms);
+    i = q.get("a");
+    REQUIRE(i);
+    CHECK(i->state == delayq::job_state::waiting);
+    CHECK(i->time == j->lease_deadline);
+    CHECK(i->attempts == 1);
+}
+
+TEST_CASE("dead() pages by the time of death then by id, at most max_take_many at a time") {
+    temp_dir dir;
+    delay_queue q(opts(dir.file()));
+    // 600 dead letters: three in each of 200 milliseconds, ids that sort against that time.
+    raw_exec(dir.file(),
+             "WITH RECURSIVE n(k) AS (SELECT 0 UNION ALL SELECT k + 1 FROM n WHERE k < 599) "
+             "INSERT INTO dead(id, payload, attempts, died) SELECT CAST(printf('%03d', 599 - k) "
+             "AS BLOB), CAST('p' AS BLOB), 1, 1000 + k / 3 FROM n");
+    CHECK(q.dead_size() == 600);
+    const auto first = q.dead(3);
+    REQUIRE(first.size() == 3);
+    CHECK(first[0].id == "597");  // died at 1000 ms, the least id of the three first
+    CHECK(first[1].id == "598");
+    CHECK(first[2].id == "599");
+    CHECK(first[0].time == std::chrono::system_clock::time_point(1000ms));
+    CHECK(q.dead(1, "598")[0].id == "599");
+    CHECK(q.dead(1, "599")[0].id == "594");  // the next millisecond's least
+    CHECK(q.dead(1000).size() == delayq::max_take_many);
+    std::size_t seen = 0;
+    std::string after;
+    for (auto page = q.dead(1000); !page.empty(); page = q.dead(1000, after)) {
+        seen += page.size();
+        after = page.back().id;
+    }
+    CHECK(seen == 600);
+    CHECK(after == "002");  // the last millisecond's greatest
+}
+
+TEST_CASE("get() and dead() refuse a bad id as every call does") {
+    temp_dir dir;
+    delay_queue q(opts(dir.file()));
+    const std::string too_long(delayq::max_id_size + 1, 'x');
+    CHECK_THROWS_AS(q.get(""), std::invalid_argument);
+    CHECK_THROWS_AS(q.get(too_long), std::invalid_argument);
+    CHECK_THROWS_AS(q.dead(10, too_long), std::invalid_argument);
+    CHECK_THROWS_AS(q.requeue_dead("", 0ms), std::invalid_argument);
+    CHECK_THROWS_AS(q.requeue_dead(too_long, 0ms), std::invalid_argument);
+    CHECK_THROWS_AS(q.purge_dead(-1ms), std::invalid_argument);
+    CHECK_FALSE(q.get(std::string(delayq::max_id_size, 'x')));
+    CHECK(q.dead(10).empty());
+    delayq::job forged;
+    CHECK_THROWS_AS(q.nack(forged, 0ms, "why"), std::invalid_argument);
+    CHECK_THROWS_AS(q.bury(forged, "why"), std::invalid_argument);
+    try {
+        (void)q.get("");
+    } catch (const std::invalid_argument& e) {
+        CHECK(contains(e.what(), "delayq::sqlite::delay_queue"));
+    }
+}
+
+namespace {
+
+// Makes `id` of the queue in `q` a dead letter: put, taken, buried. The queue's max_attempts is
+// beside the point (a bury dies at once).
+void make_dead(delay_queue& q, const std::string& id, std::string_view reason = "buried") {
+    REQUIRE(q.put(id, "p-" + id, past));
+    auto j = q.take(5s);
+    REQUIRE(j);
+    REQUIRE(j->id == id);
+    REQUIRE(q.bury(*j, reason));
+}
+
+// Inserts `n` dead letters straight into the file, ids old0.., dying at 1000 ms + k (1970).
+void insert_old_dead(const std::string& path, std::size_t n) {
+    raw_exec(path, ("WITH RECURSIVE n(k) AS (SELECT 0 UNION ALL SELECT k + 1 FROM n WHERE k < " +
+                    std::to_string(n - 1) +
+                    ") INSERT INTO dead(id, payload, attempts, died) SELECT CAST('old' || k AS "
+                    "BLOB), CAST('p' AS BLOB), 1, 1000 + k FROM n")
+                       .c_str());
+}
+
+}  // namespace
+
+TEST_CASE("requeue_dead wakes a take waiting on this handle or on another one") {
+    temp_dir dir;
+    auto o = opts(dir.file());  // foreign_changes: 50 ms
+    delay_queue q(o);
+    delay_queue other(o);
+    make_dead(q, "a", "why");
+    REQUIRE(q.put_after("late", "x", 1h));  // the waiting take knows of nothing sooner
+    std::optional<delayq::job> got;
+    std::thread taker([&] { got = q.take(30s); });
+    std::this_thread::sleep_for(200ms);
+    const auto asked = std::chrono::steady_clock::now();
+    SECTION("requeued through another handle on the file") {
+        REQUIRE(other.requeue_dead("a", 0ms));
+    }
+    SECTION("requeued through the waiting take's own handle") {
+        REQUIRE(q.requeue_dead("a", 0ms));
+    }
+    taker.join();
+    CHECK(std::chrono::steady_clock::now() - asked < 10s);
+    REQUIRE(got);
+    CHECK(got->id == "a");
+    CHECK(got->payload == "p-a");
+    CHECK(got->attempts == 1);
+    CHECK(q.get("a")->last_error == "why");
+    CHECK(q.dead_size() == 0);
+    CHECK(q.ack(*got));
+}
+
+TEST_CASE("a requeued dead letter's next lease has a greater token than any before it") {
+    // The dead table keeps no token: the requeue gives the row one above every token of the ms
+    // it died in (or of now, if later), so that the holder of its last lease is refused.
+    temp_dir dir;
+    auto o = opts(dir.file());
+    o.max_attempts = 1;
+    delay_queue q(o);
+    REQUIRE(q.put("a", "x", past));
+    auto first = q.take(5s);
+    REQUIRE(first);
+    REQUIRE(q.nack(*first, 0ms, "once"));
+    REQUIRE(q.get("a")->state == delayq::job_state::dead);
+    SECTION("leased and requeued by the clock as it is") {}
+    SECTION("its last lease an hour ahead of the clock (a clock stepped back since)") {
+        first->token += 3'600'000ULL * 1024;
+        raw_exec(dir.file(), "UPDATE dead SET died = died + 3600000");
+    }
+    REQUIRE(q.requeue_dead("a", 0ms));
+    auto second = q.take(5s);
+    REQUIRE(second);
+    CHECK(second->id == "a");
+    CHECK(second->token > first->token);
+    CHECK_FALSE(q.ack(*first));
+    CHECK(q.ack(*second));
+}
+
+TEST_CASE("requeue_dead is due no earlier than its delay, and durable as a put") {
+    temp_dir dir;
+    delay_queue q(opts(dir.file()));
+    make_dead(q, "a");
+    const auto before = std::chrono::system_clock::now();
+    REQUIRE(q.requeue_dead("a", 300ms));
+    const auto i = q.get("a");
+    REQUIRE(i);
+    CHECK(i->state == delayq::job_state::waiting);
+    CHECK(i->time >= before + 300ms);
+    CHECK_FALSE(q.take(0ms));
+    // Another connection sees it committed.
+    CHECK(raw_text(dir.file(), "SELECT count(*) FROM dead") == "0");
+    CHECK(raw_text(dir.file(), "SELECT attempts FROM jobs WHERE id = CAST('a' AS BLOB)") == "0");
+    auto j = q.take(5s);
+    REQUIRE(j);
+    CHECK(std::chrono::system_clock::now() >= i->time);
+    CHECK(q.ack(*j));
+}
+
+TEST_CASE("purge_dead of more than one batch removes every old dead letter and counts them") {
+    temp_dir dir;
+    delay_queue q(opts(dir.file()));
+    insert_old_dead(dir.file(), 25000);  // two and a half transactions of 10 000
+    make_dead(q, "recent1");
+    make_dead(q, "recent2");
+    REQUIRE(q.dead_size() == 25002);
+    CHECK(q.purge_dead(1h) == 25000);
+    CHECK(q.dead_size() == 2);
+    const auto left = q.dead(10);
+    REQUIRE(left.size() == 2);
+    CHECK(left[0].id == "recent1");
+    CHECK(left[1].id == "recent2");
+    CHECK(q.purge_dead(1h) == 0);
+    CHECK(integrity(dir.file()) == "ok");
+
+    // A purge of exactly whole batches ends with one that finds none.
+    insert_old_dead(dir.file(), 20000);
+    CHECK(q.purge_dead(1h) == 20000);
+    CHECK(q.dead_size() == 2);
+}
+
+TEST_CASE("keep_dead removes old dead letters at each death, a bounded number at a time") {
+    temp_dir dir;
+    auto o = opts(dir.file());
+    o.max_attempts = 1;
+    o.lease = 300ms;
+    o.keep_dead = 300ms;
+    delay_queue q(o);
+    insert_old_dead(dir.file(), 250);
+    REQUIRE(q.dead_size() == 250);
+
+    // A nack of the last attempt: the 100 earliest go, and the new dead letter stays.
+    REQUIRE(q.put("nacked", "x", past));
+    auto j = q.take(5s);
+    REQUIRE(j);
+    REQUIRE(q.nack(*j, 0ms, "last"));
+    CHECK(q.dead_size() == 151);
+    CHECK(q.dead(1)[0].id == "old100");
+    CHECK(q.get("nacked")->state == delayq::job_state::dead);
+
+    // A bury: 100 more.
+    make_dead(q, "buried");
+    CHECK(q.dead_size() == 52);
+
+    // A take that finds the last lease ended: the rest.
+    REQUIRE(q.put("ended", "x", past));
+    j = q.take(5s);
+    REQUIRE(j);
+    std::this_thread::sleep_for(700ms);
+    CHECK_FALSE(q.take(0ms));  // reclaims it: dead, its lease ended
+    CHECK(q.get("ended")->last_error == std::string(delayq::lease_ended_reason));
+    // "nacked" and "buried" died more than keep_dead before "ended" did.
+    CHECK(q.dead_size() == 1);
+
+    // A stream of deaths: the table holds about what died within keep_dead, never all of them.
+    std::size_t most = 0;
+    for (std::size_t k = 0; k < 100; ++k) {
+        make_dead(q, numbered("s", k));
+        most = std::max(most, q.dead_size());
+        std::this_thread::sleep_for(10ms);
+    }
+    CHECK(most <= 40);  // at most 31 deaths 10 ms apart within 300 ms, and some slack
+    CHECK(q.dead_size() >= 1);
+    CHECK(q.get("s99")->state == delayq::job_state::dead);
+    CHECK_FALSE(q.get("s0"));
+}
+
+TEST_CASE("keep_dead 0 keeps every dead letter") {
+    temp_dir dir;
+    auto o = opts(dir.file());
+    delay_queue q(o);
+    insert_old_dead(dir.file(), 150);
+    make_dead(q, "a");
+    CHECK(q.dead_size() == 151);
 }

@@ -3,22 +3,22 @@
 // exists exactly when the application's write commits. See docs/postgres.md.
 //
 // The idea. The jobs are rows of one table (detail/schema.hpp has the layout); every call is one
-// statement, one round trip, in its own transaction, and every decision about time is made by
-// the server's clock inside that statement: a job is due when the server says so, a lease ends
-// when the server says so. Consumers claim due rows with FOR UPDATE SKIP LOCKED, so many
-// consumers in many processes never take one job twice and never wait for one another.
+// statement (purge_dead: one per batch), one round trip, in its own transaction, and every decision
+// about time is made by the server's clock inside that statement: a job is due when the server says
+// so, a lease ends when the server says so. Consumers claim due rows with FOR UPDATE SKIP LOCKED,
+// so many consumers in many processes never take one job twice and never wait for one another.
 //
 // Waiting without polling. A take that finds nothing due learns, in the same statement, when the
 // next row comes due (or its lease ends), and sleeps until then on a connection of its own that
-// LISTENs on the queue's channel. A put, nack or reschedule is followed, in the same round trip,
-// by a wake-up in a transaction of its own (detail/schema.hpp, wake_sql): it sends NOTIFY unless
-// another job, due earlier, already makes the sleeping consumers wake before this one; the server
-// delivers it at commit, and the sleeping take wakes and claims. The wake-up looks after the
-// write committed, not within it: a job that the write's own statement saw may be gone by its
-// commit, and a consumer that looked in between would sleep past the new job. An extend that makes
-// a lease end earlier NOTIFYs in its own statement, at its commit: always, so there is nothing to
-// look at (detail/schema.hpp, extend_sql). An idle consumer sends no query at all while nothing is
-// due.
+// LISTENs on the queue's channel. A put, nack, reschedule or requeue_dead is followed, in the same
+// round trip, by a wake-up in a transaction of its own (detail/schema.hpp, wake_sql): it sends
+// NOTIFY unless another job, due earlier, already makes the sleeping consumers wake before this
+// one; the server delivers it at commit, and the sleeping take wakes and claims. The wake-up looks
+// after the write committed, not within it: a job that the write's own statement saw may be gone by
+// its commit, and a consumer that looked in between would sleep past the new job. An extend that
+// makes a lease end earlier NOTIFYs in its own statement, at its commit: always, so there is
+// nothing to look at (detail/schema.hpp, extend_sql). An idle consumer sends no query at all while
+// nothing is due.
 //
 // The takes of one object wait together, in the shared taker (detail/job_queue/taker.hpp): one
 // of them, the leader, listens; the take that claims claims for every waiting take at once (up to
@@ -51,15 +51,16 @@
 // too (once per take), so the caller does not see it.
 //
 // Time limits. Every call returns or fails within io_timeout plus one connect (a take: its
-// max_wait plus that), whatever the server does, and a call that failed leaves nothing running
-// on the server that can change the queue afterwards. The call's io_timeout starts when it
-// starts: its wait for a free pooled connection counts (budget, acquire()), and a connect it
-// makes (itself within io_timeout, host by host: detail/connection.hpp, "Many hosts") moves its
-// deadline once. Each statement carries the server's own limit (statement_timeout), which ends
-// before the call's deadline, so a stalled server (a lock held by a migration) aborts the
-// statement itself, before its commit, and says so: not a claim that leases a job to nobody
-// once the lock goes, nor a put applied after it threw, nor a backend left waiting for every
-// retry (detail/connection.hpp, "Fencing", says why this and not a cancel request).
+// max_wait plus that; a purge_dead: that for each of its batches), whatever the server does, and a
+// call that failed leaves nothing running on the server that can change the queue afterwards. The
+// call's io_timeout starts when it starts: its wait for a free pooled connection counts (budget,
+// acquire()), and a connect it makes (itself within io_timeout, host by host:
+// detail/connection.hpp, "Many hosts") moves its deadline once. Each statement carries the server's
+// own limit (statement_timeout), which ends before the call's deadline, so a stalled server (a lock
+// held by a migration) aborts the statement itself, before its commit, and says so: not a claim
+// that leases a job to nobody once the lock goes, nor a put applied after it threw, nor a backend
+// left waiting for every retry (detail/connection.hpp, "Fencing", says why this and not a cancel
+// request).
 #include "../detail/config.hpp"  // first: below C++20, one clear error
 #pragma once
 
@@ -131,6 +132,14 @@ struct options {
     /// (not of a consumer) may then undo the last of them: a job handed out again, even one
     /// whose ack returned true, its attempt not counted. See "Durability" in docs/postgres.md.
     bool durable_leases = true;
+    /// How long a dead letter is kept (>= 0); 0: for ever, until purge_dead() removes it (the
+    /// default). Set, every move to the dead letters (a nack of the last attempt, a bury, a take
+    /// that finds a last lease ended) also removes, in the same statement, up to 100 of the
+    /// queue's dead letters that died more than keep_dead ago, oldest first, through an index:
+    /// the table stays bounded without a reaper, at the cost of that range to each death. Dead
+    /// letters are removed only when others die: a queue whose jobs stopped dying keeps its last
+    /// ones until purge_dead().
+    std::chrono::milliseconds keep_dead{0};
 };
 
 /// Whether a put in the caller's transaction wakes the waiting consumers when that transaction
@@ -155,8 +164,8 @@ class delay_queue {
     explicit delay_queue(options o)
         : opt_(checked(std::move(o))),
           channel_(channel_of(opt_.schema, opt_.name)),
-          statements_(
-              detail::statements(quoted_schema(), opt_.durable_leases, opt_.max_attempts > 0)),
+          statements_(detail::statements(quoted_schema(), opt_.durable_leases,
+                                         opt_.max_attempts > 0, opt_.keep_dead.count())),
           put_in_transaction_sql_{detail::put_in_transaction_sql(quoted_schema(), true),
                                   detail::put_in_transaction_sql(quoted_schema(), false)} {
         // One connection now: the server is there, new enough, and holds the tables.
@@ -312,16 +321,16 @@ class delay_queue {
     }
 
     /// Back to the queue, due `retry_after` from now, or to the dead letters if this was its
-    /// max_attempts-th delivery. False if the lease was lost.
+    /// max_attempts-th delivery. False if the lease was lost. The job keeps its last error.
     bool nack(const job& j, std::chrono::milliseconds retry_after) {
-        front.id(j.id);
-        detail::params p;
-        p.text(opt_.name)
-            .bytes(j.id)
-            .int8(token_of(j))
-            .int8(delayq::detail::clamp_delay(retry_after))
-            .int8(opt_.max_attempts);
-        return run_then(st_nack, p, wake_params(j.id), "nack").integer(0, 0) == 1;
+        return run_nack(j, retry_after, {}, false);
+    }
+
+    /// nack(j, retry_after), and the job's last error (get(), dead()) becomes `reason`, cut to
+    /// its first max_reason_size bytes (binary-safe); a job this moves to the dead letters keeps
+    /// it there. False if the lease was lost: nothing changes then.
+    bool nack(const job& j, std::chrono::milliseconds retry_after, std::string_view reason) {
+        return run_nack(j, retry_after, reason, true);
     }
 
     /// The lease of `j` now ends `lease` from now (the server's clock), longer or shorter; its
@@ -341,12 +350,83 @@ class delay_queue {
     }
 
     /// To the dead letters at once, as a nack of its max_attempts-th delivery: for a job that
-    /// would only fail again. False if the lease was lost.
-    bool bury(const job& j) {
-        front.id(j.id);
+    /// would only fail again. False if the lease was lost. The job keeps its last error.
+    bool bury(const job& j) { return run_bury(j, {}, false); }
+
+    /// bury(j), and the dead letter's last error becomes `reason`, cut to its first
+    /// max_reason_size bytes (binary-safe). False if the lease was lost: nothing changes then.
+    bool bury(const job& j, std::string_view reason) { return run_bury(j, reason, true); }
+
+    /// The job `id` as the queue holds it: queued (waiting or leased) or in the dead letters;
+    /// nothing if neither. An id that is queued and also dead (put again after it died) is the
+    /// queued job. A leased job whose lease ended (by the server's clock) is waiting, due when
+    /// its lease ended: a take may hand it out again. One statement, a key lookup in each table.
+    std::optional<job_info> get(std::string_view id) {
+        front.id(id);
         detail::params p;
-        p.text(opt_.name).bytes(j.id).int8(token_of(j));
-        return run(st_bury, p, "bury").integer(0, 0) == 1;
+        p.text(opt_.name).bytes(id);
+        const auto r = run(st_get, p, "get");
+        if (r.rows() == 0) return std::nullopt;
+        return info_of(r, 0);
+    }
+
+    /// The dead letters of the queue, in the order they died (then by id), oldest first: up to
+    /// `max` (at most max_take_many) of those that follow the dead letter `after`, or from the
+    /// first when `after` is empty; none when `after` is not a dead letter of the queue. Pages
+    /// through them with the last id of one page as `after` of the next (a job that dies again
+    /// meanwhile, put again after it died, moves to the end). `max` 0: none. One statement, a
+    /// range of an index of the dead letters, however many there are.
+    std::vector<job_info> dead(std::size_t max, std::string_view after = {}) {
+        if (!after.empty()) front.id(after);
+        const std::size_t n = front.take_count(max);
+        if (n == 0) return {};
+        detail::params p;
+        p.text(opt_.name).bytes(after).int8(static_cast<long long>(n)).boolean(!after.empty());
+        const auto r = run(st_dead_page, p, "dead");
+        std::vector<job_info> out;
+        out.reserve(static_cast<std::size_t>(r.rows()));
+        for (int i = 0; i < r.rows(); ++i) out.push_back(info_of(r, i));
+        return out;
+    }
+
+    /// Puts the dead letter `id` back in the queue, waiting, due `delay` from now (the server's
+    /// clock, as put_after), its attempts from 0, its payload and last error kept; it leaves the
+    /// dead letters, and waiting takes, of every object of the queue, are woken as by a put.
+    /// False, changing nothing, when `id` is not a dead letter of the queue, or when it is queued
+    /// too (put again after it died: the queued job keeps the id, the dead letter stays). One
+    /// statement: the dead letter goes exactly when the job is inserted. A negative `delay` is
+    /// std::invalid_argument.
+    bool requeue_dead(std::string_view id, std::chrono::milliseconds delay) {
+        front.id(id);
+        if (delay < milliseconds::zero()) front.refuse("a delay must not be negative");
+        detail::params p;
+        p.text(opt_.name).bytes(id).int8(delayq::detail::clamp_delay(delay));
+        return run_then(st_requeue_dead, p, wake_params(id), "requeue_dead").integer(0, 0) == 1;
+    }
+
+    /// Removes the queue's dead letters that died more than `older_than` before now (the server's
+    /// clock, read once at the start); returns how many. Oldest first, in statements of at most
+    /// 10 000 dead letters each, each a range of an index and a transaction of its own within
+    /// io_timeout, so that no statement holds the table's rows for long however many there are:
+    /// the call as a whole may take longer than io_timeout, and what the statements of one that
+    /// fails part way removed stays removed. Dead letters that another call holds at that moment
+    /// (requeue_dead, a death that replaces one) are left. A negative `older_than` is
+    /// std::invalid_argument.
+    std::size_t purge_dead(std::chrono::milliseconds older_than) {
+        if (older_than < milliseconds::zero()) front.refuse("an age must not be negative");
+        std::size_t removed = 0;
+        long long time = delayq::detail::clamp_delay(older_than);
+        bool cutoff = false;  // `time` is an age until the first batch says which cutoff it is
+        for (;;) {
+            detail::params p;
+            p.text(opt_.name).int8(time).boolean(cutoff).int8(purge_batch);
+            const auto r = run(st_purge_dead, p, "purge_dead");
+            const long long n = r.integer(0, 0);
+            removed += static_cast<std::size_t>(n);
+            if (n < purge_batch) return removed;
+            time = r.integer(0, 1);
+            cutoff = true;
+        }
     }
 
     /// Jobs queued: waiting plus leased. Counts rows: O(n).
@@ -362,7 +442,8 @@ class delay_queue {
     using conn_ptr = std::unique_ptr<detail::connection>;
 
     static constexpr delayq::detail::job_queue::front front{"delayq::postgres::delay_queue"};
-    static constexpr std::size_t max_claim = 1000;  // jobs per claim for all takes: one statement
+    static constexpr std::size_t max_claim = 1000;   // jobs per claim for all takes: one statement
+    static constexpr long long purge_batch = 10000;  // dead letters per statement of purge_dead
 
     // The statements every connection prepares (detail/schema.hpp), by their index.
     using enum detail::statement_index;
@@ -393,6 +474,8 @@ class delay_queue {
         check(o.io_timeout <= milliseconds(std::numeric_limits<int>::max()),
               "options.io_timeout is too long");
         check(o.connections > 0, "options.connections must be > 0");
+        check(o.keep_dead >= milliseconds::zero(), "options.keep_dead must be >= 0");
+        check(o.keep_dead.count() <= delayq::detail::max_ms, "options.keep_dead is too long");
         check(o.conninfo.find('\0') == std::string::npos, "options.conninfo contains a NUL byte");
         return o;
     }
@@ -658,6 +741,44 @@ class delay_queue {
         return res.integer(0, 0) == 1;
     }
 
+    bool run_nack(const job& j, milliseconds retry_after, std::string_view reason, bool given) {
+        front.id(j.id);
+        detail::params p;
+        p.text(opt_.name)
+            .bytes(j.id)
+            .int8(token_of(j))
+            .int8(delayq::detail::clamp_delay(retry_after))
+            .int8(opt_.max_attempts)
+            .bytes(reason.substr(0, max_reason_size))
+            .boolean(given);
+        return run_then(st_nack, p, wake_params(j.id), "nack").integer(0, 0) == 1;
+    }
+
+    bool run_bury(const job& j, std::string_view reason, bool given) {
+        front.id(j.id);
+        detail::params p;
+        p.text(opt_.name)
+            .bytes(j.id)
+            .int8(token_of(j))
+            .bytes(reason.substr(0, max_reason_size))
+            .boolean(given);
+        return run(st_bury, p, "bury").integer(0, 0) == 1;
+    }
+
+    // Row `i` of get's or dead's answer (detail/schema.hpp, info_columns_sql).
+    static job_info info_of(const detail::result& r, int i) {
+        static constexpr job_state states[] = {job_state::waiting, job_state::leased,
+                                               job_state::dead};
+        job_info out;
+        out.id = r.bytes(i, 0);
+        out.state = states[std::clamp(r.integer(i, 1), 0LL, 2LL)];
+        out.time = delayq::detail::from_ms(r.integer(i, 2));
+        out.attempts = static_cast<unsigned>(r.integer(i, 3));
+        out.payload = r.bytes(i, 4);
+        if (!r.is_null(i, 5)) out.last_error = r.bytes(i, 5);
+        return out;
+    }
+
     std::size_t count(int st, const char* doing) {
         detail::params p;
         p.text(opt_.name);
@@ -714,9 +835,10 @@ class delay_queue {
         // One statement per round trip and nothing that merges concurrent claims below: the take
         // that claims claims for all.
         static constexpr bool claim_for_all = true;
-        // Every put, nack and reschedule NOTIFYs when it makes a job due earlier than the object
-        // knows (wake_sql), and so does an extend that makes a lease end earlier, so what a claim
-        // learned holds while the listener lives: a take that comes meanwhile sends nothing.
+        // Every put, nack, reschedule and requeue_dead NOTIFYs when it makes a job due earlier than
+        // the object knows (wake_sql), and so does an extend that makes a lease end earlier, so
+        // what a claim learned holds while the listener lives: a take that comes meanwhile sends
+        // nothing.
         static constexpr bool look_on_entry = false;
         static constexpr std::size_t claim_cap = max_claim;
         // The listening connection may die once in a take (a restart, a terminated backend) and

@@ -23,6 +23,7 @@
 #include <array>
 #include <chrono>
 #include <cstddef>
+#include <iterator>
 #include <optional>
 #include <span>
 #include <stdexcept>
@@ -165,6 +166,15 @@ class queue_base {
         return settle(j, tagged('n', clamp_delay(retry_after)));
     }
 
+    /// nack(j, retry_after), and the job's last error (get(), dead()) becomes `reason`, cut to its
+    /// first max_reason_size bytes (binary-safe); a dead letter that this nack makes keeps it.
+    /// nack without a reason leaves the last error as it was. False if the lease was lost, and
+    /// nothing changes then.
+    bool nack(const job& j, std::chrono::milliseconds retry_after, std::string_view reason) {
+        front.id(j.id);
+        return settle(j, with_reason(tagged('n', clamp_delay(retry_after)), reason));
+    }
+
     /// The lease of `j` now ends `lease` from now by the server's clock, longer or shorter; the
     /// token stays `j`'s. False if the lease was lost (ended, settled, or cancelled). A negative
     /// lease is std::invalid_argument.
@@ -181,6 +191,67 @@ class queue_base {
         return settle(j, "d");
     }
 
+    /// bury(j), and the dead letter's last error is `reason`, cut to its first max_reason_size
+    /// bytes (binary-safe); bury without a reason keeps the job's last error. False if the lease
+    /// was lost.
+    bool bury(const job& j, std::string_view reason) {
+        front.id(j.id);
+        return settle(j, with_reason("d", reason));
+    }
+
+    /// The job `id` as the store holds it now: waiting (time: when it is due; a job whose lease
+    /// ended is waiting, due at that lease end), leased (time: the lease end) or dead (time: when
+    /// it died), with its attempts, payload and last error (empty if none). A dead letter whose id
+    /// was put again reads as the queued job. Nothing if `id` is neither queued nor dead. One
+    /// script call on the id's shard.
+    std::optional<job_info> get(std::string_view id) {
+        front.id(id);
+        return guarded([&] { return client_.get(client_.shard_of(id), id); });
+    }
+
+    /// Up to `max` (at most max_take_many) dead letters, oldest first: ordered by the time they
+    /// died (server ms), then by id; the first ones if `after` is empty, else those that follow
+    /// the dead letter `after`, the last id of the previous page. Empty when none follow, when
+    /// `after` is not a dead letter, or for `max` 0. A dead letter written by a version before
+    /// this call existed is not listed (get() and dead_size() see it). One script call per
+    /// shard, O(log n + max) each: the shard of `after` first, for where it stands in the order.
+    std::vector<job_info> dead(std::size_t max, std::string_view after = {}) {
+        if (!after.empty()) front.id(after);
+        const std::size_t n = front.take_count(max);
+        if (n == 0) return {};
+        return guarded([&] { return dead_page(n, after); });
+    }
+
+    /// The dead letter `id` back in the queue as a waiting job, due `delay` from now by the
+    /// server's clock (never early), with its payload and its last error, attempts counted from 0;
+    /// it is a dead letter no more. False, and nothing changes, if `id` is not a dead letter, or
+    /// if it is queued too (put again after it died: the queued job keeps the id, the dead letter
+    /// stays). A negative delay is std::invalid_argument. One script call on the id's shard, which
+    /// wakes waiting takes as a put does.
+    bool requeue_dead(std::string_view id, std::chrono::milliseconds delay) {
+        front.id(id);
+        if (delay < milliseconds::zero()) front.refuse("a delay must not be negative");
+        return guarded(
+            [&] { return client_.requeue_dead(client_.shard_of(id), id, clamp_delay(delay)); });
+    }
+
+    /// Removes the dead letters that died more than `older_than` before now (the server's clock),
+    /// oldest first; returns how many. purge_dead(0ms) removes all but those that died this
+    /// millisecond. A negative `older_than` is std::invalid_argument. Script calls of at most
+    /// 1000 dead letters each, so that none holds the server long, on every shard in turn (a
+    /// shard's calls all by its first one's now): not atomic as a whole. Dead letters written by
+    /// a version before this call existed (dead_size() counts them, dead() does not list them)
+    /// are not removed.
+    std::size_t purge_dead(std::chrono::milliseconds older_than) {
+        if (older_than < milliseconds::zero()) front.refuse("older_than must not be negative");
+        return guarded([&] {
+            std::size_t n = 0;
+            for (std::size_t s = 0; s < client_.shards(); ++s)
+                n += client_.purge_dead(s, clamp_delay(older_than));
+            return n;
+        });
+    }
+
     /// Jobs queued: waiting plus leased.
     std::size_t size() {
         return guarded([&] {
@@ -190,7 +261,8 @@ class queue_base {
         });
     }
 
-    /// Jobs moved to the dead-letter hashes `dq:v3:{tag}:dead` (id -> payload).
+    /// Jobs moved to the dead-letter hashes `dq:v3:{tag}:dead` (id -> payload), those of earlier
+    /// versions too.
     std::size_t dead_size() {
         return guarded([&] {
             std::size_t n = 0;
@@ -218,6 +290,7 @@ class queue_base {
         check(o.io_timeout > milliseconds::zero(), "options.io_timeout must be > 0");
         check(o.max_block >= milliseconds(2), "options.max_block must be >= 2 ms");
         check(o.reclaim_batch > 0, "options.reclaim_batch must be > 0");
+        check(o.keep_dead >= milliseconds::zero(), "options.keep_dead must be >= 0");
         check(o.port > 0 && o.port <= 65535, "options.port is out of range");
         check(shards > 0 && shards <= slot_count, "the number of shards must be in 1..16384");
         return o;
@@ -276,6 +349,39 @@ class queue_base {
         });
     }
 
+    // `how` (a nack's or a burial's) with `reason` as the job's last error (scripts.hpp).
+    static std::string with_reason(std::string how, std::string_view reason) {
+        how.push_back('/');
+        how.append(reason.substr(0, max_reason_size));
+        return how;
+    }
+
+    // dead(n, after) for n in 1..max_take_many. Every shard's page follows the place of `after`
+    // (in its own shard) in the order of the whole queue; the n first of their union, in that
+    // order, are the queue's page.
+    std::vector<job_info> dead_page(std::size_t n, std::string_view after) {
+        const std::size_t first = after.empty() ? 0 : client_.shard_of(after);
+        std::string from;
+        if (!after.empty()) from.append("i").append(after);
+        script_client::dead_page page = client_.dead(first, n, from);
+        if (!after.empty() && page.place.empty()) return {};
+        std::vector<job_info> all = std::move(page.jobs);
+        if (client_.shards() == 1) return all;
+        from.clear();
+        if (!page.place.empty()) from.append("p").append(page.place);
+        for (std::size_t s = 0; s < client_.shards(); ++s) {
+            if (s == first) continue;
+            script_client::dead_page more = client_.dead(s, n, from);
+            all.insert(all.end(), std::make_move_iterator(more.jobs.begin()),
+                       std::make_move_iterator(more.jobs.end()));
+        }
+        std::sort(all.begin(), all.end(), [](const job_info& a, const job_info& b) {
+            return a.time != b.time ? a.time < b.time : a.id < b.id;
+        });
+        if (all.size() > n) all.erase(all.begin() + static_cast<std::ptrdiff_t>(n), all.end());
+        return all;
+    }
+
     // In this order: the room uses the client.
     script_client client_;
     waiting_room room_;
@@ -293,11 +399,12 @@ class delay_queue : public detail::queue_base {
 };
 
 /// One logical queue over `shards` hash tags `{name#0}` .. `{name#N-1}`, which a Redis Cluster
-/// spreads over its masters: a job's shard is a hash of its id (put, cancel and reschedule by id
-/// work as in delay_queue), and consumers take from every shard. Deadline order holds within a
-/// shard; across shards a take picks the shard whose next job is due first by what the object
-/// knows, so a job may come out before an earlier one of another shard that fell due at about the
-/// same time (see docs/redis.md, "Sharded queue").
+/// spreads over its masters: a job's shard is a hash of its id (put, cancel, reschedule and get
+/// by id work as in delay_queue, and so does requeue_dead), and consumers take from every shard;
+/// dead() merges the shards' dead letters into one order, and purge_dead() purges every shard.
+/// Deadline order holds within a shard; across shards a take picks the shard whose next job is due
+/// first by what the object knows, so a job may come out before an earlier one of another shard
+/// that fell due at about the same time (see docs/redis.md, "Sharded queue").
 ///
 /// A shard that fails (its master down, a failover) is set aside, 100 ms doubling to 2 s, while
 /// take() goes on with the others; take() throws only when no shard can serve it. Fencing tokens

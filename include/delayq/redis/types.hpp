@@ -22,8 +22,8 @@
 namespace delayq::redis {
 
 /// The options of delay_queue and sharded_delay_queue. Bad values (an empty `name`, a name with
-/// `{` or `}`, `lease` or `io_timeout` <= 0, `max_block` < 2 ms, `reclaim_batch` 0) make the
-/// queue's constructor throw std::invalid_argument.
+/// `{` or `}`, `lease` or `io_timeout` <= 0, `max_block` < 2 ms, `reclaim_batch` 0, `keep_dead`
+/// < 0) make the queue's constructor throw std::invalid_argument.
 struct options {
     std::string host = "127.0.0.1";  ///< a server, or any node of a Redis Cluster
     int port = 6379;                 ///< its port
@@ -39,6 +39,11 @@ struct options {
     std::chrono::milliseconds max_block = std::chrono::seconds(5);
     /// Jobs whose last attempt ended that one script call moves to the dead letters, > 0.
     std::size_t reclaim_batch = 100;
+    /// How long dead letters are kept (>= 0); 0: for ever. Otherwise every move to the dead
+    /// letters also removes up to 10 of those that died more than this long ago, oldest first,
+    /// so they stay bounded without a reaper (purge_dead() removes them on demand). Dead letters
+    /// of versions before this option existed are never removed by it.
+    std::chrono::milliseconds keep_dead{0};
     /// The Redis ACL user to log in as (AUTH user password); empty: `default`, or no AUTH at all
     /// when `password` is empty too. docs/redis.md lists the permissions the user needs.
     std::string user;
@@ -52,5 +57,11 @@ using delayq::job;
 
 /// One job of put_many() (delayq::put_request).
 using delayq::put_request;
+
+/// A job as get() and dead() show it (delayq::job_info): times are the server's clock.
+using delayq::job_info;
+
+/// Where a job is, as get() and dead() tell it (delayq::job_state).
+using delayq::job_state;
 
 }  // namespace delayq::redis

@@ -5,18 +5,20 @@
 // The idea. The jobs live in the file (detail/schema.hpp has the layout, detail/transitions.hpp
 // what each call does to it), never wholesale in memory; the object holds one SQLite connection,
 // which a mutex serializes, and what it knows about the next event: a time (system clock, ms)
-// before which nothing in the file comes due or ends its lease.
+// before which nothing in the file comes due or ends its lease. The reads that change nothing
+// (size(), get(), dead()) use that connection under the mutex, outside the group commits below.
 //
 // Durability. A put that returned is in the file and fsynced (options::durable_puts). Every write
 // goes through one of two group commits (the job queues' combiner, detail/job_queue/combiner.hpp),
-// where the calls of concurrent threads share one transaction: puts, cancels and reschedules (they
-// decide whether and when a job runs) in one, whose leader commits its group and then fsyncs the
-// WAL after releasing the file, so that the next group gathers meanwhile and shares the next fsync;
-// the take's lease, ack, nack, extend and bury in the other, which commits without waiting for the
-// disk (synchronous=NORMAL in WAL mode) and never waits for an fsync: they survive a crash of the
-// process, and a power cut may undo the last of them, which only means a redelivery
-// (at-least-once). A put group whose fsync fails has committed already: its calls throw, yet their
-// jobs are in the file (docs/sqlite.md, "Durability").
+// where the calls of concurrent threads share one transaction: puts, cancels, reschedules and
+// requeue_dead (they decide whether and when a job runs) in one, whose leader commits its group
+// and then fsyncs the WAL after releasing the file, so that the next group gathers meanwhile and
+// shares the next fsync; the take's lease, ack, nack, extend, bury and purge_dead's batches in
+// the other, which commits without waiting for the disk (synchronous=NORMAL in WAL mode) and never
+// waits for an fsync: they survive a crash of the process, and a power cut may undo the last of
+// them, which only means a redelivery (at-least-once), or dead letters purged again. A put group
+// whose fsync fails has committed already: its calls throw, yet their jobs are in the file
+// (docs/sqlite.md, "Durability").
 //
 // Delivery. take() leases its jobs in the file, their attempt counted and a fencing token given,
 // in the transaction that hands them out: no job waits in the object's memory for a later take.
@@ -109,6 +111,16 @@ struct options {
     /// (application_id, user_version) is left to the application. Either way the file is switched
     /// to WAL mode.
     bool allow_other_tables = false;
+    /// How long a dead letter is kept (>= 0; 0: for ever, until purge_dead() or requeue_dead()).
+    /// Set, every move to the dead letters (a nack of the max_attempts-th delivery, a bury, a
+    /// take that finds that delivery's lease ended) also removes, in the transaction that makes
+    /// the dead letter, up to 100 of those that died more than keep_dead before, the earliest
+    /// first, so that the dead table holds about what died within keep_dead, without a thread
+    /// that reaps it. Each death pays one seek into the index of the dead letters by time, and
+    /// the rows it removes: about one per death in a steady stream of them, 100 at most. Those
+    /// that grow older than keep_dead after the last death stay until the next one, and a
+    /// backlog goes 100 per death: purge_dead(keep_dead) removes them at once.
+    std::chrono::milliseconds keep_dead{0};
 };
 
 /// A durable delay queue in one SQLite file; see docs/sqlite.md. Every member may be called from
@@ -117,6 +129,7 @@ class delay_queue {
   public:
     using job = delayq::job;                  ///< what take() hands out
     using put_request = delayq::put_request;  ///< one job of put_many()
+    using job_info = delayq::job_info;        ///< what get() and dead() tell
 
     /// Opens (or creates) the queue in `o.path`. Throws std::invalid_argument for bad options, and
     /// an error of this family when the file cannot be a queue (see the classes above).
@@ -124,7 +137,8 @@ class delay_queue {
         : opt_(checked(std::move(o))),
           db_(opt_.path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE),
           where_(set_up(db_, opt_)),
-          machine_(db_, where_, {opt_.lease, opt_.max_attempts, opt_.reclaim_batch}),
+          machine_(db_, where_,
+                   {opt_.lease, opt_.max_attempts, opt_.reclaim_batch, opt_.keep_dead}),
           insert_sql_(where_(detail::transitions::insert_sql)),
           file_name_(sqlite3_db_filename(db_.get(), "main")) {
         data_version_ = machine_.data_version().value_or(0);
@@ -258,13 +272,17 @@ class delay_queue {
     }
 
     /// Back to the queue, due `retry_after` from now, or to the dead letters if this was its
-    /// max_attempts-th delivery. False if the lease was lost.
+    /// max_attempts-th delivery. False if the lease was lost. The job's last error stays as it
+    /// was (see the nack with a reason).
     bool nack(const job& j, std::chrono::milliseconds retry_after) {
-        front.id(j.id);
-        op o{op::nack, j.id};
-        o.token = token_of(j);
-        o.due = due_after(retry_after);
-        return run_one(o);
+        return nack_for(j, retry_after, std::nullopt);
+    }
+
+    /// nack(j, retry_after), and the job's last error becomes `reason` (binary-safe; cut to its
+    /// first max_reason_size bytes), which get() shows, and which a dead letter keeps if this
+    /// nack moves it there. Refused with the nack if the lease was lost.
+    bool nack(const job& j, std::chrono::milliseconds retry_after, std::string_view reason) {
+        return nack_for(j, retry_after, cut(reason));
     }
 
     /// The lease of `j` now ends `lease` from now (the system clock), longer or shorter; its token
@@ -282,12 +300,73 @@ class delay_queue {
     }
 
     /// To the dead letters at once, as a nack of its max_attempts-th delivery: for a job that
-    /// would only fail again. False if the lease was lost.
-    bool bury(const job& j) {
-        front.id(j.id);
-        op o{op::bury, j.id};
-        o.token = token_of(j);
+    /// would only fail again. False if the lease was lost. The dead letter keeps the job's last
+    /// error as it was (see the bury with a reason).
+    bool bury(const job& j) { return bury_for(j, std::nullopt); }
+
+    /// bury(j), and the dead letter's last error is `reason` (binary-safe; cut to its first
+    /// max_reason_size bytes). Refused with the bury if the lease was lost.
+    bool bury(const job& j, std::string_view reason) { return bury_for(j, cut(reason)); }
+
+    /// The job `id` as the file holds it now: queued (waiting or leased), or in the dead letters;
+    /// nothing if neither. An id both queued and dead (a dead job's id put again) is the queued
+    /// job. job_info::time is its due time when waiting, its lease's end when leased, when it
+    /// died when dead; a job whose lease has ended reads as waiting, due at that end (the next
+    /// take reclaims it). A lookup by the file's key, whatever the queue's size. A bad id is
+    /// std::invalid_argument, as in every call.
+    std::optional<job_info> get(std::string_view id) {
+        front.id(id);
+        std::lock_guard g(db_m_);
+        return machine_.find(id, now_ms());
+    }
+
+    /// The dead letters in the order they died (then by id), oldest first: up to `max` (at most
+    /// max_take_many) of those after the dead letter `after`, or from the first when `after` is
+    /// empty. Page through them all with `after` the last id of the page before; empty at the end,
+    /// when `max` is 0, and when `after` is not a dead letter. A seek into the file's index of
+    /// the dead letters, and `max` steps along it: no page reads them all. A non-empty `after`
+    /// that is not an id (longer than max_id_size) is std::invalid_argument.
+    std::vector<job_info> dead(std::size_t max, std::string_view after = {}) {
+        if (!after.empty()) front.id(after);
+        if (max == 0) return {};
+        std::lock_guard g(db_m_);
+        return machine_.dead_page(front.take_count(max), after);
+    }
+
+    /// Puts the dead letter `id` back in the queue as a waiting job, due `delay` from now (the
+    /// clock rounded up: never early, as put_after()), its attempts from 0, its payload and last
+    /// error kept; it leaves the dead letters, in the same transaction. False, and nothing
+    /// changes, if `id` is not a dead letter, or if it is queued as well (a dead job's id put
+    /// again: the queued job keeps the id, and the dead letter stays). A waiting take gets it as
+    /// it gets a put, through this object or another on the file. Durable when it returns
+    /// (durable_puts); if it throws, it may have been applied, as put(). A negative delay is
+    /// std::invalid_argument.
+    bool requeue_dead(std::string_view id, std::chrono::milliseconds delay) {
+        front.id(id);
+        if (delay < milliseconds::zero()) front.refuse("a delay must not be negative");
+        op o{op::requeue, id};
+        o.due = due_after(delay);
         return run_one(o);
+    }
+
+    /// Removes the dead letters that died more than `older_than` before now (0: all that died
+    /// before this call); how many. In transactions of at most 10 000 dead letters each, the
+    /// oldest first through the index of the dead letters by time, until one finds fewer: other
+    /// writers, of this process or another, wait for one of them at most, never for the whole
+    /// purge. So it is not atomic: if it throws, the transactions before have removed theirs. A
+    /// negative `older_than` is std::invalid_argument. See also options::keep_dead.
+    std::size_t purge_dead(std::chrono::milliseconds older_than) {
+        if (older_than < milliseconds::zero()) front.refuse("an age must not be negative");
+        // One bound for every transaction, so that the deaths meanwhile never keep it going.
+        const long long before = detail::transitions::died_before(now_ms(), older_than);
+        std::size_t removed = 0;
+        for (;;) {
+            op o{op::purge, {}};
+            o.due = before;
+            run_one(o);
+            removed += o.removed;
+            if (o.removed < detail::transitions::purge_batch) return removed;
+        }
     }
 
     /// Jobs queued: waiting plus leased. Counts the file's rows: O(n).
@@ -296,8 +375,9 @@ class delay_queue {
         return machine_.count_jobs();
     }
 
-    /// Jobs moved to the dead letters (the `dead` table: id, payload, attempts, when) after
-    /// max_attempts deliveries, or by bury().
+    /// Jobs moved to the dead letters (the `dead` table: id, payload, attempts, when, last error)
+    /// after max_attempts deliveries, or by bury(). Counts the file's rows: O(n); dead() reads
+    /// them.
     std::size_t dead_size() {
         std::lock_guard g(db_m_);
         return machine_.count_dead();
@@ -343,6 +423,7 @@ class delay_queue {
         check(o.foreign_changes > milliseconds::zero(), "options.foreign_changes must be > 0");
         check(o.reclaim_batch > 0, "options.reclaim_batch must be > 0");
         check(o.commit_batch > 0, "options.commit_batch must be > 0");
+        check(o.keep_dead >= milliseconds::zero(), "options.keep_dead must be >= 0");
         return o;
     }
 
@@ -361,6 +442,28 @@ class delay_queue {
             db.exec(("PRAGMA max_page_count=" + std::to_string(pages)).c_str());
         }
         return where;
+    }
+
+    // A reason as the file keeps it: its first max_reason_size bytes.
+    static std::string_view cut(std::string_view reason) noexcept {
+        return reason.substr(0, max_reason_size);
+    }
+
+    bool nack_for(const job& j, milliseconds retry_after, std::optional<std::string_view> reason) {
+        front.id(j.id);
+        op o{op::nack, j.id};
+        o.token = token_of(j);
+        o.due = due_after(retry_after);
+        o.reason = reason;
+        return run_one(o);
+    }
+
+    bool bury_for(const job& j, std::optional<std::string_view> reason) {
+        front.id(j.id);
+        op o{op::bury, j.id};
+        o.token = token_of(j);
+        o.reason = reason;
+        return run_one(o);
     }
 
     static long long token_of(const job& j) noexcept {
@@ -441,7 +544,8 @@ class delay_queue {
         c.units = ops.size();
         c.ops = ops;
         const auto k = ops.front().kind;
-        const bool durable = k == op::put || k == op::cancel || k == op::reschedule;
+        const bool durable =
+            k == op::put || k == op::cancel || k == op::reschedule || k == op::requeue;
         // A call has no deadline (each lock wait has busy_timeout), so a carried call never gives
         // up and its ops need no copy.
         (durable ? puts_ : writes_)
@@ -580,11 +684,11 @@ class delay_queue {
     long long data_version_ = 0;  // PRAGMA data_version when this object last read the file
     detail::wal_file wal_;        // what sync_wal() fsyncs; used by one sync_wal() at a time
 
-    // Two group commits. Puts, cancels and reschedules (they decide whether and when a job runs):
-    // the leader commits, then fsyncs the WAL with the file's write lock released (so takes and
-    // acks commit during the fsync) and before it hands on, so that the puts that arrive meanwhile
-    // share the next fsync. The other writes (takes, acks, nacks) need no fsync, and with one
-    // group commit they waited for the puts' disk too: consumers fell behind the producers
+    // Two group commits. Puts, cancels, reschedules and requeues (they decide whether and when a
+    // job runs): the leader commits, then fsyncs the WAL with the file's write lock released (so
+    // takes and acks commit during the fsync) and before it hands on, so that the puts that arrive
+    // meanwhile share the next fsync. The other writes (takes, acks, nacks) need no fsync, and with
+    // one group commit they waited for the puts' disk too: consumers fell behind the producers
     // (docs/sqlite.md has the measurements).
     group_commit puts_{opt_.commit_batch};
     group_commit writes_{opt_.commit_batch};

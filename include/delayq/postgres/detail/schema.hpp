@@ -7,13 +7,17 @@
 // clang-format off
 //   meta   name text PRIMARY KEY, value bigint: 'version', the schema's version (1)
 //   jobs   queue text, id bytea, payload bytea, at bigint, attempts integer, token bigint,
-//          PRIMARY KEY (queue, id)
+//          last_error bytea NULL, PRIMARY KEY (queue, id)
 //          waiting (token = 0): `at` is when it is due
 //          leased  (token > 0): `at` is when the lease ends (extend moves it); `token` the
 //                   lease's fencing token
+//          last_error: the last reason a nack or bury gave (NULL: none yet)
 //   jobs_at ON jobs(queue, at)           -- the next due job, the next ended lease: one seek
 //   dead   queue text, id bytea, payload bytea, attempts integer, died bigint,
+//          last_error bytea NULL,        -- the job's, or lease_ended_reason
 //          PRIMARY KEY (queue, id)       -- past max_attempts, or buried
+//   dead_died ON dead(queue, died, id)   -- the dead letters in the order they died: dead(),
+//                                        -- purge_dead(), keep_dead
 //   tokens a sequence: the fencing tokens
 // clang-format on
 //
@@ -40,12 +44,21 @@
 // all succeed with one schema. An object that finds another version refuses to run
 // (schema_version_error). A later version will upgrade version 1 in place under the same lock, in
 // one transaction; docs/postgres.md ("Upgrading") says how to do it by hand.
+//
+// The last_error columns and dead_died are additions to version 1 that an older delayq neither
+// reads nor minds (a nullable column that no statement of it names, an index): version 1 made
+// before them gets them when an object first connects (upgrade_sql), and stays version 1. The
+// catalogs are read first, and the DDL runs only when something is missing: ALTER TABLE and
+// CREATE INDEX take their table's lock (ACCESS EXCLUSIVE, SHARE) even when IF NOT EXISTS finds
+// the column or index there, which at every open would stall every process's calls.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "../../job.hpp"
 #include "connection.hpp"
 
 namespace delayq::postgres::detail {
@@ -82,11 +95,13 @@ inline std::string create_sql(const std::string& s, bool schema_exists) {
            s +
            ".jobs(queue text NOT NULL, id bytea NOT NULL, payload bytea NOT NULL,"
            " at bigint NOT NULL, attempts integer NOT NULL DEFAULT 0,"
-           " token bigint NOT NULL DEFAULT 0, PRIMARY KEY (queue, id));" +
+           " token bigint NOT NULL DEFAULT 0, last_error bytea, PRIMARY KEY (queue, id));" +
            "CREATE INDEX IF NOT EXISTS jobs_at ON " + s + ".jobs(queue, at);" +
            "CREATE TABLE IF NOT EXISTS " + s +
            ".dead(queue text NOT NULL, id bytea NOT NULL, payload bytea NOT NULL,"
-           " attempts integer NOT NULL, died bigint NOT NULL, PRIMARY KEY (queue, id));" +
+           " attempts integer NOT NULL, died bigint NOT NULL, last_error bytea,"
+           " PRIMARY KEY (queue, id));" +
+           "CREATE INDEX IF NOT EXISTS dead_died ON " + s + ".dead(queue, died, id);" +
            "CREATE SEQUENCE IF NOT EXISTS " + s + ".tokens;" + "INSERT INTO " + s +
            ".meta(name, value) VALUES ('version', " + std::to_string(schema_version) +
            ") ON CONFLICT (name) DO NOTHING;";
@@ -100,6 +115,40 @@ inline long long read_version(connection& c, const std::string& schema) {
         "reading the schema");
     if (r.rows() == 0) return 0;       // a meta table without a version: not ours
     return std::stoll(r.bytes(0, 0));  // simple protocol: text
+}
+
+// Whether schema `schema` (unquoted) lacks one of the additions to version 1 (see "Creation and
+// upgrades" above): a read of pg_catalog, which every role may read and which locks no table.
+inline bool lacks_additions(connection& c, const std::string& schema) {
+    // `schema` holds only letters, digits and `_`: it needs no escaping in a literal.
+    const result r = c.exec_simple(
+        "SELECT (SELECT count(*) FROM pg_catalog.pg_class t JOIN pg_catalog.pg_attribute a ON "
+        "a.attrelid = t.oid WHERE t.relnamespace = n.oid AND t.relname IN ('jobs', 'dead') AND "
+        "a.attname = 'last_error' AND NOT a.attisdropped) = 2 AND EXISTS (SELECT 1 FROM "
+        "pg_catalog.pg_class i WHERE i.relnamespace = n.oid AND i.relname = 'dead_died') FROM "
+        "pg_catalog.pg_namespace n WHERE n.nspname = '" +
+            schema + "'",
+        "reading the catalogs");
+    return r.rows() == 0 || r.bytes(0, 0) != "t";  // simple protocol: text
+}
+
+// The upgrade that adds what lacks_additions() found missing, to schema `s` (quoted): one
+// statement, so one transaction under one statement_timeout, that looks again under the schema's
+// advisory lock and runs only the DDL still needed. Objects that open at once wait for the first,
+// then find nothing to do; no process takes the tables' locks once the upgrade is done. A
+// nullable column without a default is a change of the catalogs only (no rewrite); the index is
+// built under a SHARE lock on `dead`, which holds back the moves to the dead letters meanwhile
+// (docs/postgres.md says how to build it ahead, CONCURRENTLY, for a large dead table).
+inline std::string upgrade_sql(const std::string& s) {
+    const auto lacks_column = [&](const char* table) {
+        return "IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = '" + s + "." +
+               table + "'::regclass AND attname = 'last_error' AND NOT attisdropped) THEN " +
+               "ALTER TABLE " + s + "." + table + " ADD COLUMN last_error bytea; END IF; ";
+    };
+    return "DO $dq$BEGIN PERFORM pg_advisory_xact_lock(" + std::to_string(schema_lock_key) + "); " +
+           lacks_column("jobs") + lacks_column("dead") + "IF to_regclass('" + s +
+           ".dead_died') IS NULL THEN CREATE INDEX dead_died ON " + s +
+           ".dead(queue, died, id); END IF; END$dq$";
 }
 
 // What the catalogs say of schema `schema` and its meta table, and what the role may do with
@@ -168,6 +217,11 @@ inline void ensure_schema(connection& c, const std::string& schema) {
                   (v > schema_version ? " (written by a newer delayq: upgrade delayq)"
                                       : " (see \"Upgrading\" in docs/postgres.md)"),
               "");
+    if (lacks_additions(c, schema))
+        c.exec_simple(upgrade_sql(s),
+                      "adding the last_error columns and the dead_died index to the queue's "
+                      "tables (needs ownership of the tables; see \"The tables, and upgrading\" "
+                      "in docs/postgres.md)");
 }
 
 // The settings of the queue's own connections, sent once after connecting. Every statement is
@@ -270,19 +324,19 @@ inline std::string put_many_sql(const std::string& s) {
            "payload, delay, ord) ORDER BY u.id, u.ord ON CONFLICT DO NOTHING RETURNING id";
 }
 
-// The wake-up that follows a put, put_many, reschedule or nack, in a transaction of its own that
-// starts after theirs committed: $1 queue, $2 the ids they wrote, $3 the channel. NOTIFY unless
-// the earliest waiting job among the ids has another job (waiting, or leased) due before it and
-// after now: the consumers already wake for that one, or were told of it.
+// The wake-up that follows a put, put_many, reschedule, nack or requeue_dead, in a transaction of
+// its own that starts after theirs committed: $1 queue, $2 the ids they wrote, $3 the channel.
+// NOTIFY unless the earliest waiting job among the ids has another job (waiting, or leased) due
+// before it and after now: the consumers already wake for that one, or were told of it.
 //
 // Why after the commit, in a snapshot of its own: a consumer sleeps until the earliest `at` its
 // last claim saw. A job that a statement sees may be gone (acked, cancelled) before that
 // statement commits, and a consumer that claims in between sees neither the job nor the new one,
 // and sleeps past it. A job that this later snapshot sees was committed before the consumer's
 // claim or after it; before: the claim saw it (nothing deletes it before this snapshot); after:
-// it was written by a put, reschedule or nack whose own wake-up asks the same about an earlier
-// job (the order by (at, id) is strict, so the chain ends), or by a claim, whose row was due
-// earlier still. So every consumer is woken, or wakes, by the time the job is due. The witness
+// it was written by a put, reschedule, nack or requeue_dead whose own wake-up asks the same about
+// an earlier job (the order by (at, id) is strict, so the chain ends), or by a claim, whose row was
+// due earlier still. So every consumer is woken, or wakes, by the time the job is due. The witness
 // must lie after now: a due job that a consumer saw has been handed out or is being handled.
 inline std::string wake_sql(const std::string& s) {
     return "WITH " + lease_now_cte(false) +
@@ -308,14 +362,57 @@ inline std::string reschedule_sql(const std::string& s) {
            max_ms_sql() + ") FROM t WHERE j.queue = $1 AND j.id = $2 AND j.token = 0";
 }
 
-// Moves the jobs in CTE `from` (columns id, payload, attempts) to the dead letters.
+// Moves the jobs in CTE `from` (columns id, payload, attempts, last_error) to the dead letters.
+// A dead letter of the same id (one that died before, was put again and died again) is replaced.
+// Returns a row per job moved (keep_dead_sql counts them).
 inline std::string bury_sql(const std::string& s, const char* from) {
     return "INSERT INTO " + s +
-           ".dead(queue, id, payload, attempts, died) SELECT $1, x.id, x.payload, x.attempts, "
-           "t.now FROM " +
+           ".dead(queue, id, payload, attempts, died, last_error) SELECT $1, x.id, x.payload, "
+           "x.attempts, t.now, x.last_error FROM " +
            from +
            " x, t ON CONFLICT (queue, id) DO UPDATE SET payload = excluded.payload, attempts = "
-           "excluded.attempts, died = excluded.died";
+           "excluded.attempts, died = excluded.died, last_error = excluded.last_error RETURNING 1";
+}
+
+// How many old dead letters one move to the dead letters removes at most, with
+// options::keep_dead: a bound on the work it adds to a death, which still outpaces the deaths.
+inline constexpr int keep_dead_batch = 100;
+
+// With options::keep_dead (`keep` ms, > 0), the CTEs that a statement moving the jobs of CTE `b`
+// (column id) to the dead letters by CTE `d` (bury_sql) adds, so that the table stays bounded
+// without a reaper: up to keep_dead_batch of the queue's dead letters that died more than `keep`
+// ms before now go, oldest first, one range of dead_died from its start, located first and then
+// deleted where they lie (ctid). Empty without keep_dead.
+//
+// Only once `d` has run to its end, and only when it moved something: a claim or nack that moves
+// nothing pays one test of `d`. The order matters. `d` may wait for a dead letter that another
+// transaction holds (its id dies there too, or that one removes it as old); were `k` to lock old
+// dead letters before `d` waits, two deaths could each hold what the other's `d` waits for (ids
+// put again after they died long ago, dying at once): a deadlock. With `d` first, a statement
+// waits only while it holds nothing that `k` takes, and `k` skips the rows that others hold, so
+// that deaths at once never wait for each other's cleanup. The ids `b` moves are left out: `d`
+// replaced their dead letters, and one statement must not change a row twice.
+inline std::string keep_dead_sql(const std::string& s, long long keep) {
+    if (keep <= 0) return "";
+    const std::string old = "(SELECT now FROM t) - " + std::to_string(keep);
+    return ", k AS (SELECT y.ctid AS r FROM " + s + ".dead y WHERE (SELECT count(*) FROM d) > 0 " +
+           "AND y.queue = $1 AND y.died < " + old + " AND y.id NOT IN (SELECT id FROM b) " +
+           "ORDER BY y.died, y.id LIMIT " + std::to_string(keep_dead_batch) +
+           " FOR UPDATE SKIP LOCKED), kd AS (DELETE FROM " + s + ".dead y USING k WHERE " +
+           "y.ctid = k.r)";
+}
+
+// The last error of a job whose max_attempts-th lease ended (delayq::lease_ended_reason), as a
+// bytea literal: its bytes as they are, which holds while it has no `\` and no `'`.
+inline std::string lease_ended_sql() {
+    static_assert(lease_ended_reason.find_first_of("\\'") == std::string_view::npos);
+    return "'" + std::string(lease_ended_reason) + "'::bytea";
+}
+
+// A job's last error as a nack or bury leaves it, over row j: the parameter `reason` (bytea) when
+// the parameter `given` (boolean) says a reason was given, else the one it had.
+inline std::string new_error_sql(const char* reason, const char* given) {
+    return std::string("CASE WHEN ") + given + " THEN " + reason + " ELSE j.last_error END";
 }
 
 // The fencing token of a new lease (`s` quoted, and free of `'`: a literal as it is).
@@ -326,13 +423,14 @@ inline std::string token_sql(const std::string& s) {
 // claim: $1 queue, $2 at most this many jobs, $3 lease (ms), and with `bury` (max_attempts > 0)
 // $4 max_attempts. Claims the rows whose `at` passed, earliest first, skipping rows another
 // transaction holds: a waiting job that came due, or a lease that ended (redelivered, or buried
-// after its max_attempts-th delivery). The rows claimed are updated where they lie (ctid): a join
-// by key would let the planner scan the queue to find them. Returns one row per job leased (id,
-// payload, due, attempts, token, lease end), then one row with a NULL id: the next `at` among
-// the rows not claimed (NULL: none), the number of jobs buried, and the server's now. The next
-// `at` is looked for from the last row claimed on, or, when none was, from the start: there it
-// may be a due row that another transaction holds.
-inline std::string claim_sql(const std::string& s, bool durable, bool bury) {
+// after its max_attempts-th delivery, its last error lease_ended_reason). The rows claimed are
+// updated where they lie (ctid): a join by key would let the planner scan the queue to find them.
+// Returns one row per job leased (id, payload, due, attempts, token, lease end), then one row with
+// a NULL id: the next `at` among the rows not claimed (NULL: none), the number of jobs buried, and
+// the server's now. The next `at` is looked for from the last row claimed on, or, when none was,
+// from the start: there it may be a due row that another transaction holds. With `keep` (ms,
+// options::keep_dead), a claim that buries also removes old dead letters (keep_dead_sql).
+inline std::string claim_sql(const std::string& s, bool durable, bool bury, long long keep) {
     const std::string dead = bury ? "j.token <> 0 AND j.attempts >= $4" : "false";
     std::string sql =
         "WITH " + lease_now_cte(durable) + ", p AS (SELECT j.ctid AS r, j.id, j.at, " + dead +
@@ -345,8 +443,9 @@ inline std::string claim_sql(const std::string& s, bool durable, bool bury) {
     if (bury)
         sql += ", b AS (DELETE FROM " + s +
                ".jobs j USING p WHERE j.ctid = p.r AND p.dead RETURNING j.id, j.payload, "
-               "j.attempts), d AS (" +
-               bury_sql(s, "b") + ")";
+               "j.attempts, " +
+               lease_ended_sql() + " AS last_error), d AS (" + bury_sql(s, "b") + ")" +
+               keep_dead_sql(s, keep);
     return sql +
            " SELECT c.id, c.payload, c.due, c.attempts::bigint, c.token, c.at FROM c UNION ALL "
            "SELECT NULL, NULL, (SELECT j.at FROM " +
@@ -380,16 +479,21 @@ inline std::string ack_many_sql(const std::string& s, bool durable) {
            s + ".jobs j USING m WHERE j.ctid = m.r RETURNING m.ord";
 }
 
-// nack: $1 queue, $2 id, $3 token, $4 retry after (ms), $5 max_attempts. Back to waiting, or to
-// the dead letters after the max_attempts-th delivery; the wake-up follows (wake_sql). Returns
-// whether the lease held.
-inline std::string nack_sql(const std::string& s, bool durable) {
+// nack: $1 queue, $2 id, $3 token, $4 retry after (ms), $5 max_attempts, $6 the reason, $7
+// whether it was given (else the last error stays). Back to waiting, or to the dead letters after
+// the max_attempts-th delivery, with that last error; the wake-up follows (wake_sql). With `keep`
+// (ms, options::keep_dead), a move to the dead letters also removes old ones (keep_dead_sql).
+// Returns whether the lease held.
+inline std::string nack_sql(const std::string& s, bool durable, long long keep) {
+    const std::string error = new_error_sql("$6", "$7");
     return "WITH " + lease_now_cte(durable) + ", r AS (UPDATE " + s +
-           ".jobs j SET at = least(t.up + $4, " + max_ms_sql() + "), token = 0 FROM t WHERE " +
-           held_sql + " AND ($5 = 0 OR j.attempts < $5) RETURNING 1), b AS (DELETE FROM " + s +
+           ".jobs j SET at = least(t.up + $4, " + max_ms_sql() +
+           "), token = 0, last_error = " + error + " FROM t WHERE " + held_sql +
+           " AND ($5 = 0 OR j.attempts < $5) RETURNING 1), b AS (DELETE FROM " + s +
            ".jobs j USING t WHERE " + held_sql +
-           " AND $5 > 0 AND j.attempts >= $5 RETURNING j.id, j.payload, j.attempts), d AS (" +
-           bury_sql(s, "b") + ") SELECT (SELECT count(*) FROM r) + (SELECT count(*) FROM b)";
+           " AND $5 > 0 AND j.attempts >= $5 RETURNING j.id, j.payload, j.attempts, " + error +
+           " AS last_error), d AS (" + bury_sql(s, "b") + ")" + keep_dead_sql(s, keep) +
+           " SELECT (SELECT count(*) FROM r) + (SELECT count(*) FROM b)";
 }
 
 // extend: $1 queue, $2 id, $3 token, $4 lease (ms), $5 the channel. The lease ends $4 from now,
@@ -406,12 +510,15 @@ inline std::string extend_sql(const std::string& s, bool durable) {
            "(SELECT count(*) FROM u), (SELECT count(*) FROM n)";
 }
 
-// bury: $1 queue, $2 id, $3 token. To the dead letters at once, as a nack of the max_attempts-th
-// delivery; the next event can only come later, so no wake-up. Returns whether the lease held.
-inline std::string bury_now_sql(const std::string& s, bool durable) {
+// bury: $1 queue, $2 id, $3 token, $4 the reason, $5 whether it was given (else the last error
+// stays). To the dead letters at once, as a nack of the max_attempts-th delivery; the next event
+// can only come later, so no wake-up. With `keep` (ms, options::keep_dead), it also removes old
+// dead letters (keep_dead_sql). Returns whether the lease held.
+inline std::string bury_now_sql(const std::string& s, bool durable, long long keep) {
     return "WITH " + lease_now_cte(durable) + ", b AS (DELETE FROM " + s +
-           ".jobs j USING t WHERE " + held_sql + " RETURNING j.id, j.payload, j.attempts), d AS (" +
-           bury_sql(s, "b") + ") SELECT count(*) FROM b";
+           ".jobs j USING t WHERE " + held_sql + " RETURNING j.id, j.payload, j.attempts, " +
+           new_error_sql("$4", "$5") + " AS last_error), d AS (" + bury_sql(s, "b") + ")" +
+           keep_dead_sql(s, keep) + " SELECT count(*) FROM b";
 }
 
 inline std::string size_sql(const std::string& s) {
@@ -419,6 +526,85 @@ inline std::string size_sql(const std::string& s) {
 }
 inline std::string dead_size_sql(const std::string& s) {
     return "SELECT count(*) FROM " + s + ".dead WHERE queue = $1";
+}
+
+// The columns of a job as get() and dead() read it (id, state, at, attempts, payload,
+// last_error), from row `j` of jobs or dead, with `state` 0 waiting, 1 leased, 2 dead, and `at`
+// its time (ms).
+inline std::string info_columns_sql(const std::string& state, const std::string& at) {
+    return "j.id, " + state + " AS state, " + at +
+           " AS at, j.attempts::bigint AS attempts, j.payload, j.last_error";
+}
+
+// get: $1 queue, $2 id. The queued job of that id, else the dead letter: one probe of each
+// table's key. A lease that ended (by the server's clock, as the fence reads it: held_sql) reads
+// as waiting, due when it ended, which is when a take may hand it out again. Columns:
+// info_columns_sql.
+inline std::string get_sql(const std::string& s) {
+    return "WITH " + std::string(now_cte) +
+           " SELECT x.id, x.state, x.at, x.attempts, x.payload, x.last_error FROM (SELECT 0 AS "
+           "k, " +
+           info_columns_sql("CASE WHEN j.token <> 0 AND j.at > t.now THEN 1 ELSE 0 END", "j.at") +
+           " FROM " + s + ".jobs j, t WHERE j.queue = $1 AND j.id = $2 UNION ALL SELECT 1, " +
+           info_columns_sql("2", "j.died") + " FROM " + s +
+           ".dead j WHERE j.queue = $1 AND j.id = $2) x ORDER BY x.k LIMIT 1";
+}
+
+// dead: $1 queue, $2 the id to follow, $3 at most this many, $4 whether $2 was given (else from
+// the first). The dead letters in the order they died, then by id: one probe of the key for the
+// one to follow (none: nothing follows), then one range of dead_died from there, at most $3
+// entries long. The range is LATERAL, under its own LIMIT, so that the planner cannot walk the
+// index from the start and filter. Columns: info_columns_sql.
+inline std::string dead_page_sql(const std::string& s) {
+    return "WITH a AS (SELECT j.died, j.id FROM " + s +
+           ".dead j WHERE $4 AND j.queue = $1 AND j.id = $2 UNION ALL SELECT -1, ''::bytea WHERE "
+           "NOT $4) SELECT d.* FROM a, LATERAL (SELECT " +
+           info_columns_sql("2", "j.died") + " FROM " + s +
+           ".dead j WHERE j.queue = $1 AND (j.died, j.id) > (a.died, a.id) ORDER BY j.died, j.id "
+           "LIMIT $3) d ORDER BY d.at, d.id";
+}
+
+// requeue_dead: $1 queue, $2 id, $3 delay (ms). The dead letter back among the jobs, waiting, due
+// $3 from now, attempts 0, its payload and last error kept. `q` looks for the id among the jobs
+// first: queued (put again after it died), it keeps the id and nothing more is done. Else `d`
+// reads the dead letter and locks it, so that a purge skips it and a requeue at once waits for
+// this one and finds it gone; `i` inserts the job unless the id was queued meanwhile; `m` deletes
+// the dead letter only if `i` inserted, so a dead letter whose job was not inserted stays as it
+// was. (A join of `m` to `i` by id would be planned, `i` having no statistics, as a walk of the
+// queue's dead letters: the test of `i` leaves the key lookup as the only plan.)
+//
+// The locks come in the order a death takes them, the job's row, then the dead letter: `q` waits
+// for a death of the id under way (which deletes the job, then replaces the dead letter) and, the
+// job gone, `d` finds the new dead letter. Were `d` to lock the dead letter first, `i` would wait
+// for that death's job row while the death waits for the dead letter: a deadlock. The wake-up
+// follows (wake_sql). Returns the number moved, 0 or 1.
+inline std::string requeue_dead_sql(const std::string& s) {
+    const std::string key = "queue = $1 AND x.id = $2";
+    return "WITH " + std::string(now_cte) + ", q AS (SELECT 1 FROM " + s + ".jobs x WHERE x." +
+           key + " FOR KEY SHARE), d AS (SELECT x.id, x.payload, x.last_error FROM " + s +
+           ".dead x WHERE NOT EXISTS (SELECT 1 FROM q) AND x." + key + " FOR UPDATE), " +
+           "i AS (INSERT INTO " + s + ".jobs(queue, id, payload, at, last_error) SELECT $1, " +
+           "d.id, d.payload, least(t.up + $3, " + max_ms_sql() + "), d.last_error FROM d, t " +
+           "ON CONFLICT DO NOTHING RETURNING 1), m AS (DELETE FROM " + s + ".dead x WHERE x." +
+           key + " AND EXISTS (SELECT 1 FROM i) RETURNING 1) SELECT count(*) FROM m";
+}
+
+// purge_dead, one batch: $1 queue, $2 a time (ms), $3 whether $2 is the cutoff itself (else an
+// age: the cutoff is $2 before now), $4 at most this many. Deletes up to $4 of the queue's dead
+// letters that died before the cutoff, oldest first: one range of dead_died from its start,
+// located first and then deleted where they lie (ctid). Rows another transaction holds are
+// skipped: it is deleting them, replacing them with a later death, or requeueing them. Returns
+// the number deleted and the cutoff, which the purge's next batch passes on, so that a purge
+// ends: what dies meanwhile dies after the cutoff.
+inline std::string purge_dead_sql(const std::string& s) {
+    return "WITH " + std::string(now_cte) +
+           ", c AS (SELECT CASE WHEN $3 THEN $2 ELSE t.now - $2 END AS cut FROM t), p AS (SELECT "
+           "y.ctid AS r FROM " +
+           s +
+           ".dead y WHERE y.queue = $1 AND y.died < (SELECT cut FROM c) ORDER BY y.died, y.id "
+           "LIMIT $4 FOR UPDATE SKIP LOCKED), x AS (DELETE FROM " +
+           s + ".dead y USING p WHERE y.ctid = p.r RETURNING 1) SELECT (SELECT count(*) FROM x), " +
+           "c.cut FROM c";
 }
 
 // The statements every connection of a queue prepares, one row each: the name it is prepared
@@ -439,6 +625,10 @@ enum statement_index : unsigned char {
     st_size,
     st_dead_size,
     st_wake,
+    st_get,
+    st_dead_page,
+    st_requeue_dead,
+    st_purge_dead,
     st_count
 };
 
@@ -448,23 +638,32 @@ struct prepared_statement {
     std::vector<Oid> types;  // of $1, $2, ...
 };
 
-// The statements of a queue in schema `s` (quoted), with its options' durable_leases and whether
-// it has a max_attempts (`bury`).
-inline std::vector<prepared_statement> statements(const std::string& s, bool durable, bool bury) {
+// The statements of a queue in schema `s` (quoted), with its options' durable_leases, whether it
+// has a max_attempts (`bury`), and its keep_dead in ms (`keep`; 0: dead letters kept for ever).
+inline std::vector<prepared_statement> statements(const std::string& s, bool durable, bool bury,
+                                                  long long keep) {
     std::vector<prepared_statement> v{
         {"dq0", put_sql(s), {text_oid, bytea_oid, bytea_oid, int8_oid, bool_oid}},
         {"dq1", put_many_sql(s), {text_oid, bytea_array_oid, bytea_array_oid, int8_array_oid}},
         {"dq2", cancel_sql(s), {text_oid, bytea_oid}},
         {"dq3", reschedule_sql(s), {text_oid, bytea_oid, int8_oid}},
-        {"dq4", claim_sql(s, durable, bury), {text_oid, int8_oid, int8_oid, int8_oid}},
+        {"dq4", claim_sql(s, durable, bury, keep), {text_oid, int8_oid, int8_oid, int8_oid}},
         {"dq5", ack_sql(s, durable), {text_oid, bytea_oid, int8_oid}},
         {"dq6", ack_many_sql(s, durable), {text_oid, bytea_array_oid, int8_array_oid}},
-        {"dq7", nack_sql(s, durable), {text_oid, bytea_oid, int8_oid, int8_oid, int8_oid}},
+        {"dq7",
+         nack_sql(s, durable, keep),
+         {text_oid, bytea_oid, int8_oid, int8_oid, int8_oid, bytea_oid, bool_oid}},
         {"dq8", extend_sql(s, durable), {text_oid, bytea_oid, int8_oid, int8_oid, text_oid}},
-        {"dq9", bury_now_sql(s, durable), {text_oid, bytea_oid, int8_oid}},
+        {"dq9",
+         bury_now_sql(s, durable, keep),
+         {text_oid, bytea_oid, int8_oid, bytea_oid, bool_oid}},
         {"dq10", size_sql(s), {text_oid}},
         {"dq11", dead_size_sql(s), {text_oid}},
         {"dq12", wake_sql(s), {text_oid, bytea_array_oid, text_oid}},
+        {"dq13", get_sql(s), {text_oid, bytea_oid}},
+        {"dq14", dead_page_sql(s), {text_oid, bytea_oid, int8_oid, bool_oid}},
+        {"dq15", requeue_dead_sql(s), {text_oid, bytea_oid, int8_oid}},
+        {"dq16", purge_dead_sql(s), {text_oid, int8_oid, bool_oid, int8_oid}},
     };
     return v;
 }

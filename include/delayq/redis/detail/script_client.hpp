@@ -2,7 +2,7 @@
 // their replies. Part of <delayq/redis/delay_queue.hpp>.
 //
 // The idea. A queue object changes the server only through scripts. Each of its shards is one
-// hash tag, `{name}` or `{name#i}`, so one Cluster slot with its own five keys (scripts.hpp's key
+// hash tag, `{name}` or `{name#i}`, so one Cluster slot with its own keys (scripts.hpp's key
 // layout); a job's shard is a hash of its id. A call is EVALSHA with the shard's keys, the
 // wake-up channel, the shard's number and the script's own arguments, sent through the router
 // (cluster.hpp) to the node that serves the slot. The SHA1s come from SCRIPT LOAD, once per
@@ -34,6 +34,7 @@
 #include <initializer_list>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -128,11 +129,12 @@ class script_client {
         lease_ms_ = std::to_string(opt_.lease.count());
         max_attempts_ = std::to_string(opt_.max_attempts);
         reclaim_batch_ = std::to_string(opt_.reclaim_batch);
+        keep_dead_ = std::to_string(clamp_delay(opt_.keep_dead));
         // Objects merge their calls when every word of those calls, and where and how they go,
-        // is the same.
+        // is the same (keep_dead too: a merged consume sweeps by its sender's).
         for (const std::string& part :
              {opt_.host, std::to_string(opt_.port), opt_.user, opt_.password, channel_, lease_ms_,
-              max_attempts_, reclaim_batch_, std::to_string(opt_.io_timeout.count())})
+              max_attempts_, reclaim_batch_, keep_dead_, std::to_string(opt_.io_timeout.count())})
             merge_key_.append(part).push_back('\0');
         const unsigned generation = fork_generation();
         for (shard& at : shards_) {
@@ -186,8 +188,8 @@ class script_client {
         if (!at.layout_checked.load(std::memory_order_acquire)) check_layout(at, patient, b);
         std::vector<std::string_view> argv;
         argv.reserve(5 + k_count + args.size());
-        argv.insert(argv.end(), {"EVALSHA", sha(at, id, patient, b), "4"});
-        static_assert(k_count == 4);
+        argv.insert(argv.end(), {"EVALSHA", sha(at, id, patient, b), "6"});
+        static_assert(k_count == 6);
         argv.insert(argv.end(), at.keys.begin(), at.keys.end());
         argv.insert(argv.end(), {std::string_view(channel_), std::string_view(at.index)});
         argv.insert(argv.end(), args.begin(), args.end());
@@ -296,6 +298,84 @@ class script_client {
     // Jobs queued in shard `s`, waiting plus leased.
     std::size_t size(std::size_t s) {
         return static_cast<std::size_t>(integer(eval(s, s_size, {})));
+    }
+
+    // The get script: job `id` of shard `s` as the store holds it (a queued one before a dead
+    // letter); nothing if it is neither queued nor dead.
+    std::optional<job_info> get(std::size_t s, std::string_view id) {
+        const std::array<std::string_view, 1> args{id};
+        auto r = eval(s, s_get, args);
+        if (r->type != REDIS_REPLY_ARRAY || r->elements == 0 ||
+            r->element[0]->type != REDIS_REPLY_INTEGER)
+            bad_reply("get", r.get());
+        const long long state = r->element[0]->integer;
+        if (state == 0) return std::nullopt;
+        if (state < 1 || state > 3 || r->elements != 5) bad_reply("get", r.get());
+        constexpr std::array<job_state, 3> states{job_state::waiting, job_state::leased,
+                                                  job_state::dead};
+        job_info j = info_of(r->element + 1, "get", r.get());
+        j.id = id;
+        j.state = states[static_cast<std::size_t>(state - 1)];
+        return j;
+    }
+
+    // A page of one shard's dead letters (the dead page script): `place`, the position in the
+    // shard's order that `jobs` follow ('' from the first; for `from` = 'i' and an id that is not
+    // a dead letter with a place, '' and no jobs).
+    struct dead_page {
+        std::string place;
+        std::vector<job_info> jobs;
+    };
+
+    // Up to `max` dead letters of shard `s` after `from`: '' (the first), 'i' and an id, 'p' and
+    // a place (scripts.hpp's dead page script).
+    dead_page dead(std::size_t s, std::size_t max, std::string_view from) {
+        const std::string count = std::to_string(max);
+        const std::array<std::string_view, 2> args{count, from};
+        auto r = eval(s, s_dead_page, args);
+        if (r->type != REDIS_REPLY_ARRAY || r->elements == 0 || r->elements % 5 != 1 ||
+            r->element[0]->type != REDIS_REPLY_STRING)
+            bad_reply("dead page", r.get());
+        dead_page page;
+        page.place = text_of(r->element[0]);
+        page.jobs.reserve(r->elements / 5);
+        for (std::size_t i = 1; i < r->elements; i += 5) {
+            if (r->element[i]->type != REDIS_REPLY_STRING) bad_reply("dead page", r.get());
+            job_info& j = page.jobs.emplace_back(info_of(r->element + i + 1, "dead page", r.get()));
+            j.id = text_of(r->element[i]);
+            j.state = job_state::dead;
+        }
+        return page;
+    }
+
+    // The requeue dead script: dead letter `id` of shard `s` back as a waiting job due `delay_ms`
+    // (>= 0) from now; false if it is not dead, or queued too.
+    bool requeue_dead(std::size_t s, std::string_view id, long long delay_ms) {
+        const std::string ms = std::to_string(delay_ms);
+        const std::array<std::string_view, 2> args{id, ms};
+        return integer(eval(s, s_requeue_dead, args)) == 1;
+    }
+
+    // The dead letters of shard `s` that died more than `older_than_ms` (>= 0) before the first
+    // call's now, removed: one call of the purge dead script per max_sweep of them, each after
+    // the first with the first's cutoff. How many went.
+    std::size_t purge_dead(std::size_t s, long long older_than_ms) {
+        const std::string ms = std::to_string(older_than_ms);
+        std::string cutoff;
+        std::size_t removed = 0;
+        for (;;) {
+            const std::array<std::string_view, 2> args{ms, cutoff};
+            auto r = eval(s, s_purge_dead,
+                          std::span<const std::string_view>(args.data(), cutoff.empty() ? 1 : 2));
+            if (r->type != REDIS_REPLY_ARRAY || r->elements != 3 ||
+                r->element[0]->type != REDIS_REPLY_INTEGER ||
+                r->element[1]->type != REDIS_REPLY_INTEGER ||
+                r->element[2]->type != REDIS_REPLY_STRING)
+                bad_reply("purge dead", r.get());
+            removed += static_cast<std::size_t>(r->element[0]->integer);
+            if (static_cast<std::size_t>(r->element[1]->integer) < max_sweep) return removed;
+            cutoff = text_of(r->element[2]);
+        }
     }
 
     // Jobs in shard `s`'s dead-letter hash.
@@ -466,6 +546,21 @@ class script_client {
         }
     }
 
+    // A job_info's time, attempts, payload and last error from `e`, four elements of a reply
+    // `r` of `script`: two integers, two strings.
+    static job_info info_of(const redisReply* const* e, std::string_view script,
+                            const redisReply* r) {
+        if (e[0]->type != REDIS_REPLY_INTEGER || e[1]->type != REDIS_REPLY_INTEGER ||
+            e[2]->type != REDIS_REPLY_STRING || e[3]->type != REDIS_REPLY_STRING)
+            bad_reply(script, r);
+        job_info j;
+        j.time = from_ms(e[0]->integer);
+        j.attempts = static_cast<unsigned>(e[1]->integer);
+        j.payload = text_of(e[2]);
+        j.last_error = text_of(e[3]);
+        return j;
+    }
+
     // The put script, now, unmerged.
     std::vector<bool> put_now(std::size_t s, std::span<const std::string_view> args,
                               const budget& b) {
@@ -481,10 +576,11 @@ class script_client {
     consumed consume_now(std::size_t s, std::span<const std::string_view> settle, std::size_t take,
                          bool patient, const budget& b) {
         std::vector<std::string_view> args;
-        args.reserve(4 + settle.size());
+        args.reserve(5 + settle.size());
         const std::string count = std::to_string(take);
         args.insert(args.end(), {std::string_view(lease_ms_), std::string_view(max_attempts_),
-                                 std::string_view(reclaim_batch_), std::string_view(count)});
+                                 std::string_view(reclaim_batch_), std::string_view(count),
+                                 std::string_view(keep_dead_)});
         args.insert(args.end(), settle.begin(), settle.end());
         auto r = eval(s, s_consume, args, patient, b);
         const std::size_t k = settle.size() / 3;
@@ -595,7 +691,7 @@ class script_client {
     options opt_;
     router router_;
     std::vector<shard> shards_;
-    std::string channel_, lease_ms_, max_attempts_, reclaim_batch_;
+    std::string channel_, lease_ms_, max_attempts_, reclaim_batch_, keep_dead_;
     std::string merge_key_;  // what objects that share combiners have in common (see "Merging")
     std::mutex merge_m_;     // a child's first calls replace the parent's combiners
     std::mutex sha_m_;

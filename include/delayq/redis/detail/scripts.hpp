@@ -5,9 +5,11 @@
 //
 // clang-format off
 //   waiting  in `events` (score: due ms); its payload in its bucket ("p" field); "m" =
-//            "attempts:0:0" once delivered
-//   leased   in `events` (score: lease end ms); "m" = "attempts:token:lease end"
-//   dead     in `dead` (id -> payload)
+//            "attempts:0:0" once delivered, "/" and its last error after that once it has one
+//   leased   in `events` (score: lease end ms); "m" = "attempts:token:lease end", and
+//            "/" and its last error if it has one
+//   dead     in `dead` (id -> payload), `dead:info` (id -> "attempts:died/last error") and
+//            `dead:order` (member "died:id")
 //   gone     nowhere: the id may be put again
 //
 // | from    | to      | by                                                                   |
@@ -24,6 +26,12 @@
 // | leased  | leased  | its lease ended: a take hands it out again, as any due job           |
 // | leased  | dead    | nack, or a take finding its lease ended, once attempts reach         |
 // |         |         | max_attempts; bury, at once                                          |
+// | dead    | waiting | requeue dead: attempts 0, its payload and last error kept (refused   |
+// |         |         | while the id is queued: put again after it died)                     |
+// | dead    | gone    | purge dead: those that died before a cutoff, oldest first; and with  |
+// |         |         | keep_dead, each death in consume sweeps a few that died too long ago |
+// | any     | (same)  | get: reads the job, queued or dead (a queued one first)              |
+// | dead    | (same)  | dead page: reads the dead letters in the order they died             |
 // clang-format on
 //
 // ack, nack, bury, extend and release need the job's current token while its lease holds (lease
@@ -49,20 +57,44 @@
 // per job".)
 //
 // Keys of a queue shard with hash tag T (`{name}`, or `{name#i}` for a sharded queue) are
-// `dq:v3:T:<part>`. Every script gets the same four KEYS, in this order:
+// `dq:v3:T:<part>`. Every script gets the same six KEYS, in this order:
 //
 // clang-format off
-//   KEYS[1] events  zset  id -> due time or lease end (server ms)   every queued job
-//   KEYS[2] data    never created itself: it names the buckets `data:0` .. `data:1023`, hashes
-//                   that hold "p" .. id -> payload and "m" .. id -> "attempts:token:lease end";
-//                   a job's bucket is a hash of its id
-//   KEYS[3] seq     string                                          the fencing-token counter
-//   KEYS[4] dead    hash  id -> payload                             jobs past max_attempts
+//   KEYS[1] events      zset  id -> due time or lease end (server ms)   every queued job
+//   KEYS[2] data        never created itself: it names the buckets `data:0` .. `data:1023`,
+//                       hashes that hold "p" .. id -> payload and "m" .. id ->
+//                       "attempts:token:lease end" (then "/" and the last error, if any); a
+//                       job's bucket is a hash of its id
+//   KEYS[3] seq         string                                          the fencing-token counter
+//   KEYS[4] dead        hash  id -> payload                             every dead letter
+//   KEYS[5] dead:order  zset  "died:id" -> 0 (died: 14 digits, ms)      dead letters by age
+//   KEYS[6] dead:info   hash  id -> "attempts:died/last error"          (died as in dead:order)
 // clang-format on
 //
 // and ARGV[1] = the wake-up channel, ARGV[2] = the shard's number; the rest is each script's own.
 // A queue written in an older layout (`dq:v2:T:due` and the rest) is not read: the client refuses
 // it with layout_error (script_client.hpp), and its keys stay as they are.
+//
+// The last error. A job's last error (the reason of its last nack or burial that gave one) rides in
+// its "m" entry, after a "/" (the numbers before it hold no "/"), so the calls that end a queued
+// job remove it with the job and cost no command more: ack and cancel delete "m" anyway, a put
+// finds none (it writes only new jobs), and a burial reads "m" already. A take, an extend and a
+// release rewrite "m" and keep what follows the "/". A reason longer than 64 bytes makes its
+// bucket an ordinary hash (see "Why buckets"); reasons are cut to max_reason_size on the C++ side.
+//
+// Dead letters. `dead` (id -> payload) is what every version writes and reads; `dead:info` and
+// `dead:order` stand beside it, written with it by a burial. A dead letter written by an earlier
+// version is in `dead` alone: get reads it as dead since 0 (unknown), attempts 0, no last error,
+// and the dead page does not list it (it has no place in the order). `dead:order` holds one
+// member per dead letter, all of score 0, so that ZRANGEBYLEX orders them by the bytes of
+// "died:id": died zero-padded to 14 digits (every time is below max_ms, 10^14) sorts by time,
+// then by id, as a sorted set orders members. That makes "the dead letters after this one" one
+// ZRANGEBYLEX from a position that need not be a member: a sharded queue asks every shard for
+// the page after the anchor's position, found in the anchor's own shard. A member whose dead
+// letter is gone from `dead` (removed by hand) is dropped by the next dead page that meets it.
+// The same order makes "those that died before t" one ZRANGEBYLEX below the 14 digits of t: a
+// purge and the keep_dead sweep remove the oldest first, a bounded number per call, whatever
+// the hash holds.
 //
 // Why buckets: a waiting job costs one zset entry and one hash entry, and a big hash costs Redis
 // about 80 bytes per entry; a hash of at most 128 short entries is stored as one compact listpack
@@ -87,9 +119,10 @@
 //
 // Wake-ups. Consumers wait on the pub/sub channel. A script that may make the shard's next event
 // (the head of `events`: the earliest due time or lease end) earlier publishes "<shard> <ms until
-// then>": put and reschedule when the job comes before the head, consume when a nack, a release
-// or an extend (to a shorter lease) makes the head earlier than it was. Nothing else can make it
-// earlier (acks, cancels and burials remove events; a take leases a job that was due, so its
+// then>": put, reschedule and requeue dead when the job comes before the head, consume when a
+// nack, a release or an extend (to a shorter lease) makes the head earlier than it was. Nothing
+// else can make it earlier (acks, cancels and burials remove events, purges touch none; a take
+// leases a job that was due, so its
 // lease ends after the event it replaces; a lease that ends is due at that same moment). So a
 // consumer that knows a time before which nothing is due (from its last script) and hears every
 // message since never sleeps past a due job.
@@ -100,11 +133,13 @@
 #include <string_view>
 
 #include "../../detail/epoch_ms.hpp"
+#include "../../job.hpp"
 
 namespace delayq::redis::detail {
 
-enum key_id : std::size_t { k_events, k_data, k_seq, k_dead, k_count };
-inline constexpr std::array<const char*, k_count> key_names{"events", "data", "seq", "dead"};
+enum key_id : std::size_t { k_events, k_data, k_seq, k_dead, k_dead_order, k_dead_info, k_count };
+inline constexpr std::array<const char*, k_count> key_names{"events", "data",       "seq",
+                                                            "dead",   "dead:order", "dead:info"};
 
 // The layout version, in every key's name; and the older layouts' keys that say a queue was
 // written in one of them (script_client.hpp refuses such a queue).
@@ -112,7 +147,18 @@ inline constexpr std::string_view layout = "v3";
 inline constexpr std::array<std::string_view, 1> older_layouts{"v2"};
 inline constexpr std::array<const char*, 4> older_keys{"due", "leased", "seq", "dead"};
 
-enum script_id : std::size_t { s_put, s_consume, s_cancel, s_reschedule, s_size, s_count };
+enum script_id : std::size_t {
+    s_put,
+    s_consume,
+    s_cancel,
+    s_reschedule,
+    s_size,
+    s_get,
+    s_dead_page,
+    s_requeue_dead,
+    s_purge_dead,
+    s_count
+};
 
 // "No deadline": the latest due time or lease end, in ms since the epoch, shared with the SQLite
 // queue (delayq/detail/epoch_ms.hpp). Due times travel as milliseconds through Lua numbers
@@ -160,6 +206,20 @@ consteval lua_text<digits_of(N)> decimal() {
     return t;
 }
 
+// `s` (N bytes) as a Lua string literal, between single quotes. A quote, a backslash or a line
+// break in it would need escapes, which a constant of ours never has: compiling one fails.
+template <std::size_t N>
+consteval lua_text<N + 2> quoted(std::string_view s) {
+    lua_text<N + 2> t;
+    t.chars[0] = t.chars[N + 1] = '\'';
+    for (std::size_t i = 0; i < N; ++i) {
+        if (s[i] == '\'' || s[i] == '\\' || s[i] == '\n' || s[i] == '\r')
+            throw "quoted(): the text needs an escape";
+        t.chars[i + 1] = s[i];
+    }
+    return t;
+}
+
 // The scripts' common opening; see "Time" and "Wake-ups" above. Its first line is max_ms, in
 // the constant's own digits. Each redis.call costs about as much as the rest of a small script,
 // so the scripts make as few as they can (one put: TIME, ZRANGE, HSETNX, ZADD; a take of one
@@ -170,6 +230,7 @@ local sec, usec = tonumber(t[1]), tonumber(t[2])
 local now = sec * 1000 + math.floor(usec / 1000)
 local later = sec * 1000 + math.ceil(usec / 1000)
 local events, data, seq, dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local dead_order, dead_info = KEYS[5], KEYS[6]
 local function due_at(ms) return math.min(later + ms, max_ms) end
 local function bucket(id)
   local h = #id
@@ -215,32 +276,98 @@ if earliest and added[redis.call('ZRANGE', events, '0', '0')[1]] then publish(ea
 return out
 )lua");
 
-// ARGV channel shard lease_ms max_attempts reclaim_batch take_count (how id token)*
+// What the scripts that read a job's last error share (see "The last error" and "Dead letters"):
+// tail_of(m), the part of an "m" or dead:info entry from its "/" on ('' if none), so the last
+// error with "/" before it; place_of(id, info), a dead letter's member of dead:order, made from
+// its dead:info entry.
+inline constexpr auto last_error_lua = lua(R"lua(
+local function tail_of(m)
+  local at = m and string.find(m, '/', 1, true)
+  return at and string.sub(m, at) or ''
+end
+local function place_of(id, info)
+  return string.match(info, '^%d+:(%d+)') .. ':' .. id
+end
+)lua");
+
+// The last error of a job whose last lease ended (delayq::lease_ended_reason), in the constant's
+// own words.
+inline constexpr auto lease_ended_lua =
+    lua("local lease_ended = ") + quoted<lease_ended_reason.size()>(lease_ended_reason) + lua("\n");
+
+// The most dead letters that one sweep removes (purge dead's batch): one script call that
+// removes them stays short (a few ms), and the unpacked lists stay far below Lua's stack limit.
+inline constexpr std::size_t max_sweep = 1000;
+
+// sweep(cutoff, limit), after the prelude and last_error_lua: removes up to `limit` (at most
+// max_sweep) of the dead letters that died before `cutoff` (ms), oldest first. Returns how many
+// dead letters it removed and how many places of dead:order it went through: fewer places than
+// `limit` means none older is left. A place that is not its dead letter's (removed by hand) goes
+// without touching `dead`; five commands in all, whatever `limit`.
+inline constexpr auto sweep_lua = lua(R"lua(
+local function sweep(cutoff, limit)
+  if cutoff <= 0 or limit <= 0 then return 0, 0 end
+  local got = redis.call('ZRANGEBYLEX', dead_order, '-', '(' .. string.format('%014d', cutoff),
+                         'LIMIT', '0', string.format('%d', limit))
+  if #got == 0 then return 0, 0 end
+  local ids, gone = {}, {}
+  for k, member in ipairs(got) do
+    ids[k] = string.sub(member, string.find(member, ':', 1, true) + 1)
+  end
+  local infos = redis.call('HMGET', dead_info, unpack(ids))
+  for k, id in ipairs(ids) do
+    if infos[k] and place_of(id, infos[k]) == got[k] then gone[#gone + 1] = id end
+  end
+  local removed = 0
+  if #gone > 0 then
+    removed = redis.call('HDEL', dead, unpack(gone))
+    redis.call('HDEL', dead_info, unpack(gone))
+  end
+  redis.call('ZREMRANGEBYLEX', dead_order, '-', '[' .. got[#got])
+  return removed, #got
+end
+)lua");
+
+// ARGV channel shard lease_ms max_attempts reclaim_batch take_count keep_dead (how id token)*
 // Settles the listed leases (how: 'a' ack, 'n<ms>' nack due ms from now, 'd' bury: to the dead
 // letters now, 'e<ms>' extend: the lease ends ms from now instead, 'r<ms>' release: due again at
 // ms, the due time the job was leased at, its attempt taken back; for the jobs a merged take
 // leased for a caller that had given up, script_client.hpp), then leases up to take_count
-// due jobs, earliest first, each counting its attempt. A due job whose lease ended
-// after its last attempt (max_attempts) goes to `dead` instead, at most reclaim_batch of them per
-// call. meta holds "attempts:token:lease_end", so one HGET proves a lease; a settled lease's token
-// is cleared (0), so it cannot settle again.
+// due jobs, earliest first, each counting its attempt. A nack's or a burial's how may go on
+// with "/" and a reason, which becomes the job's last error; without one the last error stays.
+// A due job whose lease ended after its last attempt (max_attempts) goes to the dead letters
+// instead, its last error lease_ended, at most reclaim_batch of them per call. meta holds
+// "attempts:token:lease_end", so one HGET proves a lease; a settled lease's token is cleared
+// (0), so it cannot settle again. With keep_dead > 0 (ms), the call ends by sweeping up to 10
+// dead letters that died more than keep_dead ago per death it made (at most max_sweep): so a
+// stream of deaths keeps the dead letters bounded, at one ZRANGEBYLEX per call that buries when
+// nothing is that old.
 // Returns {next, ok*, n, (id, payload, due, attempts, token, lease_end)*n}: next is the ms until
 // the next event after all that (0: more is due now; -1: nothing is queued); one ok (1 settled or
 // extended, 0 the lease was lost) per settlement.
-inline constexpr auto consume_lua = prelude + lua(R"lua(
-local lease_ms, max_attempts = tonumber(ARGV[3]), tonumber(ARGV[4])
-local out, before = {0}, false
-local function bury(id, b, payload)
+inline constexpr auto consume_lua = prelude + last_error_lua + lease_ended_lua + sweep_lua +
+                                    lua("local max_sweep = ") + decimal<max_sweep>() + lua(R"lua(
+local lease_ms, max_attempts, keep_dead = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[7])
+local out, before, deaths = {0}, false, 0
+-- To the dead letters, after `a` attempts, its last error `tail` ("/" and the reason, or '').
+-- The place of an earlier dead letter of the same id goes: one place per dead letter.
+local function bury(id, b, payload, a, tail)
+  deaths = deaths + 1
   redis.call('ZREM', events, id)
   redis.call('HSET', dead, id, payload or '')
   redis.call('HDEL', b, 'p' .. id, 'm' .. id)
+  local old = redis.call('HGET', dead_info, id)
+  if old then redis.call('ZREM', dead_order, place_of(id, old)) end
+  local info = string.format('%d:%014d', a, now) .. (tail == '' and '/' or tail)
+  redis.call('HSET', dead_info, id, info)
+  redis.call('ZADD', dead_order, '0', place_of(id, info))
 end
 -- Back to waiting, due at `at`. The next event may get earlier: remember it as it was.
 local function requeue(id, at)
   if before == false then before = head() end
   redis.call('ZADD', events, string.format('%d', at), id)
 end
-for i = 7, #ARGV, 3 do
+for i = 8, #ARGV, 3 do
   local id, ok = ARGV[i + 1], 0
   local b = bucket(id)
   local m = redis.call('HGET', b, 'm' .. id)
@@ -251,30 +378,35 @@ for i = 7, #ARGV, 3 do
     ok = 1
     a = tonumber(a)
     local how = string.sub(ARGV[i], 1, 1)
+    -- The last error from now on: the reason after the "/" of this how, or the one it had.
+    local cut = string.find(ARGV[i], '/', 2, true)
+    local tail = cut and string.sub(ARGV[i], cut) or tail_of(m)
+    if tail == '/' then tail = '' end
+    local ms = tonumber(string.sub(ARGV[i], 2, (cut or 0) - 1))
     if how == 'a' then
       redis.call('ZREM', events, id)
       redis.call('HDEL', b, 'p' .. id, 'm' .. id)
     elseif how == 'e' then
       -- Extended (or shortened): the same lease, its end moved; a shorter one may make the
       -- next event earlier, hence requeue's look at the head first.
-      local ends = due_at(tonumber(string.sub(ARGV[i], 2)))
-      redis.call('HSET', b, 'm' .. id, string.format('%d:%s:%d', a, token, ends))
+      local ends = due_at(ms)
+      redis.call('HSET', b, 'm' .. id, string.format('%d:%s:%d', a, token, ends) .. tail)
       requeue(id, ends)
     elseif how == 'd' then
-      bury(id, b, redis.call('HGET', b, 'p' .. id))
+      bury(id, b, redis.call('HGET', b, 'p' .. id), a, tail)
     elseif how == 'r' then
       -- Leased for a take that gave up: as before that take, its attempt not counted.
-      if a > 1 then
-        redis.call('HSET', b, 'm' .. id, string.format('%d:0:0', a - 1))
+      if a > 1 or tail ~= '' then
+        redis.call('HSET', b, 'm' .. id, string.format('%d:0:0', a - 1) .. tail)
       else
         redis.call('HDEL', b, 'm' .. id)
       end
-      requeue(id, math.min(tonumber(string.sub(ARGV[i], 2)), max_ms))
+      requeue(id, math.min(ms, max_ms))
     elseif max_attempts > 0 and a >= max_attempts then
-      bury(id, b, redis.call('HGET', b, 'p' .. id))
+      bury(id, b, redis.call('HGET', b, 'p' .. id), a, tail)
     else
-      redis.call('HSET', b, 'm' .. id, string.format('%d:0:0', a))
-      requeue(id, due_at(tonumber(string.sub(ARGV[i], 2))))
+      redis.call('HSET', b, 'm' .. id, string.format('%d:0:0', a) .. tail)
+      requeue(id, due_at(ms))
     end
   end
   out[#out + 1] = ok
@@ -300,11 +432,11 @@ repeat
     if token ~= '0' and max_attempts > 0 and a >= max_attempts then
       if budget == 0 then next_due = now break end
       budget = budget - 1
-      bury(id, b, pm[1])
+      bury(id, b, pm[1], a, '/' .. lease_ended)
       buried = true
     else
       n = n + 1
-      rows[n] = {id, b, pm[1] or '', at, a + 1}
+      rows[n] = {id, b, pm[1] or '', at, a + 1, tail_of(pm[2])}
     end
   end
 until next_due or not buried
@@ -316,7 +448,7 @@ if n > 0 then
   for k = 1, n do
     local r = rows[k]
     token = token + 1
-    redis.call('HSET', r[2], 'm' .. r[1], string.format('%d:%d:%d', r[5], token, lease_end))
+    redis.call('HSET', r[2], 'm' .. r[1], string.format('%d:%d:%d', r[5], token, lease_end) .. r[6])
     leases[2 * k - 1], leases[2 * k] = lease_s, r[1]
     out[#out + 1] = r[1]
     out[#out + 1] = r[3]
@@ -331,6 +463,7 @@ local after = next_due
 if n > 0 and (not after or lease_end < after) then after = lease_end end
 if before ~= false and after and (not before or after < before) then publish(after) end
 out[1] = after and math.max(after - now, 0) or -1
+if deaths > 0 and keep_dead > 0 then sweep(now - keep_dead, math.min(10 * deaths, max_sweep)) end
 return out
 )lua");
 
@@ -355,14 +488,126 @@ if at < first then publish(at) end
 return 1
 )lua");
 
+// ARGV channel shard id. Returns {state, time, attempts, payload, last error}: state 1 waiting
+// (time: its due time, or the end of a lease that ended), 2 leased (time: the lease end), 3 dead
+// (time: when it died); {0} if the id is neither queued nor dead. A queued job comes first: a
+// dead letter's id may have been put again. A dead letter of an earlier version (in `dead`
+// alone) reads as dead since 0 after 0 attempts, with no last error.
+inline constexpr auto get_lua = prelude + last_error_lua + lua(R"lua(
+local id = ARGV[3]
+local pm = redis.call('HMGET', bucket(id), 'p' .. id, 'm' .. id)
+if pm[1] then
+  local at = tonumber(redis.call('ZSCORE', events, id) or '0')
+  local a, token, lease_end = 0, '0', 0
+  if pm[2] then a, token, lease_end = string.match(pm[2], '^(%d+):(%d+):(%d+)') end
+  local state = (token ~= '0' and tonumber(lease_end) > now) and 2 or 1
+  return {state, at, tonumber(a) or 0, pm[1], string.sub(tail_of(pm[2]), 2)}
+end
+local payload = redis.call('HGET', dead, id)
+if not payload then return {0} end
+local info = redis.call('HGET', dead_info, id)
+if not info then return {3, 0, 0, payload, ''} end
+local a, died = string.match(info, '^(%d+):(%d+)')
+return {3, tonumber(died) or 0, tonumber(a) or 0, payload, string.sub(tail_of(info), 2)}
+)lua");
+
+// ARGV channel shard max from. The dead letters in dead:order after `from` ('' from the first;
+// 'i' and an id: after that dead letter; 'p' and a place "died:id": after that place, which need
+// not be one of this shard's), up to max. Returns {place, (id, died, attempts, payload, last
+// error)*}: place is where the page starts after ('' from the first); an 'i' id that is not a
+// dead letter with a place (not dead, or dead by an earlier version) returns {''} alone. No
+// clock is read: this script has an opening of its own.
+inline constexpr auto dead_page_lua = last_error_lua + lua(R"lua(
+local dead, dead_order, dead_info = KEYS[4], KEYS[5], KEYS[6]
+local want, from = tonumber(ARGV[3]), ARGV[4]
+local place = string.sub(from, 2)
+if string.sub(from, 1, 1) == 'i' then
+  local info = redis.call('HGET', dead_info, place)
+  if not info or redis.call('HEXISTS', dead, place) == 0 then return {''} end
+  place = place_of(place, info)
+end
+local out, n, start = {place}, 0, place == '' and '-' or '(' .. place
+while n < want do
+  local ask = want - n
+  local got = redis.call('ZRANGEBYLEX', dead_order, start, '+', 'LIMIT', '0',
+                         string.format('%d', ask))
+  for _, member in ipairs(got) do
+    local cut = string.find(member, ':', 1, true)
+    local id = string.sub(member, cut + 1)
+    local info = redis.call('HGET', dead_info, id)
+    local payload = redis.call('HGET', dead, id)
+    if payload and info and place_of(id, info) == member then
+      local a, died = string.match(info, '^(%d+):(%d+)')
+      n = n + 1
+      out[#out + 1] = id
+      out[#out + 1] = tonumber(died)
+      out[#out + 1] = tonumber(a)
+      out[#out + 1] = payload
+      out[#out + 1] = string.sub(tail_of(info), 2)
+    else
+      -- A place whose dead letter is gone from `dead` (removed by hand): dropped for good.
+      redis.call('ZREM', dead_order, member)
+      if info and not payload then redis.call('HDEL', dead_info, id) end
+    end
+  end
+  if #got < ask then break end
+  start = '(' .. got[#got]
+end
+return out
+)lua");
+
+// ARGV channel shard id delay_ms. Returns 1 if `id` was a dead letter and is now a waiting job,
+// due delay_ms from now: its payload, its last error (in "m", attempts 0), gone from the three
+// dead-letter keys. 0, changing nothing, if it is not dead, or if it is queued too (put again
+// after it died: the queued job keeps the id). A dead letter of an earlier version (in `dead`
+// alone) comes back without a last error. Publishes as put does, when it comes first.
+inline constexpr auto requeue_dead_lua = prelude + last_error_lua + lua(R"lua(
+local id = ARGV[3]
+local b = bucket(id)
+if redis.call('HEXISTS', b, 'p' .. id) == 1 then return 0 end
+local payload = redis.call('HGET', dead, id)
+if not payload then return 0 end
+local info = redis.call('HGET', dead_info, id)
+redis.call('HDEL', dead, id)
+if info then
+  redis.call('HDEL', dead_info, id)
+  redis.call('ZREM', dead_order, place_of(id, info))
+end
+local tail = tail_of(info)
+if tail == '' or tail == '/' then
+  redis.call('HSET', b, 'p' .. id, payload)
+else
+  redis.call('HSET', b, 'p' .. id, payload, 'm' .. id, '0:0:0' .. tail)
+end
+local at = due_at(tonumber(ARGV[4]))
+redis.call('ZADD', events, string.format('%d', at), id)
+if redis.call('ZRANGE', events, '0', '0')[1] == id then publish(at) end
+return 1
+)lua");
+
+// ARGV channel shard older_than_ms [cutoff]. Removes up to max_sweep dead letters that died
+// before cutoff (ms; if not given, older_than_ms before now), oldest first (sweep). Returns
+// {removed, places, cutoff}: places below max_sweep means none older is left. The client calls
+// again with that cutoff until then, so that no one call holds the server long, and a purge ends
+// however fast jobs die meanwhile.
+inline constexpr auto purge_dead_lua = prelude + last_error_lua + sweep_lua +
+                                       lua("local max_sweep = ") + decimal<max_sweep>() + lua(R"lua(
+local cutoff = tonumber(ARGV[4] or '') or now - tonumber(ARGV[3])
+local removed, places = sweep(cutoff, max_sweep)
+return {removed, places, string.format('%d', cutoff)}
+)lua");
+
 // ARGV channel shard. Returns the number of queued jobs, waiting plus leased.
 inline constexpr auto size_lua = lua(R"lua(
 return redis.call('ZCARD', KEYS[1])
 )lua");
 
 inline constexpr std::array<std::string_view, s_count> scripts{
-    put_lua.view(), consume_lua.view(), cancel_lua.view(), reschedule_lua.view(), size_lua.view()};
-inline constexpr std::array<const char*, s_count> script_names{"put", "consume", "cancel",
-                                                               "reschedule", "size"};
+    put_lua.view(),        consume_lua.view(),      cancel_lua.view(),
+    reschedule_lua.view(), size_lua.view(),         get_lua.view(),
+    dead_page_lua.view(),  requeue_dead_lua.view(), purge_dead_lua.view()};
+inline constexpr std::array<const char*, s_count> script_names{
+    "put", "consume",   "cancel",       "reschedule", "size",
+    "get", "dead page", "requeue dead", "purge dead"};
 
 }  // namespace delayq::redis::detail

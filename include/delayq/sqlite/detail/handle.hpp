@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -174,7 +175,8 @@ class statement {
     statement(const statement&) = delete;
     statement& operator=(const statement&) = delete;
 
-    /// Binds parameters 1.. in order; each a long long, or a string_view bound as a BLOB.
+    /// Binds parameters 1.. in order; each a long long, a string_view bound as a BLOB, or an
+    /// optional string_view: a BLOB, or NULL when empty.
     template <class... Args>
     statement& bind(const Args&... args) {
         int i = 0;
@@ -232,6 +234,11 @@ class statement {
         // SQLITE_STATIC: the caller's bytes live until the statement is reset (use's scope).
         db_->check(sqlite3_bind_blob64(s_, i, v.empty() ? "" : v.data(), v.size(), SQLITE_STATIC),
                    sql_);
+    }
+
+    void bind_one(int i, const std::optional<std::string_view>& v) {
+        if (v) return bind_one(i, *v);
+        db_->check(sqlite3_bind_null(s_, i), sql_);
     }
 
     database* db_;

@@ -14,7 +14,7 @@
 //
 // clang-format off
 //   jobs  id BLOB PRIMARY KEY, payload BLOB, due INTEGER, attempts INTEGER, token INTEGER,
-//         lease_end INTEGER (NULL while waiting)                           -- WITHOUT ROWID
+//         lease_end INTEGER (NULL while waiting), last_error BLOB (NULL: none)  -- WITHOUT ROWID
 //         waiting: lease_end IS NULL; `due` is when it is due
 //         leased:  lease_end is when the lease ends; `due` is when this delivery was due;
 //                  `token` the lease's fencing token, `attempts` counts this delivery;
@@ -22,9 +22,14 @@
 //         (A file written by an earlier version may hold a negative token: a job an ack leased
 //         ahead for its object's next take, for a short hold, its attempt not counted. Its lease
 //         ends and is reclaimed like any other; no ack matches it.)
+//         last_error: the reason of the last nack() or bury() that gave one (cut to
+//         max_reason_size bytes), or lease_ended_reason; a put starts without one
 //   jobs_due    ON jobs(due)       WHERE lease_end IS NULL      -- the next due job: one seek
 //   jobs_leases ON jobs(lease_end) WHERE lease_end IS NOT NULL  -- the next ended lease: one seek
-//   dead  id BLOB PRIMARY KEY, payload BLOB, attempts INTEGER, died INTEGER  -- past max_attempts
+//   dead  id BLOB PRIMARY KEY, payload BLOB, attempts INTEGER, died INTEGER,
+//         last_error BLOB (the job's, as it died)                          -- past max_attempts
+//   dead_died   ON dead(died, id)  -- dead(): the dead letters in the order they died, one seek;
+//                                     purge_dead() and keep_dead: the oldest, one seek
 //   meta  name TEXT PRIMARY KEY, value INTEGER: 'format', the format number (in files created
 //         since the queue could share one); 'token', the fencing token counter of earlier
 //         versions (tokens are now per job: transitions.hpp's lease_due())
@@ -33,6 +38,13 @@
 // Times are milliseconds since the system_clock epoch (1970), so that they mean the same after a
 // reboot and in every process. A job is due once the system clock, rounded down to the
 // millisecond, reaches `due`; new due times are rounded up, so nothing is ever early.
+//
+// Upgrades in place. A file written before last_error and dead_died existed is the same format:
+// the queue adds the two columns (NULL in every row: no last error) and the index when it opens
+// the file, in the transaction that checks it, so that one opener does it and the others see it
+// done. It stays format 1 because every statement names its columns: a version that knows nothing
+// of last_error reads and writes an upgraded file as before (its rows get no last error), and
+// checks only the format number, never the columns.
 //
 // Why WITHOUT ROWID: every lookup is by id (put's duplicate check, ack, nack, cancel), and a
 // rowid table would need a second b-tree (a unique index on id) beside the table itself. Why a
@@ -91,14 +103,20 @@ inline constexpr std::string_view shared_prefix = "delayq_";
 inline constexpr std::string_view schema_sql =
     "CREATE TABLE {jobs}(id BLOB PRIMARY KEY NOT NULL, payload BLOB NOT NULL,"
     " due INTEGER NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,"
-    " token INTEGER NOT NULL DEFAULT 0, lease_end INTEGER) WITHOUT ROWID;"
+    " token INTEGER NOT NULL DEFAULT 0, lease_end INTEGER, last_error BLOB) WITHOUT ROWID;"
     "CREATE INDEX {jobs}_due ON {jobs}(due) WHERE lease_end IS NULL;"
     "CREATE INDEX {jobs}_leases ON {jobs}(lease_end) WHERE lease_end IS NOT NULL;"
     "CREATE TABLE {dead}(id BLOB PRIMARY KEY NOT NULL, payload BLOB NOT NULL,"
-    " attempts INTEGER NOT NULL, died INTEGER NOT NULL) WITHOUT ROWID;"
+    " attempts INTEGER NOT NULL, died INTEGER NOT NULL, last_error BLOB) WITHOUT ROWID;"
+    "CREATE INDEX {dead}_died ON {dead}(died, id);"
     "CREATE TABLE {meta}(name TEXT PRIMARY KEY NOT NULL, value INTEGER NOT NULL)"
     " WITHOUT ROWID;"
     "INSERT INTO {meta}(name, value) VALUES('token', 0), ('format', 1);";  // format_version
+
+// What a file of format 1 written before the last error was kept lacks (see "Upgrades in place"):
+// the columns, added by upgrade(), and the index.
+inline constexpr std::string_view dead_index_sql =
+    "CREATE INDEX IF NOT EXISTS {dead}_died ON {dead}(died, id)";
 
 // And in a file of its own, its header.
 inline constexpr const char* mark_sql =
@@ -241,9 +259,25 @@ inline void check_format(database& db, long long version) {
                 "the file is corrupt: a delayq queue of unknown format " + std::to_string(version));
 }
 
-// Makes `db` a queue: checks what the file holds, creates the tables where there are none, and
-// turns on WAL. Returns where the tables are. `beside_others`: options::allow_other_tables.
-// Throws the typed errors (not a queue, a newer format, read-only, ...).
+// In open_queue()'s write transaction, on a queue found in the file: adds what an earlier version
+// of format 1 did not write (the last_error columns, the dead letters' index). Nothing when the
+// file has them already. Adding a column rewrites no row (SQLite reads the missing value as
+// NULL); the index is built once, from the dead letters the file holds.
+inline void upgrade(database& db, const layout& where) {
+    for (const std::string_view table : {"{jobs}", "{dead}"}) {
+        const std::string name = where(table);
+        const std::string has =
+            "SELECT count(*) FROM pragma_table_info('" + name + "') WHERE name = 'last_error'";
+        if (query_integer(db, has.c_str()) == 0)
+            db.exec(("ALTER TABLE " + name + " ADD COLUMN last_error BLOB").c_str());
+    }
+    db.exec(where(dead_index_sql).c_str());
+}
+
+// Makes `db` a queue: checks what the file holds, creates the tables where there are none (or
+// adds what an earlier version did not write: upgrade()), and turns on WAL. Returns where the
+// tables are. `beside_others`: options::allow_other_tables. Throws the typed errors (not a queue, a
+// newer format, read-only, ...).
 //
 // Several processes may create one file at the same moment: the header and the schema are read,
 // and the tables created if there are none, in one write transaction, so that a peer's creation
@@ -309,6 +343,8 @@ inline layout open_queue(database& db, bool beside_others) {
         if (create) {
             db.exec(where(schema_sql).c_str());
             if (where.prefix.empty()) db.exec(mark_sql);
+        } else {
+            upgrade(db, where);
         }
         t->commit();
     }

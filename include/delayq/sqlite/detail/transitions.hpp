@@ -13,19 +13,39 @@
 //   lease (take) waiting and due            -> leased, its attempt counted, a new token
 //   ack          leased, this token, lease  -> none
 //                not ended
-//   nack         leased, this token, lease  -> waiting, due when asked; or dead, at max_attempts
-//                not ended
+//   nack         leased, this token, lease  -> waiting, due when asked; or dead, at max_attempts;
+//                not ended                     its reason, if it gives one, the last error
 //   extend       leased, this token, lease  -> leased, until the new end, the same token
 //                not ended
-//   bury         leased, this token, lease  -> dead
+//   bury         leased, this token, lease  -> dead; its reason, if it gives one, the last error
 //                not ended
 //   reclaim      leased, lease ended        -> waiting, due at the lease's end; or dead, at
-//                                              max_attempts
+//                                              max_attempts, the last error lease_ended_reason
+//   requeue      dead, and the id not       -> waiting, due when asked, attempts 0, its payload
+//                queued                        and last error kept (refused if queued)
+//   purge        dead, died before a time   -> none, at most purge_batch per transaction
 // clang-format on
 //
-// and two reads of what they leave: the next event (the earliest due time of a waiting job or end
-// of a lease), which tells the waiting takes how long they may sleep, and `PRAGMA data_version`,
-// which tells them that another connection committed.
+// and the reads of what they leave: the next event (the earliest due time of a waiting job or end
+// of a lease), which tells the waiting takes how long they may sleep; `PRAGMA data_version`,
+// which tells them that another connection committed; and, for the application, one job by its
+// id (find()) and a page of the dead letters (dead_page()).
+//
+// Keeping the dead letters bounded (limits::keep_dead). Every move to the dead letters also
+// removes up to keep_dead_batch of those that died more than keep_dead before, the earliest
+// first, in the same transaction: one seek into {dead}_died when none is that old, and about one
+// row for each death in a steady stream of them, so the dead table stays bounded by what dies
+// within keep_dead, with no thread that reaps it. The bound per death keeps a move cheap when
+// keep_dead is first set on a file of many old dead letters: they go keep_dead_batch at a time,
+// or at once with purge_dead.
+//
+// The last error. A job's row keeps the reason of the last nack or bury that gave one, and the
+// move to the dead letters copies it, so a dead letter says why it died: its consumer's words, or
+// lease_ended_reason when its last lease ended unsettled (the consumer crashed or hung; it said
+// nothing). A nack or bury without a reason leaves the last one: a plain retry after a failure
+// that was explained must not erase the explanation. The reason is written by the statement
+// that moves the job (coalesce() of the new reason, NULL for none, and the old), not by one of its
+// own: a failed attempt writes its row once.
 //
 // Why a file of its own. delay_queue.hpp is the front and the glue: the calls users make, the two
 // group commits that merge concurrent calls into one transaction, the wait of the takes. None of
@@ -62,16 +82,30 @@ namespace delayq::sqlite::detail {
 // One change to the file, as the group commit runs it (delay_queue.hpp, "Durability"): every
 // write of the queue goes through it, so that concurrent calls share transactions.
 struct op {
-    enum kind_t : unsigned char { put, cancel, reschedule, ack, nack, extend, bury, lease };
+    enum kind_t : unsigned char {
+        put,
+        cancel,
+        reschedule,
+        ack,
+        nack,
+        extend,
+        bury,
+        lease,
+        requeue,
+        purge
+    };
     kind_t kind;
     std::string_view id;
-    std::string_view payload{};        // put
-    long long due = 0;                 // put, reschedule, nack: the new due time
-    long long token = 0;               // ack, nack, extend, bury: the lease's
-    long long lease_ms = 0;            // extend: the new lease's length (ms, >= 0)
-    std::size_t want = 0;              // lease: at most this many jobs
-    std::vector<job>* jobs = nullptr;  // lease: the jobs leased
-    bool ok = false;                   // the result: queued, removed, moved, settled
+    std::string_view payload{};                // put
+    long long due = 0;                         // put, reschedule, nack, requeue: the new due time
+                                               // purge: the dead letters that died before it go
+    long long token = 0;                       // ack, nack, extend, bury: the lease's
+    long long lease_ms = 0;                    // extend: the new lease's length (ms, >= 0)
+    std::size_t want = 0;                      // lease: at most this many jobs
+    std::optional<std::string_view> reason{};  // nack, bury: the new last error; none keeps it
+    std::vector<job>* jobs = nullptr;          // lease: the jobs leased
+    std::size_t removed = 0;                   // purge: the dead letters it removed
+    bool ok = false;                           // the result: queued, removed, moved, settled
 };
 
 // The queue's transitions over one connection, with the statements they run. Not thread-safe:
@@ -80,10 +114,17 @@ class transitions {
   public:
     // What the transitions need of the queue's options.
     struct limits {
-        std::chrono::milliseconds lease;  // how long a lease lasts (> 0)
-        unsigned max_attempts;            // 0: redeliver forever; else dead after this many
-        std::size_t reclaim_batch;        // ended leases reclaimed per take (> 0)
+        std::chrono::milliseconds lease;      // how long a lease lasts (> 0)
+        unsigned max_attempts;                // 0: redeliver forever; else dead after this many
+        std::size_t reclaim_batch;            // ended leases reclaimed per take (> 0)
+        std::chrono::milliseconds keep_dead;  // 0: dead letters kept for ever; else how long
     };
+
+    // The most dead letters that one purge op removes: a transaction that holds the file's write
+    // lock for tens of milliseconds at most; purge_dead() runs as many as it needs.
+    static constexpr std::size_t purge_batch = 10000;
+    // The most dead letters older than keep_dead that one move to the dead letters removes.
+    static constexpr std::size_t keep_dead_batch = 100;
 
     static constexpr long long never = std::numeric_limits<long long>::max();  // no next event
 
@@ -132,10 +173,10 @@ class transitions {
                 }
                 o.ok = true;
                 if (dies(attempts)) {
-                    bury(o.id, now);
+                    bury(o.id, now, o.reason);
                 } else {
                     statement::use u(st_.requeue_at);
-                    u->bind(o.due, o.id).run();
+                    u->bind(o.due, o.id, o.reason).run();
                 }
                 break;
             }
@@ -152,11 +193,28 @@ class transitions {
                     if (!u->bind(o.id, o.token, now).step()) break;
                 }
                 o.ok = true;
-                bury(o.id, now);
+                bury(o.id, now, o.reason);
                 break;
             }
             case op::lease:
                 lease_due(o, now);
+                break;
+            case op::requeue: {
+                // Refused (no row inserted) when the id is not dead, and when it is queued: the
+                // queued job keeps its id, and the dead letter stays.
+                {
+                    statement::use u(st_.requeue_copy);
+                    o.ok = u->bind(o.id, o.due, now, token_scale).run() == 1;
+                }
+                if (o.ok) {
+                    statement::use u(st_.requeue_delete);
+                    u->bind(o.id).run();
+                }
+                break;
+            }
+            case op::purge:
+                o.removed = remove_dead(o.due, purge_batch);
+                o.ok = o.removed > 0;
                 break;
         }
     }
@@ -175,7 +233,7 @@ class transitions {
         }
         for (const auto& [id, attempts] : ended) {
             if (dies(attempts)) {
-                bury(id, now);
+                bury(id, now, lease_ended_reason);
             } else {
                 statement::use u(st_.requeue_ended);
                 u->bind(std::string_view(id)).run();
@@ -203,6 +261,62 @@ class transitions {
         return u->integer(0);
     }
 
+    // The job `id` as the file holds it at `now`: queued (waiting or leased), else dead, else
+    // none. One statement, so one snapshot: a job that moves meanwhile is seen on one side.
+    std::optional<job_info> find(std::string_view id, long long now) {
+        statement::use u(st_.find);
+        u->bind(id);
+        if (!u->step()) return std::nullopt;
+        job_info i;
+        i.id = std::string(id);
+        const long long lease_end = u->is_null(2) ? never : u->integer(2);
+        if (u->integer(0) == 1) {
+            i.state = job_state::dead;
+            i.time = delayq::detail::from_ms(u->integer(1));
+        } else if (lease_end == never) {
+            i.time = delayq::detail::from_ms(u->integer(1));
+        } else {
+            // A lease that ended is reclaimed by the next take, due at its end: say so already.
+            i.state = lease_end > now ? job_state::leased : job_state::waiting;
+            i.time = delayq::detail::from_ms(lease_end);
+        }
+        i.attempts = static_cast<unsigned>(u->integer(3));
+        i.payload = u->blob(4);
+        i.last_error = u->blob(5);
+        return i;
+    }
+
+    // Up to `want` dead letters in the order they died (then by id), the first after the dead
+    // letter `after` (empty: from the first); none if `after` is not dead. A seek into
+    // {dead}_died, then at most `want` steps along it, each with its row's lookup.
+    std::vector<job_info> dead_page(std::size_t want, std::string_view after) {
+        std::vector<job_info> out;
+        statement& s = after.empty() ? st_.dead_first : st_.dead_after;
+        statement::use u(s);
+        if (after.empty()) {
+            u->bind(static_cast<long long>(want));
+        } else {
+            u->bind(after, static_cast<long long>(want));
+        }
+        while (u->step()) {
+            job_info i;
+            i.id = u->blob(0);
+            i.state = job_state::dead;
+            i.time = delayq::detail::from_ms(u->integer(1));
+            i.attempts = static_cast<unsigned>(u->integer(2));
+            i.payload = u->blob(3);
+            i.last_error = u->blob(4);
+            out.push_back(std::move(i));
+        }
+        return out;
+    }
+
+    // The time (ms) before which a dead letter died more than `age` before `now`. An age beyond
+    // max_ms (year 5138) is no older than that: no subtraction overflows.
+    static long long died_before(long long now, std::chrono::milliseconds age) noexcept {
+        return now - delayq::detail::clamp_delay(age);
+    }
+
     // Jobs queued (waiting plus leased), and jobs dead: O(n) counts of the rows.
     std::size_t count_jobs() { return count(st_.count_jobs); }
     std::size_t count_dead() { return count(st_.count_dead); }
@@ -227,9 +341,9 @@ class transitions {
                       "LIMIT ?2")),
               requeue_ended(db, n("UPDATE {jobs} SET due = lease_end, lease_end = NULL WHERE "
                                   "id = ?1")),
-              bury_copy(db,
-                        n("INSERT OR REPLACE INTO {dead}(id, payload, attempts, died) SELECT id, "
-                          "payload, attempts, ?2 FROM {jobs} WHERE id = ?1")),
+              bury_copy(db, n("INSERT OR REPLACE INTO {dead}(id, payload, attempts, died, "
+                              "last_error) SELECT id, payload, attempts, ?2, coalesce(?3, "
+                              "last_error) FROM {jobs} WHERE id = ?1")),
               bury_delete(db, n("DELETE FROM {jobs} WHERE id = ?1")),
               due(db, n("SELECT id, payload, due, attempts, token FROM {jobs} WHERE lease_end IS "
                         "NULL AND due "
@@ -243,15 +357,40 @@ class transitions {
               held(
                   db,
                   n("SELECT attempts FROM {jobs} WHERE id = ?1 AND token = ?2 AND lease_end > ?3")),
-              requeue_at(db, n("UPDATE {jobs} SET due = ?1, lease_end = NULL WHERE id = ?2")),
+              requeue_at(db, n("UPDATE {jobs} SET due = ?1, lease_end = NULL, last_error = "
+                               "coalesce(?3, last_error) WHERE id = ?2")),
               extend(db, n("UPDATE {jobs} SET lease_end = ?4 WHERE id = ?1 AND token = ?2 AND "
                            "lease_end > ?3")),
+              // Two lookups by primary key; the queued row first, if the id is both.
+              find(db, n("SELECT 0, due, lease_end, attempts, payload, last_error FROM {jobs} "
+                         "WHERE id = ?1 UNION ALL SELECT 1, died, NULL, attempts, payload, "
+                         "last_error FROM {dead} WHERE id = ?1 ORDER BY 1 LIMIT 1")),
+              dead_first(db, n("SELECT id, died, attempts, payload, last_error FROM {dead} ORDER "
+                               "BY died, id LIMIT ?1")),
+              // A row-value range on {dead}_died, from the lookup of `after` by its key.
+              dead_after(db, n("SELECT id, died, attempts, payload, last_error FROM {dead} WHERE "
+                               "(died, id) > (SELECT died, id FROM {dead} WHERE id = ?1) ORDER BY "
+                               "died, id LIMIT ?2")),
+              // The token: the dead table keeps none, and the next lease's must be greater than
+              // every one the job had. Each was given at or before it died, from the ms of its
+              // lease (lease_due()), so the top of the ms of now or of its death (if the clock
+              // stepped back) is above them all.
+              requeue_copy(db,
+                           n("INSERT OR IGNORE INTO {jobs}(id, payload, due, attempts, token, "
+                             "last_error) SELECT id, payload, ?2, 0, (max(died, ?3) + 1) * ?4 - 1, "
+                             "last_error FROM {dead} WHERE id = ?1")),
+              requeue_delete(db, n("DELETE FROM {dead} WHERE id = ?1")),
+              // The earliest dead letters through {dead}_died (a covering range on died), each
+              // removed by its key.
+              remove_dead(db, n("DELETE FROM {dead} WHERE id IN (SELECT id FROM {dead} WHERE "
+                                "died < ?1 ORDER BY died, id LIMIT ?2)")),
               count_jobs(db, n("SELECT count(*) FROM {jobs}")),
               count_dead(db, n("SELECT count(*) FROM {dead}")),
               data_version(db, "PRAGMA data_version") {}
 
         statement begin, commit, rollback, insert, cancel, reschedule, ended, requeue_ended,
-            bury_copy, bury_delete, due, lease, next, ack, held, requeue_at, extend, count_jobs,
+            bury_copy, bury_delete, due, lease, next, ack, held, requeue_at, extend, find,
+            dead_first, dead_after, requeue_copy, requeue_delete, remove_dead, count_jobs,
             count_dead, data_version;
     };
 
@@ -261,14 +400,27 @@ class transitions {
         return limits_.max_attempts > 0 && attempts >= limits_.max_attempts;
     }
 
-    // In a write transaction: the job `id` goes to the dead letters.
-    void bury(std::string_view id, long long now) {
+    // In a write transaction: the job `id` goes to the dead letters, with `reason` as its last
+    // error (none: the one it had); with keep_dead, up to keep_dead_batch of those older than it
+    // go (see "Keeping the dead letters bounded" above).
+    void bury(std::string_view id, long long now, std::optional<std::string_view> reason) {
         {
             statement::use u(st_.bury_copy);
-            u->bind(id, now).run();
+            u->bind(id, now, reason).run();
         }
-        statement::use u(st_.bury_delete);
-        u->bind(id).run();
+        {
+            statement::use u(st_.bury_delete);
+            u->bind(id).run();
+        }
+        if (limits_.keep_dead > std::chrono::milliseconds::zero())
+            remove_dead(died_before(now, limits_.keep_dead), keep_dead_batch);
+    }
+
+    // In a write transaction: up to `max` of the dead letters that died before `before` (ms), the
+    // earliest first; how many it removed.
+    std::size_t remove_dead(long long before, std::size_t max) {
+        statement::use u(st_.remove_dead);
+        return static_cast<std::size_t>(u->bind(before, static_cast<long long>(max)).run());
     }
 
     // In a write transaction: leases up to o.want due jobs, earliest first, each with a new
