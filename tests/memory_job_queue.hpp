@@ -118,6 +118,11 @@ class memory_job_queue {
         for (;;) {
             if (stop.stop_requested() || n == 0) return out;
             const auto now = clock::now();
+            if (paused_) {  // hands out nothing; resume() wakes it
+                if (now >= until) return out;
+                cv_.wait_until(lk, until);
+                continue;
+            }
             auto earliest = clock::time_point::max();
             for (auto it = jobs_.begin(); it != jobs_.end() && out.size() < n;) {
                 auto& [id, e] = *it;
@@ -229,6 +234,20 @@ class memory_job_queue {
         cv_.notify_all();
         return true;
     }
+    void pause() {
+        std::lock_guard lk(m_);
+        paused_ = true;
+    }
+    void resume() {
+        std::lock_guard lk(m_);
+        paused_ = false;
+        cv_.notify_all();
+    }
+    bool paused() {
+        std::lock_guard lk(m_);
+        return paused_;
+    }
+
     std::size_t purge_dead(milliseconds older_than) {
         if (older_than < milliseconds::zero()) throw std::invalid_argument("negative age");
         std::lock_guard lk(m_);
@@ -323,6 +342,7 @@ class memory_job_queue {
     options opt_;
     std::mutex m_;
     std::condition_variable cv_;
+    bool paused_ = false;
     std::map<std::string, entry> jobs_;
     std::map<std::string, delayq::job_info> dead_;
     std::uint64_t tokens_ = 0;

@@ -35,6 +35,10 @@
 //   and returns how many. The option keep_dead (0: for ever) makes each move to the dead letters
 //   remove a few that died longer ago than that, so they stay bounded. Negative delays and ages
 //   are std::invalid_argument.
+// - pause() stops the queue's takes in every process (store-wide, kept by the store): while it is
+//   paused, a take leases nothing and waits (up to its max_wait, or until a stop request) for a
+//   resume(), which wakes it; every other call works as before (puts, acks, nacks, extends,
+//   cancels, lookups; a lease that ends still ends). Both are idempotent; paused() tells.
 // - cancel() removes a waiting or leased job; reschedule() moves a waiting job only.
 // - With max_attempts N > 0, a job whose N-th delivery is nacked or whose N-th lease ends moves to
 //   the dead letters (dead_size()) instead of waiting again.
@@ -134,6 +138,9 @@ concept job_queue = requires {
     { q.dead(n, s) } -> std::same_as<std::vector<job_info>>;
     { q.requeue_dead(s, d) } -> std::same_as<bool>;
     { q.purge_dead(d) } -> std::same_as<std::size_t>;
+    q.pause();
+    q.resume();
+    { q.paused() } -> std::same_as<bool>;
     { q.size() } -> std::same_as<std::size_t>;
     { q.dead_size() } -> std::same_as<std::size_t>;
     q.get_options();

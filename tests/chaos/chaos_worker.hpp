@@ -196,6 +196,9 @@ class logged_queue {
     bool reschedule(std::string_view id, ms d) { return q_->reschedule(id, d); }
     std::size_t size() { return q_->size(); }
     std::size_t dead_size() { return q_->dead_size(); }
+    void pause() { q_->pause(); }
+    void resume() { q_->resume(); }
+    bool paused() { return q_->paused(); }
     std::optional<delayq::job_info> get(std::string_view id) { return q_->get(id); }
     std::vector<delayq::job_info> dead(std::size_t n, std::string_view after = {}) {
         return q_->dead(n, after);

@@ -1039,3 +1039,121 @@ TEMPLATE_LIST_TEST_CASE("contract: with keep_dead, a dead letter older than that
     CHECK(q->get("new").has_value());
     CHECK(q->dead_size() == 1);
 }
+
+TEMPLATE_LIST_TEST_CASE(
+    "contract: pause stops the takes of every handle, everything else works, resume hands out "
+    "again",
+    "[contract][pause]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    TestType f;
+    auto a = f.make({});
+    auto b = f.make({});
+    CHECK_FALSE(a->paused());
+    REQUIRE(a->put("held", "p", past));
+    auto held = a->take(0ms);
+    REQUIRE(held.has_value());
+
+    b->pause();
+    b->pause();  // idempotent
+    CHECK(a->paused());
+    CHECK(b->paused());
+    REQUIRE(a->put("w1", "p", past));
+    REQUIRE(a->put_after("w2", "p", 0ms));
+    CHECK_FALSE(a->take(0ms).has_value());
+    CHECK_FALSE(b->take(200ms).has_value());  // waits its max_wait, then nothing
+    CHECK(a->take_many(10, 0ms).empty());
+    // Everything but a take works: the held lease is extended, nacked, taken by nobody.
+    CHECK(a->extend(*held, 30s));
+    CHECK(a->nack(*held, 0ms, "while paused"));
+    CHECK(a->reschedule("w2", 0ms));
+    CHECK(a->get("held").has_value());
+    CHECK(a->size() == 3);
+    CHECK(a->cancel("w2"));
+    std::this_thread::sleep_for(5ms);  // the nacked job's due time, rounded up to the next ms
+    CHECK(b->take_many(10, 0ms).empty());
+
+    a->resume();
+    a->resume();  // idempotent
+    CHECK_FALSE(b->paused());
+    auto got = b->take_many(10, 5s);
+    if (got.size() < 2) {  // a take_many may hand out what is due at one moment: take the rest
+        auto more = b->take_many(10, 5s);
+        got.insert(got.end(), more.begin(), more.end());
+    }
+    std::set<std::string> ids;
+    for (const auto& j : got) ids.insert(std::string(j.id));
+    CHECK(ids == std::set<std::string>{"held", "w1"});
+    for (const auto& j : got) CHECK(b->ack(j));
+    CHECK(a->size() == 0);
+}
+
+TEMPLATE_LIST_TEST_CASE(
+    "contract: a take blocked on a paused queue is woken by another handle's resume",
+    "[contract][pause]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    using job = delayq::job_type_t<typename TestType::queue>;
+    TestType f;
+    auto consumer = f.make({});
+    auto operator_ = f.make({});
+    operator_->pause();
+    REQUIRE(operator_->put("due", "p", past));
+    std::atomic<bool> returned{false};
+    std::optional<job> got;
+    const auto start = std::chrono::steady_clock::now();
+    std::thread taker([&] {
+        got = consumer->take(120s);
+        returned = true;
+    });
+    std::this_thread::sleep_for(500ms);  // a due job, a paused queue: the take stays blocked
+    CHECK_FALSE(returned);
+    operator_->resume();
+    taker.join();
+    // Woken, not timed out: a bound a user would call broken, not a timing.
+    CHECK(std::chrono::steady_clock::now() - start < 60s);
+    REQUIRE(got.has_value());
+    CHECK(got->id == "due");
+    CHECK(got->attempts == 1);
+    CHECK(consumer->ack(*got));
+}
+
+TEMPLATE_LIST_TEST_CASE("contract: a stop request ends a take blocked on a paused queue",
+                        "[contract][pause]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    TestType f;
+    auto q = f.make({});
+    q->pause();
+    REQUIRE(q->put("due", "p", past));
+    std::stop_source stop;
+    const auto start = std::chrono::steady_clock::now();
+    std::thread stopper([&] {
+        std::this_thread::sleep_for(300ms);
+        stop.request_stop();
+    });
+    CHECK(q->take_many(5, 120s, stop.get_token()).empty());
+    stopper.join();
+    CHECK(std::chrono::steady_clock::now() - start < 60s);
+    q->resume();
+    auto j = q->take(5s);
+    REQUIRE(j.has_value());
+    CHECK(j->attempts == 1);  // the stopped take leased nothing
+    CHECK(q->ack(*j));
+}
+
+TEMPLATE_LIST_TEST_CASE("contract: a worker on a paused queue runs nothing until it is resumed",
+                        "[contract][pause][worker]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    TestType f;
+    auto q = f.make({});
+    auto other = f.make({});
+    other->pause();
+    REQUIRE(q->put("a", "p", past));
+    REQUIRE(q->put("b", "p", past));
+    std::atomic<int> ran{0};
+    delayq::worker w(*q, [&](const delayq::job&) { ++ran; }, {.threads = 2});
+    std::this_thread::sleep_for(500ms);
+    CHECK(ran == 0);
+    other->resume();
+    CHECK(eventually([&] { return ran == 2; }));
+    w.stop();
+    CHECK(q->size() == 0);
+}
