@@ -11,6 +11,11 @@
 //   delayq_sqlite_helper consume PATH LEASE_MS  take and ack forever: "acking ID" before each
 //                                               ack, "acked ID" once it returned true, "early ID"
 //                                               for a job handed out before its deadline
+//   delayq_sqlite_helper pause PATH             pause the queue: "paused"
+//   delayq_sqlite_helper resume PATH            resume it: "running"
+//   delayq_sqlite_helper paused PATH            "paused" or "running"
+//   delayq_sqlite_helper take PATH WAIT_MS      take one job waiting up to WAIT_MS and ack it:
+//                                               "took ID ATTEMPTS", or "nothing"
 // produce and consume are the processes that the crash test kills with SIGKILL mid-flow.
 #include <sys/resource.h>
 #include <unistd.h>
@@ -55,6 +60,24 @@ int main(int argc, char** argv) {
             const bool queued = q.put_after(argv[3], "from another process",
                                             std::chrono::milliseconds(std::atoll(argv[4])));
             std::printf("%s\n", queued ? "queued" : "refused");
+            return 0;
+        }
+        if ((mode == "pause" || mode == "resume" || mode == "paused") && argc == 3) {
+            delayq::sqlite::delay_queue q(opts(argv[2]));
+            if (mode == "pause") q.pause();
+            if (mode == "resume") q.resume();
+            std::printf("%s\n", q.paused() ? "paused" : "running");
+            return 0;
+        }
+        if (mode == "take" && argc == 4) {
+            delayq::sqlite::delay_queue q(opts(argv[2]));
+            auto j = q.take(std::chrono::milliseconds(std::atoll(argv[3])));
+            if (!j) {
+                std::printf("nothing\n");
+                return 0;
+            }
+            std::printf("took %s %u\n", j->id.c_str(), j->attempts);
+            q.ack(*j);
             return 0;
         }
         if (mode == "produce" && argc == 5) {
@@ -114,7 +137,8 @@ int main(int argc, char** argv) {
     }
     std::fprintf(stderr,
                  "usage: %s put PATH ID DELAY_MS | nobody PATH | fill PATH BYTES | produce PATH "
-                 "PREFIX N | consume PATH LEASE_MS\n",
+                 "PREFIX N | consume PATH LEASE_MS | pause PATH | resume PATH | paused PATH | "
+                 "take PATH WAIT_MS\n",
                  argv[0]);
     return 2;
 }

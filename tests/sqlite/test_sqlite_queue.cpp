@@ -1,5 +1,5 @@
 // delayq::sqlite::delay_queue beyond the shared contract (test_sqlite_contract.cpp): options, the
-// file across reopening, other processes, group commit, and every typed error.
+// file across reopening, other processes, group commit, every typed error, and pausing.
 #include <fcntl.h>
 #include <spawn.h>
 #include <sqlite3.h>
@@ -18,9 +18,11 @@
 #include <iterator>
 #include <memory>
 #include <new>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <type_traits>
 #include <typeinfo>
@@ -1096,4 +1098,200 @@ TEST_CASE("keep_dead 0 keeps every dead letter") {
     insert_old_dead(dir.file(), 150);
     make_dead(q, "a");
     CHECK(q.dead_size() == 151);
+}
+
+// Pausing: the pause is the file's, so another process sees it, and its resume wakes a take here.
+
+TEST_CASE("pause: another process's pause stops this process's takes, its resume wakes one") {
+    temp_dir dir;
+    delay_queue q(opts(dir.file()));  // foreign_changes: 50 ms
+    REQUIRE(q.put("due", "x", past));
+    CHECK(helper("pause " + dir.file()) == "paused");
+    CHECK(q.paused());
+    CHECK_FALSE(q.take(0ms));
+    CHECK(q.size() == 1);
+    std::atomic<bool> returned{false};
+    std::optional<delayq::job> got;
+    std::thread taker([&] {
+        got = q.take(120s);
+        returned = true;
+    });
+    std::this_thread::sleep_for(500ms);  // a due job, a paused queue: the take waits
+    CHECK_FALSE(returned);
+    CHECK(helper("resume " + dir.file()) == "running");
+    taker.join();
+    REQUIRE(got);
+    CHECK(got->id == "due");
+    CHECK(got->attempts == 1);  // the paused takes leased nothing
+    CHECK_FALSE(q.paused());
+    CHECK(q.ack(*got));
+}
+
+TEST_CASE("pause: this process's pause stops another process's takes, its resume wakes one") {
+    temp_dir dir;
+    delay_queue q(opts(dir.file()));
+    q.pause();
+    REQUIRE(q.put("due", "x", past));
+    CHECK(helper("paused " + dir.file()) == "paused");
+    CHECK(helper("take " + dir.file() + " 0") == "nothing");
+    CHECK(helper("take " + dir.file() + " 300") == "nothing");  // waited, then nothing
+    CHECK(q.size() == 1);
+    CHECK(q.get("due")->attempts == 0);
+    std::atomic<bool> returned{false};
+    std::string out;
+    std::thread other([&] {
+        out = helper("take " + dir.file() + " 120000");
+        returned = true;
+    });
+    std::this_thread::sleep_for(1s);  // the other process is in its take, blocked
+    CHECK_FALSE(returned);
+    q.resume();
+    other.join();
+    CHECK(out == "took due 1");  // woken by the resume, not timed out: it acked
+    CHECK(q.size() == 0);
+}
+
+namespace {
+
+// Counts the write transactions (BEGIN ...) of the connections opened while it is installed:
+// every connection opened in the process then traces its statements here.
+std::atomic<int> begins{0};
+
+int count_begin(unsigned, void*, void*, void* sql) {
+    if (std::string_view(static_cast<const char*>(sql)).rfind("BEGIN", 0) == 0) ++begins;
+    return 0;
+}
+
+int trace_begins(sqlite3* db, char**, const sqlite3_api_routines*) {
+    return sqlite3_trace_v2(db, SQLITE_TRACE_STMT, count_begin, nullptr);
+}
+
+// The queue on `path` whose connection counts its transactions in `begins`.
+std::unique_ptr<delay_queue> counted_queue(const delayq::sqlite::options& o) {
+    using entry = void (*)();
+    const auto e = reinterpret_cast<entry>(trace_begins);
+    REQUIRE(sqlite3_auto_extension(e) == SQLITE_OK);
+    struct cancel {
+        entry e;
+        ~cancel() { sqlite3_cancel_auto_extension(e); }
+    } c{e};
+    return std::make_unique<delay_queue>(o);
+}
+
+}  // namespace
+
+TEST_CASE("pause: a take waiting on a paused queue with a due job runs no transaction") {
+    temp_dir dir;
+    // foreign_changes 50 ms: the waiting take rechecks data_version 20 times a second.
+    auto o = opts(dir.file());
+    auto q = counted_queue(o);
+    delay_queue other(o);
+    SECTION("paused through the same object") {
+        q->pause();
+    }
+    SECTION("paused through another object on the file") {
+        other.pause();
+    }
+    REQUIRE(other.put("due", "x", past));  // due, and a foreign change for q
+    const int before = begins;
+    std::atomic<bool> returned{false};
+    std::optional<delayq::job> got;
+    std::thread taker([&] {
+        got = q->take(120s);
+        returned = true;
+    });
+    // A take looks at the file once as it starts (another process may have put something).
+    for (int i = 0; i < 6000 && begins == before; ++i) std::this_thread::sleep_for(10ms);
+    CHECK(begins == before + 1);
+    // Then twenty rechecks, which find no change: a take that spun on the due job would run a
+    // transaction for each of them, or thousands.
+    std::this_thread::sleep_for(1s);
+    CHECK(begins == before + 1);
+    CHECK_FALSE(returned);
+    other.resume();
+    taker.join();
+    REQUIRE(got);
+    CHECK(got->id == "due");
+    CHECK(q->ack(*got));
+}
+
+TEST_CASE("pause: a file of the layout before pause() gets its row, and pauses and resumes") {
+    temp_dir dir;
+    auto o = opts(dir.file());
+    std::string prefix;
+    SECTION("a queue in a file of its own") {}
+    SECTION("a queue beside the application's tables") {
+        o.allow_other_tables = true;
+        prefix = "delayq_";
+    }
+    const std::string row = "SELECT value FROM " + prefix + "meta WHERE name = 'paused'";
+    {
+        delay_queue q(o);
+        REQUIRE(q.put("a", "x", past));
+        REQUIRE(q.put("b", "y", past + 1ms));
+        CHECK(raw_text(dir.file(), row.c_str()) == "0");
+    }
+    raw_exec(dir.file(), ("DELETE FROM " + prefix + "meta WHERE name = 'paused'").c_str());
+    REQUIRE(raw_text(dir.file(), ("SELECT count(*) FROM " + prefix + "meta").c_str()) == "2");
+
+    delay_queue q(o);
+    CHECK(raw_text(dir.file(), row.c_str()) == "0");  // added in place, running
+    CHECK_FALSE(q.paused());
+    auto a = q.take(5s);
+    REQUIRE(a);
+    CHECK(a->id == "a");
+    q.pause();
+    CHECK(raw_text(dir.file(), row.c_str()) == "1");
+    CHECK_FALSE(q.take(0ms));
+    {
+        delay_queue reopened(o);  // the pause is the file's: it outlives the objects
+        CHECK(reopened.paused());
+        CHECK_FALSE(reopened.take(0ms));
+    }
+    CHECK(q.ack(*a));  // settling works while paused
+    q.resume();
+    CHECK(raw_text(dir.file(), row.c_str()) == "0");
+    auto b = q.take(5s);
+    REQUIRE(b);
+    CHECK(b->id == "b");
+    CHECK(q.ack(*b));
+
+    // The row gone under an open object (a file is anyone's to edit): running, and pause()
+    // writes it again.
+    raw_exec(dir.file(), ("DELETE FROM " + prefix + "meta WHERE name = 'paused'").c_str());
+    CHECK_FALSE(q.paused());
+    REQUIRE(q.put("c", "z", past));
+    q.pause();
+    CHECK(raw_text(dir.file(), row.c_str()) == "1");
+    CHECK_FALSE(q.take(0ms));
+    q.resume();
+    auto c = q.take(5s);
+    REQUIRE(c);
+    CHECK(q.ack(*c));
+    CHECK(integrity(dir.file()) == "ok");
+}
+
+TEST_CASE("pause: pause and resume on a file locked past busy_timeout are busy_error") {
+    temp_dir dir;
+    auto o = opts(dir.file());
+    o.busy_timeout = 100ms;
+    delay_queue q(o);
+    REQUIRE(q.put("due", "x", past));
+    sqlite3* other = nullptr;
+    REQUIRE(sqlite3_open(dir.file().c_str(), &other) == SQLITE_OK);
+    REQUIRE(sqlite3_exec(other, "BEGIN EXCLUSIVE", nullptr, nullptr, nullptr) == SQLITE_OK);
+    const auto msg = message_of<delayq::sqlite::busy_error>([&] { q.pause(); });
+    CHECK(contains(msg, dir.file()));
+    CHECK(contains(msg, "busy_timeout (100 ms)"));
+    CHECK_THROWS_AS(q.resume(), delayq::unavailable_error);
+    CHECK_FALSE(q.paused());  // a reader is not locked out (WAL), and nothing was paused
+    REQUIRE(sqlite3_exec(other, "COMMIT", nullptr, nullptr, nullptr) == SQLITE_OK);
+    sqlite3_close(other);
+    q.pause();
+    CHECK(q.paused());
+    CHECK_FALSE(q.take(0ms));
+    q.resume();
+    auto j = q.take(5s);
+    REQUIRE(j);
+    CHECK(q.ack(*j));
 }

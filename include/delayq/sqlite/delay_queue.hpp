@@ -29,14 +29,25 @@
 // Waiting without polling. take() waits in the job queues' one taker (detail/job_queue/
 // taker.hpp), delay_queue's leader-follower pattern: one waiting thread, the leader, sleeps until
 // the next event it knows of; the others sleep on a condition variable until the leader leaves. A
-// put, nack, reschedule or extend (a shorter lease) through this object that makes the next event
-// earlier wakes the leader, so within a process nothing polls. Another process (or another object
-// on the same file) cannot wake it: the leader looks at `PRAGMA data_version`, which changes when
-// another connection commits, every options::foreign_changes while it waits, and at the file again
-// when it changed.
-// That read costs no I/O (it reads the WAL index in shared memory), so the default, 200 ms, costs
-// an idle consumer five cheap checks a second; it is also the bound on how late a system clock
-// stepped forward is noticed.
+// put, nack, reschedule, extend (a shorter lease) or resume through this object that makes the
+// next event earlier wakes the leader, so within a process nothing polls. Another process (or
+// another object on the same file) cannot wake it: the leader looks at `PRAGMA data_version`, which
+// changes when another connection commits, every options::foreign_changes while it waits, and at
+// the file again when it changed. That read costs no I/O (it reads the WAL index in shared memory),
+// so the default, 200 ms, costs an idle consumer five cheap checks a second; it is also the bound
+// on how late a system clock stepped forward is noticed.
+//
+// Pausing. pause() writes a row of the file (detail/schema.hpp: 'paused' in meta), so it stops
+// the takes of every object in every process, and outlives them; resume() writes it back. A
+// take reads it in its own transaction, before it reclaims or leases anything, and a paused queue
+// leases nothing: the transaction writes nothing, and its commit tells the taker that the next
+// event is never, so the waiting takes sleep (no due job wakes them) until a resume: one through
+// this object tells the taker the file's real next event in its commit, as a put does; one through
+// another connection changes `PRAGMA data_version`, which the leader reads every foreign_changes
+// (as for a put). The read costs a take nothing in the usual case: commit() keeps what the file
+// said of the pause with the data_version it said it at, and while data_version has not changed
+// (no other connection committed) the answer stands, so only a take after another connection's
+// commit reads the row (one lookup by key in a one-page table, in the transaction it runs anyway).
 //
 // Time. Due times and lease ends are milliseconds on std::chrono::system_clock, so that they mean
 // the same after a reboot and in every process. A job is due once the system clock, rounded down
@@ -369,6 +380,35 @@ class delay_queue {
         }
     }
 
+    /// Pauses the queue, in the file: from when it returns, no take of any object on the file, in
+    /// any process, leases a job (nor reclaims an ended lease) until resume(). A take then waits
+    /// (up to its max_wait, or until its stop request) for the resume, which wakes it; every
+    /// other call works as before, and a lease that ends still ends (an ack of it is refused; the
+    /// first take after the resume hands it out again, or moves it to the dead letters). A pause
+    /// of a paused queue changes nothing. Durable when it returns (durable_puts); its errors are
+    /// a put's (busy_error after busy_timeout, ...), and if it throws it may have been applied,
+    /// as put(): retrying is safe. Objects of an earlier delayq version on the file do not see it
+    /// (docs/sqlite.md, "Pausing").
+    void pause() {
+        op o{op::pause, {}};
+        run_one(o);
+    }
+
+    /// Ends the pause, in the file: the takes of every object on it, in every process, lease
+    /// again; those waiting now are woken (through this object at once, through another within
+    /// its options::foreign_changes, as by a put). A resume of a running queue changes nothing.
+    /// Durable when it returns, with a put's errors, as pause().
+    void resume() {
+        op o{op::resume, {}};
+        run_one(o);
+    }
+
+    /// Whether the queue is paused, as the file says now (one lookup by key).
+    bool paused() {
+        std::lock_guard g(db_m_);
+        return machine_.paused();
+    }
+
     /// Jobs queued: waiting plus leased. Counts the file's rows: O(n).
     std::size_t size() {
         std::lock_guard g(db_m_);
@@ -544,8 +584,8 @@ class delay_queue {
         c.units = ops.size();
         c.ops = ops;
         const auto k = ops.front().kind;
-        const bool durable =
-            k == op::put || k == op::cancel || k == op::reschedule || k == op::requeue;
+        const bool durable = k == op::put || k == op::cancel || k == op::reschedule ||
+                             k == op::requeue || k == op::pause || k == op::resume;
         // A call has no deadline (each lock wait has busy_timeout), so a carried call never gives
         // up and its ops need no copy.
         (durable ? puts_ : writes_)
@@ -588,26 +628,39 @@ class delay_queue {
     }
 
     // A group commit's leader, under db_m_: one transaction for the whole group (never fsynced
-    // here: see run()); then what it learned about the next event.
+    // here: see run()); then what it learned about the next event, and about the pause.
     void commit(std::span<write_call* const> group) {
         std::lock_guard g(db_m_);
         detail::write_transaction t = machine_.begin();
         const long long now = now_ms();
+        // Read inside the write transaction: no other connection commits before ours, so a later
+        // change of it means a commit that this transaction did not see.
+        const std::optional<long long> version = machine_.data_version();
+        // Whether the queue is paused, in this transaction: known already if no other connection
+        // committed since this object last learned it, else read by the first lease that asks.
+        std::optional<bool> paused;
+        if (version && pause_seen_ && pause_seen_->version == *version)
+            paused = pause_seen_->paused;
         bool reclaimed = false;
         for (write_call* c : group)
             for (op& o : c->ops) {
-                if (o.kind == op::lease && !reclaimed) {  // ended leases first, once per group
-                    machine_.reclaim(now);
-                    reclaimed = true;
+                if (o.kind == op::lease) {
+                    if (!paused) paused = machine_.paused();
+                    if (*paused) continue;  // leases nothing: no jobs, o.ok false
+                    if (!reclaimed) {       // ended leases first, once per group
+                        machine_.reclaim(now);
+                        reclaimed = true;
+                    }
                 }
                 machine_.apply(o, now);
+                if (o.kind == op::pause || o.kind == op::resume) paused = o.kind == op::pause;
             }
-        const long long next = machine_.next_event();
-        // Read inside the write transaction: no other connection commits before ours, so a later
-        // change of it means a commit that this transaction did not see.
-        const long long version = machine_.data_version().value_or(0);
+        // Paused, nothing is due until a resume: the takes wait for that, not for a due time.
+        const long long next = paused.value_or(false) ? never : machine_.next_event();
+        pause_seen_.reset();  // what this transaction knows holds once it has committed
         t.commit();
-        data_version_ = version;
+        data_version_ = version.value_or(0);
+        if (version && paused) pause_seen_ = pause_seen{*version, *paused};
 
         // Under db_m_, so that the taker learns these in the order of the commits: the last is
         // the truth, and may move the next event later (an ack) as well as earlier (a put).
@@ -636,7 +689,9 @@ class delay_queue {
 
     // What the taker (delayq/detail/job_queue/taker.hpp) needs of the file: one lane, no wake
     // source outside the process (commit() tells it of this object's writes), and a look at
-    // PRAGMA data_version every foreign_changes for another connection's.
+    // PRAGMA data_version every foreign_changes for another connection's. A pause needs nothing
+    // more of it: commit() says that nothing comes due (next event never), so the leader sleeps
+    // until a resume's commit, or a foreign change, makes it look again.
     struct taker_store {
         delay_queue& q;
 
@@ -674,7 +729,9 @@ class delay_queue {
     };
 
     options opt_;
-    std::mutex db_m_;  // guards db_, machine_ and data_version_; taken before m_, never after
+    // Guards db_, machine_, data_version_, pause_seen_ and next_ms_; taken before the taker's m_,
+    // never after.
+    std::mutex db_m_;
     detail::database db_;
     detail::layout where_;  // the names of the queue's tables
     // What each op does to the file, with the statements that do it (the state machine).
@@ -682,7 +739,14 @@ class delay_queue {
     std::string insert_sql_;      // put_in_transaction's, prepared on the application's connection
     std::string file_name_;       // the file's full name, as SQLite gives it
     long long data_version_ = 0;  // PRAGMA data_version when this object last read the file
-    detail::wal_file wal_;        // what sync_wal() fsyncs; used by one sync_wal() at a time
+    // What the file said of the pause, at which PRAGMA data_version: it holds while that has not
+    // changed (no other connection committed since), so commit() need not read it again.
+    struct pause_seen {
+        long long version;
+        bool paused;
+    };
+    std::optional<pause_seen> pause_seen_;  // under db_m_
+    detail::wal_file wal_;  // what sync_wal() fsyncs; used by one sync_wal() at a time
 
     // Two group commits. Puts, cancels, reschedules and requeues (they decide whether and when a
     // job runs): the leader commits, then fsyncs the WAL with the file's write lock released (so

@@ -32,7 +32,8 @@
 //                                     purge_dead() and keep_dead: the oldest, one seek
 //   meta  name TEXT PRIMARY KEY, value INTEGER: 'format', the format number (in files created
 //         since the queue could share one); 'token', the fencing token counter of earlier
-//         versions (tokens are now per job: transitions.hpp's lease_due())
+//         versions (tokens are now per job: transitions.hpp's lease_due()); 'paused', 1 while
+//         the queue is paused (pause()), else 0 (no row: 0)
 // clang-format on
 //
 // Times are milliseconds since the system_clock epoch (1970), so that they mean the same after a
@@ -44,7 +45,10 @@
 // the file, in the transaction that checks it, so that one opener does it and the others see it
 // done. It stays format 1 because every statement names its columns: a version that knows nothing
 // of last_error reads and writes an upgraded file as before (its rows get no last error), and
-// checks only the format number, never the columns.
+// checks only the format number, never the columns. So with the 'paused' row of meta, added (0:
+// running) to a file written before pause() existed: a missing row reads as running anyway, and
+// the row is there so that the file shows its state to whoever reads it. A version without
+// pause() never reads the row: its takes do not stop for a pause (docs/sqlite.md, "Pausing").
 //
 // Why WITHOUT ROWID: every lookup is by id (put's duplicate check, ack, nack, cancel), and a
 // rowid table would need a second b-tree (a unique index on id) beside the table itself. Why a
@@ -111,12 +115,17 @@ inline constexpr std::string_view schema_sql =
     "CREATE INDEX {dead}_died ON {dead}(died, id);"
     "CREATE TABLE {meta}(name TEXT PRIMARY KEY NOT NULL, value INTEGER NOT NULL)"
     " WITHOUT ROWID;"
-    "INSERT INTO {meta}(name, value) VALUES('token', 0), ('format', 1);";  // format_version
+    // format_version; running
+    "INSERT INTO {meta}(name, value) VALUES('token', 0), ('format', 1), ('paused', 0);";
 
 // What a file of format 1 written before the last error was kept lacks (see "Upgrades in place"):
 // the columns, added by upgrade(), and the index.
 inline constexpr std::string_view dead_index_sql =
     "CREATE INDEX IF NOT EXISTS {dead}_died ON {dead}(died, id)";
+
+// And what one written before pause() lacks: the 'paused' row, running.
+inline constexpr std::string_view paused_row_sql =
+    "INSERT OR IGNORE INTO {meta}(name, value) VALUES('paused', 0)";
 
 // And in a file of its own, its header.
 inline constexpr const char* mark_sql =
@@ -260,9 +269,9 @@ inline void check_format(database& db, long long version) {
 }
 
 // In open_queue()'s write transaction, on a queue found in the file: adds what an earlier version
-// of format 1 did not write (the last_error columns, the dead letters' index). Nothing when the
-// file has them already. Adding a column rewrites no row (SQLite reads the missing value as
-// NULL); the index is built once, from the dead letters the file holds.
+// of format 1 did not write (the last_error columns, the dead letters' index, the 'paused' row).
+// Nothing when the file has them already. Adding a column rewrites no row (SQLite reads the
+// missing value as NULL); the index is built once, from the dead letters the file holds.
 inline void upgrade(database& db, const layout& where) {
     for (const std::string_view table : {"{jobs}", "{dead}"}) {
         const std::string name = where(table);
@@ -272,6 +281,7 @@ inline void upgrade(database& db, const layout& where) {
             db.exec(("ALTER TABLE " + name + " ADD COLUMN last_error BLOB").c_str());
     }
     db.exec(where(dead_index_sql).c_str());
+    db.exec(where(paused_row_sql).c_str());
 }
 
 // Makes `db` a queue: checks what the file holds, creates the tables where there are none (or

@@ -24,12 +24,23 @@
 //   requeue      dead, and the id not       -> waiting, due when asked, attempts 0, its payload
 //                queued                        and last error kept (refused if queued)
 //   purge        dead, died before a time   -> none, at most purge_batch per transaction
+//   pause        the queue, running or      -> paused: every lease (and its reclaim) finds
+//                paused                        nothing; every other transition goes on
+//   resume       the queue, paused or       -> running
+//                running
 // clang-format on
 //
 // and the reads of what they leave: the next event (the earliest due time of a waiting job or end
 // of a lease), which tells the waiting takes how long they may sleep; `PRAGMA data_version`,
 // which tells them that another connection committed; and, for the application, one job by its
 // id (find()) and a page of the dead letters (dead_page()).
+//
+// The pause. Whether the queue is paused is the 'paused' row of {meta} (1: paused; 0, or no row:
+// running), so that it is the file's, seen by every connection in every process, and outlives
+// them. pause and resume write it; paused() reads it. The rule that a paused queue leases nothing
+// is the caller's to apply, before its first lease and reclaim of a transaction (delay_queue's
+// commit(), which may know the answer already and skip the read): a take that finds the queue
+// paused writes nothing, so its empty transaction wakes no other connection.
 //
 // Keeping the dead letters bounded (limits::keep_dead). Every move to the dead letters also
 // removes up to keep_dead_batch of those that died more than keep_dead before, the earliest
@@ -92,7 +103,9 @@ struct op {
         bury,
         lease,
         requeue,
-        purge
+        purge,
+        pause,
+        resume
     };
     kind_t kind;
     std::string_view id;
@@ -216,7 +229,21 @@ class transitions {
                 o.removed = remove_dead(o.due, purge_batch);
                 o.ok = o.removed > 0;
                 break;
+            case op::pause:
+            case op::resume: {
+                statement::use u(st_.set_paused);
+                u->bind(o.kind == op::pause ? 1LL : 0LL).run();
+                o.ok = true;
+                break;
+            }
         }
+    }
+
+    // Whether the queue is paused: the 'paused' row of {meta}, one lookup by its key. In a write
+    // transaction (a take's, before its first lease), or on its own (paused()).
+    bool paused() {
+        statement::use u(st_.paused);
+        return u->step() && u->integer(0) != 0;
     }
 
     // In a write transaction, before its first lease: up to reclaim_batch ended leases, the
@@ -386,12 +413,17 @@ class transitions {
                                 "died < ?1 ORDER BY died, id LIMIT ?2)")),
               count_jobs(db, n("SELECT count(*) FROM {jobs}")),
               count_dead(db, n("SELECT count(*) FROM {dead}")),
-              data_version(db, "PRAGMA data_version") {}
+              data_version(db, "PRAGMA data_version"),
+              paused(db, n("SELECT value FROM {meta} WHERE name = 'paused'")),
+              // A replace, not an update: it needs no row to be there (open_queue() adds one to a
+              // file of an earlier version, but a file is anyone's to edit).
+              set_paused(db, n("INSERT OR REPLACE INTO {meta}(name, value) VALUES('paused', ?1)")) {
+        }
 
         statement begin, commit, rollback, insert, cancel, reschedule, ended, requeue_ended,
             bury_copy, bury_delete, due, lease, next, ack, held, requeue_at, extend, find,
             dead_first, dead_after, requeue_copy, requeue_delete, remove_dead, count_jobs,
-            count_dead, data_version;
+            count_dead, data_version, paused, set_paused;
     };
 
     // Whether a job whose delivery was its `attempts`-th goes to the dead letters when that
