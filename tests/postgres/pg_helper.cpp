@@ -6,6 +6,8 @@
 //                                                (_exit) without a word to the server: a job
 //                                                that kills its consumer
 //   pg_helper cancel CONNINFO NAME ID            cancel ID; prints 1 or 0
+//   pg_helper pause CONNINFO NAME                pause the queue; prints paused() after it
+//   pg_helper resume CONNINFO NAME               resume the queue; prints paused() after it
 // Exit status 0, or 2 with the exception's text on stderr.
 #include <unistd.h>
 
@@ -19,8 +21,8 @@
 using namespace std::chrono_literals;
 
 int main(int argc, char** argv) try {
-    if (argc < 5) {
-        std::fprintf(stderr, "usage: pg_helper put|crash|cancel CONNINFO ...\n");
+    if (argc < 4) {
+        std::fprintf(stderr, "usage: pg_helper put|crash|cancel|pause|resume CONNINFO ...\n");
         return 2;
     }
     const std::string mode = argv[1];
@@ -34,6 +36,19 @@ int main(int argc, char** argv) try {
         return 0;
     }
     o.name = argv[3];
+    if (mode == "pause" || mode == "resume") {
+        delayq::postgres::delay_queue q(o);
+        if (mode == "pause")
+            q.pause();
+        else
+            q.resume();
+        std::printf("%d\n", q.paused() ? 1 : 0);
+        return 0;
+    }
+    if (argc < 5) {
+        std::fprintf(stderr, "pg_helper %s: too few arguments\n", mode.c_str());
+        return 2;
+    }
     if (mode == "crash") {
         o.lease = 300ms;
         o.max_attempts = static_cast<unsigned>(std::atoi(argv[4]));

@@ -4,7 +4,10 @@
 // transaction, an idle consumer's statements, a wake-up whose earlier job goes before it
 // commits, extend's wake-up, many takes sharing one object, the upgrade of tables made before the
 // last errors (in place, by openers racing, by a role that may not), last errors' bytes, and the
-// dead letters' upkeep (requeue_dead's wake-up, purge_dead's batches, keep_dead's bound).
+// dead letters' upkeep (requeue_dead's wake-up, purge_dead's batches, keep_dead's bound), and
+// pausing (a pause and a resume from another process, a paused take that does not claim again
+// and again, two queues of one schema, the put in the caller's transaction while paused, the
+// paused table added to older tables with their grants).
 #include <libpq-fe.h>
 #include <unistd.h>
 
@@ -748,20 +751,33 @@ TEST_CASE("postgres: the waiting takes of one object share one claim", "[postgre
 namespace {
 
 // The schema `schema` as a delayq made before the last errors left it: no last_error columns, no
-// dead_died index (dropped, as the upgrade would find them on a database of that version).
+// dead_died index, no paused table (dropped, as the upgrade would find them on a database of that
+// version).
 void make_old_layout(const std::string& schema) {
     server().exec("ALTER TABLE " + schema + ".jobs DROP COLUMN last_error; ALTER TABLE " + schema +
-                  ".dead DROP COLUMN last_error; DROP INDEX " + schema + ".dead_died");
+                  ".dead DROP COLUMN last_error; DROP INDEX " + schema + ".dead_died; DROP TABLE " +
+                  schema + ".paused");
 }
 
-// Whether schema `schema` has both last_error columns and the dead_died index.
+// The schema `schema` as a delayq made before pause() left it: no paused table.
+void make_unpausable_layout(const std::string& schema) {
+    server().exec("DROP TABLE " + schema + ".paused");
+}
+
+// Whether schema `schema` has the paused table.
+bool has_paused_table(const std::string& schema) {
+    return server().query("SELECT to_regclass('" + schema + ".paused') IS NOT NULL") == "t";
+}
+
+// Whether schema `schema` has both last_error columns, the dead_died index and the paused table.
 bool has_new_layout(const std::string& schema) {
     return server().query(
                "SELECT (SELECT count(*) FROM information_schema.columns WHERE table_schema = '" +
                schema +
                "' AND table_name IN ('jobs', 'dead') AND column_name = 'last_error') = 2 AND "
                "EXISTS (SELECT 1 FROM pg_indexes WHERE schemaname = '" +
-               schema + "' AND indexname = 'dead_died')") == "t";
+               schema + "' AND indexname = 'dead_died')") == "t" &&
+           has_paused_table(schema);
 }
 
 }  // namespace
@@ -942,6 +958,7 @@ TEST_CASE("postgres: a role that may use the tables but not alter them cannot up
     INFO(m);
     CHECK(contains(m, "last_error"));
     CHECK(contains(m, "ownership"));
+    CHECK(contains(m, "paused"));         // missing too, and made in the same statement
     CHECK_FALSE(has_new_layout(schema));  // nothing of it applied
 
     { pg::delay_queue q(o); }  // the owner upgrades
@@ -1253,4 +1270,185 @@ TEST_CASE("postgres: requeue_dead during a death of the same id puts back the ne
     CHECK(i->last_error == "second death");
     CHECK(i->attempts == 0);
     CHECK(q.dead_size() == 0);
+}
+
+TEST_CASE(
+    "postgres: a pause from another process stops the takes here, and its resume wakes a "
+    "blocked take",
+    "[postgres][pause][wake]") {
+    const std::string name = fresh_name("pause-process");
+    auto o = opts(name);
+    o.conninfo += " application_name=pause-consumer";
+    pg::delay_queue consumer(o);
+    REQUIRE(consumer.put_after("due", "p", 0ms));
+    const std::string args = quoted(server().conninfo()) + " " + quoted(name);
+    int status = -1;
+    CHECK(helper_run("pause " + args).output(&status) == "1\n");
+    REQUIRE(status == 0);
+    CHECK(consumer.paused());
+    CHECK_FALSE(consumer.take(0ms));
+
+    std::optional<delayq::job> got;
+    std::chrono::steady_clock::duration waited{};
+    std::thread t([&] {
+        const auto start = std::chrono::steady_clock::now();
+        got = consumer.take(60s);
+        waited = std::chrono::steady_clock::now() - start;
+    });
+    wait_for(
+        "SELECT count(*) = 1 FROM pg_stat_activity WHERE application_name = 'pause-consumer' AND "
+        "query LIKE 'LISTEN%' AND state = 'idle'",
+        "the take listens");
+    // And claims, finds the queue paused, and sleeps: the claim's transaction is over.
+    wait_for(
+        "SELECT count(*) = 0 FROM pg_stat_activity WHERE application_name = 'pause-consumer' AND "
+        "state <> 'idle'",
+        "the take's claim is done");
+    std::this_thread::sleep_for(200ms);
+    CHECK_FALSE(got.has_value());
+    CHECK(helper_run("resume " + args).output(&status) == "0\n");
+    REQUIRE(status == 0);
+    t.join();
+    REQUIRE(got);  // woken by the resume's notification, not after max_wait
+    CHECK(got->id == "due");
+    CHECK(got->attempts == 1);
+    CHECK(waited < 30s);
+    CHECK_FALSE(consumer.paused());
+    CHECK(consumer.ack(*got));
+}
+
+TEST_CASE("postgres: a paused take with due jobs claims once, not again and again",
+          "[postgres][pause][idle]") {
+    // A server of its own that logs every statement with the client's application_name.
+    delayq_pg_test::pg_server srv({"log_statement=all", "log_line_prefix=%a|"});
+    auto o = opts("paused-idle", srv);
+    o.conninfo += " application_name=paused-consumer";
+    pg::delay_queue consumer(o);
+    pg::delay_queue producer(opts("paused-idle", srv));
+    const auto claims = [&] {
+        std::ifstream in(srv.log());
+        int n = 0;
+        for (std::string line; std::getline(in, line);)
+            if (line.rfind("paused-consumer|", 0) == 0 && contains(line, "execute dq4")) ++n;
+        return n;
+    };
+    REQUIRE(producer.put_after("due", "p", 0ms));
+    producer.pause();
+    // Due jobs on a paused queue: one claim on entry, which learns that only a resume can wake
+    // it; then nothing, however long it waits, even when a put of a due job comes meanwhile
+    // (its wake-up is not sent while the queue is paused).
+    std::thread putter([&] {
+        std::this_thread::sleep_for(1s);
+        REQUIRE(producer.put_after("also-due", "p", 0ms));
+    });
+    CHECK_FALSE(consumer.take(3s));
+    putter.join();
+    CHECK(claims() == 1);
+    CHECK(consumer.take_many(10, 0ms).empty());  // a take that does not wait claims once
+    CHECK(claims() == 2);
+
+    producer.resume();
+    auto got = consumer.take_many(10, 5s);
+    CHECK(got.size() == 2);
+    for (const auto& j : got) CHECK(consumer.ack(j));
+}
+
+TEST_CASE("postgres: two queues of one schema are paused and resumed apart", "[postgres][pause]") {
+    pg::delay_queue a(opts(fresh_name("pause-a")));
+    pg::delay_queue b(opts(fresh_name("pause-b")));
+    REQUIRE(a.put_after("x", "p", 0ms));
+    REQUIRE(b.put_after("x", "p", 0ms));
+    a.pause();
+    CHECK(a.paused());
+    CHECK_FALSE(b.paused());
+    CHECK_FALSE(a.take(0ms));
+    auto j = b.take(5s);
+    REQUIRE(j);
+    CHECK(b.ack(*j));
+
+    b.pause();
+    a.resume();
+    CHECK_FALSE(a.paused());
+    CHECK(b.paused());
+    REQUIRE(b.put_after("y", "p", 0ms));
+    CHECK_FALSE(b.take(0ms));
+    j = a.take(5s);
+    REQUIRE(j);
+    CHECK(a.ack(*j));
+    b.resume();
+    CHECK_FALSE(b.paused());
+    j = b.take(5s);
+    REQUIRE(j);
+    CHECK(j->id == "y");
+    CHECK(b.ack(*j));
+}
+
+TEST_CASE("postgres: the put in the caller's transaction works while the queue is paused",
+          "[postgres][pause][transaction]") {
+    const std::string name = fresh_name("pause-tx");
+    pg::delay_queue q(opts(name));
+    q.pause();
+    app_conn app(server().conninfo());
+    app.exec("BEGIN");
+    CHECK(q.put_after_in_transaction(app.c, "tx", "p", 0ms));
+    app.exec("COMMIT");
+    CHECK(q.size() == 1);
+    auto i = q.get("tx");
+    REQUIRE(i);
+    CHECK(i->state == delayq::job_state::waiting);
+    CHECK_FALSE(q.take(0ms));
+    CHECK_FALSE(q.take(300ms));  // its notification wakes the take, which finds the queue paused
+    q.resume();
+    auto j = q.take(5s);
+    REQUIRE(j);
+    CHECK(j->id == "tx");
+    CHECK(q.ack(*j));
+}
+
+TEST_CASE(
+    "postgres: tables made before pause() get the paused table when a queue opens, with "
+    "the grants of the jobs table",
+    "[postgres][pause][upgrade]") {
+    const std::string role = "pauser_" + std::to_string(::getpid());
+    const std::string schema = "upp_" + std::to_string(::getpid());
+    server().exec("CREATE ROLE " + role + " LOGIN");
+    auto o = opts(fresh_name("upgrade-pause"));
+    o.schema = schema;
+    {
+        pg::delay_queue q(o);  // the tables, the superuser's
+        REQUIRE(q.put_after("kept", "p", 0ms));
+    }
+    server().exec("GRANT USAGE ON SCHEMA " + schema + " TO " + role + "; GRANT ALL ON ALL " +
+                  "TABLES IN SCHEMA " + schema + " TO " + role + "; GRANT ALL ON ALL SEQUENCES " +
+                  "IN SCHEMA " + schema + " TO " + role);
+    make_unpausable_layout(schema);
+    REQUIRE_FALSE(has_paused_table(schema));
+
+    // A role that may use the tables but not create one in the schema: told what it lacks.
+    auto as_role = o;
+    as_role.conninfo = server().conninfo(role);
+    const auto m = message_of<pg::permission_error>([&] { pg::delay_queue q(as_role); });
+    INFO(m);
+    CHECK(contains(m, "paused"));
+    CHECK(contains(m, "CREATE on schema"));
+    CHECK_FALSE(contains(m, "ownership"));  // the last errors are there: not asked for
+    CHECK_FALSE(has_paused_table(schema));
+
+    {
+        pg::delay_queue q(o);  // the owner upgrades
+        CHECK(has_new_layout(schema));
+        CHECK_FALSE(q.paused());
+        CHECK(q.size() == 1);
+    }
+    // The role granted the use of the tables may use the new one: take, pause, resume.
+    pg::delay_queue q(as_role);
+    q.pause();
+    CHECK(q.paused());
+    CHECK_FALSE(q.take(0ms));
+    q.resume();
+    auto j = q.take(5s);
+    REQUIRE(j);
+    CHECK(j->id == "kept");
+    CHECK(q.ack(*j));
+    server().exec("DROP SCHEMA " + schema + " CASCADE");
 }

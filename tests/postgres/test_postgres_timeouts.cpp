@@ -3,7 +3,8 @@
 // locked, as a migration does), and connections that died while idle. The rule every case checks:
 // a call returns or fails within io_timeout plus one connect, and a call that failed leaves
 // nothing running on the server that changes the queue afterwards. And the takes that one failed
-// claim answers: each gets an exception object of its own.
+// claim answers: each gets an exception object of its own. And pause, resume and paused on a
+// stalled server and on a stopped one.
 #include <libpq-fe.h>
 #include <unistd.h>
 
@@ -13,10 +14,12 @@
 #include <cstdint>
 #include <delayq/postgres/delay_queue.hpp>
 #include <exception>
+#include <functional>
 #include <latch>
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "catch.hpp"
@@ -419,5 +422,51 @@ TEST_CASE("postgres: a connection that died while idle is replaced: the next cal
         } catch (const std::exception& e) {
             FAIL("a call after the restart threw: " << e.what());
         }
+    }
+}
+
+TEST_CASE(
+    "postgres: pause, resume and paused fail within io_timeout on a stalled server and on "
+    "a stopped one, then work",
+    "[postgres][timeouts][pause]") {
+    const auto each_fails = [](pg::delay_queue& q, double limit) {
+        const std::pair<const char*, std::function<void()>> calls[] = {
+            {"pause", [&] { q.pause(); }}, {"resume", [&] { q.resume(); }}, {"paused", [&] {
+                                                                                 (void)q.paused();
+                                                                             }}};
+        for (const auto& c : calls) {
+            INFO(c.first);
+            const auto start = steady::now();
+            CHECK_THROWS_AS(c.second(), pg::connection_error);
+            CHECK(seconds_since(start) < limit);
+        }
+    };
+    SECTION("a lock on the paused table") {
+        auto o = opts(fresh_name("stall-pause"));
+        o.io_timeout = 500ms;
+        o.connections = 1;  // the one the constructor prepared
+        pg::delay_queue q(o);
+        session locker;
+        locker.exec("BEGIN");
+        locker.exec("LOCK TABLE delayq.paused IN ACCESS EXCLUSIVE MODE");
+        each_fails(q, 2.5);  // io_timeout 0.5 s plus a connect; 1.5 s more for a loaded machine
+        locker.unlock();
+        q.pause();
+        CHECK(q.paused());
+        q.resume();
+        CHECK_FALSE(q.paused());
+    }
+    SECTION("a server that is stopped") {
+        delayq_pg_test::pg_server srv;
+        auto o = opts(fresh_name("stopped-pause"), srv);
+        o.io_timeout = 1s;
+        pg::delay_queue q(o);
+        srv.stop();
+        each_fails(q, 4.0);  // io_timeout 1 s plus a connect (1 s); 2 s more for a loaded machine
+        srv.start();
+        q.pause();
+        CHECK(q.paused());
+        q.resume();
+        CHECK_FALSE(q.paused());
     }
 }

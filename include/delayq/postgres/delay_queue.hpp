@@ -31,6 +31,14 @@
 // takes of many threads do not race each other for the same rows. A take that does not wait
 // (max_wait <= 0) claims once, for itself.
 //
+// Pausing. A pause is a row of a small table (detail/schema.hpp, `paused`), and the claim reads it
+// in its own statement, one probe of a key: a take pays no round trip for it. A paused claim
+// leases nothing and says that nothing is due, so the waiting takes sleep on the listening
+// connection until a notification, not until the next due job: a paused queue with due jobs
+// costs no claims. The resume NOTIFYs in its own transaction, at its commit, and the wake-ups
+// of puts are not sent while the queue is paused (wake_sql), since they would wake every consumer
+// to find it paused.
+//
 // A put in the caller's transaction. put_in_transaction() runs one statement on the caller's own
 // connection, inside the caller's BEGIN: the job is a row of that transaction, there when it
 // commits and never otherwise, and its NOTIFY is delivered at that commit (a rolled-back
@@ -435,6 +443,34 @@ class delay_queue {
     /// Jobs moved to the dead letters (the `dead` table) after max_attempts deliveries, or by
     /// bury().
     std::size_t dead_size() { return count(st_dead_size, "dead_size"); }
+
+    /// Pauses the queue's takes, in every object of every process (the server keeps it, per
+    /// queue name): from when it returns, a take leases nothing and waits, up to its max_wait or
+    /// until its stop request, for a resume(). Every other call works as before; a lease that
+    /// ends still ends (its job is handed out again after the resume). A take whose statement
+    /// started before the pause committed may still lease. Idempotent; committed when it
+    /// returns. A delayq older than pause() ignores it (docs/postgres.md, "Pausing").
+    void pause() {
+        detail::params p;
+        p.text(opt_.name);
+        (void)run(st_pause, p, "pause");
+    }
+
+    /// Ends a pause (see pause()), and wakes the takes waiting on the queue in every process, by
+    /// a NOTIFY sent in the same transaction. Idempotent: on a queue that is not paused it
+    /// changes nothing and wakes nobody.
+    void resume() {
+        detail::params p;
+        p.text(opt_.name).text(channel_);
+        (void)run(st_resume, p, "resume");
+    }
+
+    /// Whether the queue is paused (by any object, in any process), as the server says now.
+    bool paused() {
+        detail::params p;
+        p.text(opt_.name);
+        return run(st_paused, p, "paused").integer(0, 0) == 1;  // a boolean: one byte
+    }
 
   private:
     using steady = std::chrono::steady_clock;

@@ -19,6 +19,8 @@
 //   dead_died ON dead(queue, died, id)   -- the dead letters in the order they died: dead(),
 //                                        -- purge_dead(), keep_dead
 //   tokens a sequence: the fencing tokens
+//   paused queue text PRIMARY KEY, since bigint: the queues whose takes are paused (pause()),
+//          since when (ms); a row per paused queue, so a handful of rows at most
 // clang-format on
 //
 // Why one `at` column for both states: a take claims every row whose `at` has passed, in order
@@ -51,6 +53,13 @@
 // catalogs are read first, and the DDL runs only when something is missing: ALTER TABLE and
 // CREATE INDEX take their table's lock (ACCESS EXCLUSIVE, SHARE) even when IF NOT EXISTS finds
 // the column or index there, which at every open would stall every process's calls.
+//
+// The paused table is such an addition too, made the same way (it needs CREATE on the schema,
+// not ownership of the tables). Why a table and not a row of meta or a column of each job: the
+// claim reads it on every take, so it must be a probe of a key that nothing else writes (a take
+// never waits for a pause, nor a pause for the takes), and a pause must be one row, whatever the
+// queue holds. An older delayq neither reads nor minds it: its takes go on while the queue is
+// paused (docs/postgres.md, "Pausing").
 #pragma once
 
 #include <cstdint>
@@ -86,6 +95,12 @@ inline std::string quote_ident(const std::string& schema) {
     return '"' + schema + '"';
 }
 
+// The paused table of schema `s` (quoted), for create_sql and upgrade_sql.
+inline std::string paused_table_sql(const std::string& s) {
+    return "CREATE TABLE IF NOT EXISTS " + s +
+           ".paused(queue text PRIMARY KEY, since bigint NOT NULL)";
+}
+
 // The SQL that creates version 1 in schema `s` (quoted), and the schema itself unless
 // `schema_exists` (CREATE SCHEMA needs CREATE on the database even when the schema is there).
 inline std::string create_sql(const std::string& s, bool schema_exists) {
@@ -102,9 +117,9 @@ inline std::string create_sql(const std::string& s, bool schema_exists) {
            " attempts integer NOT NULL, died bigint NOT NULL, last_error bytea,"
            " PRIMARY KEY (queue, id));" +
            "CREATE INDEX IF NOT EXISTS dead_died ON " + s + ".dead(queue, died, id);" +
-           "CREATE SEQUENCE IF NOT EXISTS " + s + ".tokens;" + "INSERT INTO " + s +
-           ".meta(name, value) VALUES ('version', " + std::to_string(schema_version) +
-           ") ON CONFLICT (name) DO NOTHING;";
+           "CREATE SEQUENCE IF NOT EXISTS " + s + ".tokens;" + paused_table_sql(s) + ";" +
+           "INSERT INTO " + s + ".meta(name, value) VALUES ('version', " +
+           std::to_string(schema_version) + ") ON CONFLICT (name) DO NOTHING;";
 }
 
 // The version in schema `schema`'s meta table (0: a meta table without one, not ours). Throws
@@ -117,19 +132,28 @@ inline long long read_version(connection& c, const std::string& schema) {
     return std::stoll(r.bytes(0, 0));  // simple protocol: text
 }
 
-// Whether schema `schema` (unquoted) lacks one of the additions to version 1 (see "Creation and
-// upgrades" above): a read of pg_catalog, which every role may read and which locks no table.
-inline bool lacks_additions(connection& c, const std::string& schema) {
+// Which additions to version 1 schema `schema` (unquoted) lacks (see "Creation and upgrades"
+// above): a read of pg_catalog, which every role may read and which locks no table.
+struct missing_additions {
+    bool last_errors = false;  // a last_error column, or the dead_died index
+    bool paused = false;       // the paused table
+    bool any() const noexcept { return last_errors || paused; }
+};
+inline missing_additions lacks_additions(connection& c, const std::string& schema) {
     // `schema` holds only letters, digits and `_`: it needs no escaping in a literal.
     const result r = c.exec_simple(
         "SELECT (SELECT count(*) FROM pg_catalog.pg_class t JOIN pg_catalog.pg_attribute a ON "
         "a.attrelid = t.oid WHERE t.relnamespace = n.oid AND t.relname IN ('jobs', 'dead') AND "
         "a.attname = 'last_error' AND NOT a.attisdropped) = 2 AND EXISTS (SELECT 1 FROM "
-        "pg_catalog.pg_class i WHERE i.relnamespace = n.oid AND i.relname = 'dead_died') FROM "
-        "pg_catalog.pg_namespace n WHERE n.nspname = '" +
+        "pg_catalog.pg_class i WHERE i.relnamespace = n.oid AND i.relname = 'dead_died'), "
+        "EXISTS (SELECT 1 FROM pg_catalog.pg_class p WHERE p.relnamespace = n.oid AND p.relname "
+        "= 'paused') FROM pg_catalog.pg_namespace n WHERE n.nspname = '" +
             schema + "'",
         "reading the catalogs");
-    return r.rows() == 0 || r.bytes(0, 0) != "t";  // simple protocol: text
+    missing_additions m;
+    m.last_errors = r.rows() == 0 || r.bytes(0, 0) != "t";  // simple protocol: text
+    m.paused = r.rows() == 0 || r.bytes(0, 1) != "t";
+    return m;
 }
 
 // The upgrade that adds what lacks_additions() found missing, to schema `s` (quoted): one
@@ -139,16 +163,27 @@ inline bool lacks_additions(connection& c, const std::string& schema) {
 // nullable column without a default is a change of the catalogs only (no rewrite); the index is
 // built under a SHARE lock on `dead`, which holds back the moves to the dead letters meanwhile
 // (docs/postgres.md says how to build it ahead, CONCURRENTLY, for a large dead table).
+//
+// The paused table, when it is made here, gets the privileges that the jobs table has (its ACL,
+// or its owner's default): a role that was granted the use of the tables before this upgrade may
+// still take, which reads it, and pause. Granted by the role that makes it, its owner.
 inline std::string upgrade_sql(const std::string& s) {
     const auto lacks_column = [&](const char* table) {
         return "IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = '" + s + "." +
                table + "'::regclass AND attname = 'last_error' AND NOT attisdropped) THEN " +
                "ALTER TABLE " + s + "." + table + " ADD COLUMN last_error bytea; END IF; ";
     };
-    return "DO $dq$BEGIN PERFORM pg_advisory_xact_lock(" + std::to_string(schema_lock_key) + "); " +
-           lacks_column("jobs") + lacks_column("dead") + "IF to_regclass('" + s +
-           ".dead_died') IS NULL THEN CREATE INDEX dead_died ON " + s +
-           ".dead(queue, died, id); END IF; END$dq$";
+    return "DO $dq$DECLARE g record; BEGIN PERFORM pg_advisory_xact_lock(" +
+           std::to_string(schema_lock_key) + "); " + lacks_column("jobs") + lacks_column("dead") +
+           "IF to_regclass('" + s + ".dead_died') IS NULL THEN CREATE INDEX dead_died ON " + s +
+           ".dead(queue, died, id); END IF; IF to_regclass('" + s + ".paused') IS NULL THEN " +
+           paused_table_sql(s) +
+           "; FOR g IN SELECT a.grantee, a.privilege_type FROM pg_catalog.pg_class c, "
+           "aclexplode(coalesce(c.relacl, acldefault('r', c.relowner))) a WHERE c.oid = '" +
+           s + ".jobs'::regclass AND a.grantee <> (SELECT oid FROM pg_catalog.pg_roles WHERE " +
+           "rolname = current_user) LOOP EXECUTE format('GRANT %s ON " + s +
+           ".paused TO %s', g.privilege_type, CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE " +
+           "quote_ident(pg_catalog.pg_get_userbyid(g.grantee)) END); END LOOP; END IF; END$dq$";
 }
 
 // What the catalogs say of schema `schema` and its meta table, and what the role may do with
@@ -217,11 +252,23 @@ inline void ensure_schema(connection& c, const std::string& schema) {
                   (v > schema_version ? " (written by a newer delayq: upgrade delayq)"
                                       : " (see \"Upgrading\" in docs/postgres.md)"),
               "");
-    if (lacks_additions(c, schema))
-        c.exec_simple(upgrade_sql(s),
-                      "adding the last_error columns and the dead_died index to the queue's "
-                      "tables (needs ownership of the tables; see \"The tables, and upgrading\" "
-                      "in docs/postgres.md)");
+    const missing_additions m = lacks_additions(c, schema);
+    if (m.any()) {
+        // What the upgrade adds, and the privileges it needs: named in its error.
+        const std::string create = "CREATE on schema " + s;
+        const std::string what = m.last_errors && m.paused
+                                     ? "the last_error columns, the dead_died index and the table "
+                                       "paused"
+                                 : m.last_errors ? "the last_error columns and the dead_died index"
+                                                 : "the table paused";
+        const std::string needs = m.last_errors && m.paused
+                                      ? "ownership of the tables and " + create
+                                  : m.last_errors ? std::string("ownership of the tables")
+                                                  : create;
+        const std::string doing = "adding " + what + " to the queue's tables (needs " + needs +
+                                  "; see \"The tables, and upgrading\" in docs/postgres.md)";
+        c.exec_simple(upgrade_sql(s), doing.c_str());
+    }
 }
 
 // The settings of the queue's own connections, sent once after connecting. Every statement is
@@ -338,17 +385,22 @@ inline std::string put_many_sql(const std::string& s) {
 // an earlier job (the order by (at, id) is strict, so the chain ends), or by a claim, whose row was
 // due earlier still. So every consumer is woken, or wakes, by the time the job is due. The witness
 // must lie after now: a due job that a consumer saw has been handed out or is being handled.
+//
+// No NOTIFY while the queue is paused: its consumers would claim nothing, in every process. The
+// resume notifies instead (resume_sql), and a consumer it wakes claims after it committed, so
+// after this write committed too (the write committed before this snapshot, which saw the
+// pause, so before the resume).
 inline std::string wake_sql(const std::string& s) {
     return "WITH " + lease_now_cte(false) +
            ", b AS (SELECT j.at, j.id FROM unnest($2::bytea[]) AS u(id), LATERAL (SELECT x.at, "
            "x.id FROM " +
            s +
            ".jobs x WHERE x.queue = $1 AND x.id = u.id AND x.token = 0 LIMIT 1) j ORDER BY j.at, "
-           "j.id LIMIT 1) SELECT pg_notify($3, '') FROM b, t WHERE b.at <= t.now OR NOT EXISTS "
-           "(SELECT 1 FROM " +
+           "j.id LIMIT 1) SELECT pg_notify($3, '') FROM b, t WHERE NOT EXISTS (SELECT 1 FROM " +
+           s + ".paused z WHERE z.queue = $1) AND (b.at <= t.now OR NOT EXISTS (SELECT 1 FROM " +
            s +
            ".jobs w WHERE w.queue = $1 AND w.at > t.now AND w.at <= b.at AND (w.at < b.at OR "
-           "w.id < b.id))";
+           "w.id < b.id)))";
 }
 
 // cancel: $1 queue, $2 id.
@@ -430,13 +482,19 @@ inline std::string token_sql(const std::string& s) {
 // the server's now. The next `at` is looked for from the last row claimed on, or, when none was,
 // from the start: there it may be a due row that another transaction holds. With `keep` (ms,
 // options::keep_dead), a claim that buries also removes old dead letters (keep_dead_sql).
+//
+// A paused queue (a row of `paused`: `z`, one probe of its key, read once) claims nothing and its
+// next `at` is NULL: the consumers sleep until a notification, which the resume sends, not until
+// the next due row, which would have them claim again and again while the queue stays paused.
+// The test is a constant of the statement (a One-Time Filter): a paused claim reads no job.
 inline std::string claim_sql(const std::string& s, bool durable, bool bury, long long keep) {
     const std::string dead = bury ? "j.token <> 0 AND j.attempts >= $4" : "false";
     std::string sql =
-        "WITH " + lease_now_cte(durable) + ", p AS (SELECT j.ctid AS r, j.id, j.at, " + dead +
+        "WITH " + lease_now_cte(durable) + ", z AS (SELECT EXISTS (SELECT 1 FROM " + s +
+        ".paused x WHERE x.queue = $1) AS paused), p AS (SELECT j.ctid AS r, j.id, j.at, " + dead +
         " AS dead FROM " + s +
-        ".jobs j WHERE j.queue = $1 AND j.at <= (SELECT now FROM t) ORDER BY j.at LIMIT $2 FOR "
-        "UPDATE SKIP LOCKED), c AS (UPDATE " +
+        ".jobs j WHERE j.queue = $1 AND j.at <= (SELECT now FROM t) AND NOT (SELECT paused FROM "
+        "z) ORDER BY j.at LIMIT $2 FOR UPDATE SKIP LOCKED), c AS (UPDATE " +
         s + ".jobs j SET at = least(t.up + $3, " + max_ms_sql() + "), token = " + token_sql(s) +
         ", attempts = j.attempts + 1 FROM p, t WHERE j.ctid = p.r AND NOT p.dead RETURNING j.id, "
         "j.payload, p.at AS due, j.attempts, j.token, j.at)";
@@ -448,10 +506,10 @@ inline std::string claim_sql(const std::string& s, bool durable, bool bury, long
                keep_dead_sql(s, keep);
     return sql +
            " SELECT c.id, c.payload, c.due, c.attempts::bigint, c.token, c.at FROM c UNION ALL "
-           "SELECT NULL, NULL, (SELECT j.at FROM " +
+           "SELECT NULL, NULL, CASE WHEN (SELECT paused FROM z) THEN NULL ELSE (SELECT j.at FROM " +
            s +
            ".jobs j WHERE j.queue = $1 AND j.at >= coalesce((SELECT max(at) FROM p), -1) AND "
-           "j.id NOT IN (SELECT id FROM p) ORDER BY j.at LIMIT 1), " +
+           "j.id NOT IN (SELECT id FROM p) ORDER BY j.at LIMIT 1) END, " +
            (bury ? "(SELECT count(*) FROM b)" : "0") + ", NULL, t.now FROM t";
 }
 
@@ -607,6 +665,30 @@ inline std::string purge_dead_sql(const std::string& s) {
            "c.cut FROM c";
 }
 
+// pause: $1 queue. Its row in `paused`, since now, unless it has one (idempotent: the first
+// pause's time stays). No wake-up: a consumer asleep until the next due job wakes then, and its
+// claim finds the queue paused and sleeps until the resume's notification.
+inline std::string pause_sql(const std::string& s) {
+    return "WITH " + std::string(now_cte) + " INSERT INTO " + s +
+           ".paused(queue, since) SELECT $1, t.now FROM t ON CONFLICT DO NOTHING";
+}
+
+// resume: $1 queue, $2 the channel. Deletes the queue's row in `paused` and, when there was one,
+// NOTIFYs in the same transaction: delivered at its commit, so a consumer it wakes claims on a
+// queue no longer paused. A resume that finds none notifies nobody: every consumer that saw the
+// pause is woken by the resume that ended it (the claim that saw it listened first). Returns
+// (deleted, notified).
+inline std::string resume_sql(const std::string& s) {
+    return "WITH d AS (DELETE FROM " + s +
+           ".paused WHERE queue = $1 RETURNING 1), n AS (SELECT pg_notify($2, '') FROM d) SELECT "
+           "(SELECT count(*) FROM d), (SELECT count(*) FROM n)";
+}
+
+// paused: $1 queue. Whether it has a row in `paused`.
+inline std::string paused_sql(const std::string& s) {
+    return "SELECT EXISTS (SELECT 1 FROM " + s + ".paused WHERE queue = $1)";
+}
+
 // The statements every connection of a queue prepares, one row each: the name it is prepared
 // under, its SQL, and its parameters' types in the order of $1, $2, ... (the comment above each
 // *_sql function says what they are), so that the three cannot drift apart. A row's index is its
@@ -629,6 +711,9 @@ enum statement_index : unsigned char {
     st_dead_page,
     st_requeue_dead,
     st_purge_dead,
+    st_pause,
+    st_resume,
+    st_paused,
     st_count
 };
 
@@ -664,6 +749,9 @@ inline std::vector<prepared_statement> statements(const std::string& s, bool dur
         {"dq14", dead_page_sql(s), {text_oid, bytea_oid, int8_oid, bool_oid}},
         {"dq15", requeue_dead_sql(s), {text_oid, bytea_oid, int8_oid}},
         {"dq16", purge_dead_sql(s), {text_oid, int8_oid, bool_oid, int8_oid}},
+        {"dq17", pause_sql(s), {text_oid}},
+        {"dq18", resume_sql(s), {text_oid, text_oid}},
+        {"dq19", paused_sql(s), {text_oid}},
     };
     return v;
 }
