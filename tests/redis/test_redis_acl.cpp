@@ -179,6 +179,23 @@ TEST_CASE("an ACL user with exactly the documented permissions can use every cal
     CHECK(sh.dead(10).empty());
     CHECK_FALSE(sh.get(ids.front()));
 
+    // pause, paused and resume (the pause script: HSETNX, EXISTS, HDEL, ZRANGE, PUBLISH), on one
+    // shard and on several; a paused take (the consume script's EXISTS).
+    q.pause();
+    CHECK(q.paused());
+    REQUIRE(q.put("ps", "", past));
+    CHECK_FALSE(q.take(0ms));
+    q.resume();
+    CHECK_FALSE(q.paused());
+    auto ps = q.take(1s);
+    REQUIRE(ps);
+    CHECK(q.ack(*ps));
+    sh.pause();
+    CHECK(sh.paused());
+    CHECK_FALSE(sh.take(0ms));
+    sh.resume();
+    CHECK_FALSE(sh.paused());
+
     CHECK(q.size() == 0);
     CHECK(sh.size() == 0);
     CHECK(q.dead_size() == 1);

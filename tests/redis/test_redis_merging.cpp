@@ -128,6 +128,50 @@ TEST_CASE(
     CHECK(objects[0]->size() == 0);
 }
 
+// (Two pauses here: the queue's, which the scripts read, and CLIENT PAUSE, which holds the server
+// so that the calls pile up: while_paused().)
+TEST_CASE(
+    "takes and acks merged on a paused queue: each ack its own verdict, the takes lease nothing",
+    "[pause]") {
+    redis_server srv;
+    auto o = opts(srv);
+    o.lease = 60s;
+    std::vector<std::unique_ptr<delay_queue>> objects;
+    for (int i = 0; i < 8; ++i) objects.push_back(std::make_unique<delay_queue>(o));
+    for (int i = 0; i < 8; ++i) REQUIRE(objects[0]->put("j" + std::to_string(i), "", past));
+    std::vector<job> held;
+    for (int i = 0; i < 4; ++i) {
+        auto j = objects[0]->take(0ms);
+        REQUIRE(j);
+        held.push_back(*j);
+    }
+    held[3].token += 1000;  // not its lease: refused, whatever it is sent with
+    objects[7]->pause();
+    std::vector<std::optional<job>> taken(4);
+    std::vector<int> acked(4, -1);
+    std::vector<std::function<void()>> calls;
+    for (int i = 0; i < 4; ++i) {
+        calls.emplace_back([&, i] { acked[i] = objects[i]->ack(held[i]) ? 1 : 0; });
+        calls.emplace_back([&, i] { taken[i] = objects[4 + i]->take(0ms); });
+    }
+    const long long scripts = while_paused(srv, calls);
+    CHECK(acked == std::vector<int>{1, 1, 1, 0});
+    for (const auto& j : taken) CHECK_FALSE(j.has_value());
+    CHECK(scripts <= 5);             // fewer than the eight calls: they went together
+    CHECK(objects[0]->size() == 5);  // the four waiting, and the one whose ack was refused
+    objects[0]->resume();
+    std::set<std::string> ids;
+    while (auto j = objects[1]->take(0ms)) {
+        CHECK(j->attempts == 1);  // the paused takes counted no attempt
+        ids.insert(j->id);
+        CHECK(objects[1]->ack(*j));
+    }
+    CHECK(ids.size() == 4);
+    held[3].token -= 1000;
+    CHECK(objects[0]->ack(held[3]));
+    CHECK(objects[0]->size() == 0);
+}
+
 TEST_CASE("nacks and burials with reasons merged: each job keeps its own last error", "[lookup]") {
     redis_server srv;
     auto o = opts(srv);

@@ -1,14 +1,17 @@
 // delayq::redis::delay_queue against a real redis-server: the API's semantics. Built a second time
 // with DELAYQ_TEST_CLUSTER (tests/redis-cluster), where each test's server is a Redis Cluster of
 // 3 masters and 3 replicas instead.
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <delayq/redis/delay_queue.hpp>
 #include <future>
 #include <set>
+#include <stop_token>
 #include <string>
 #include <thread>
 #include <vector>
@@ -539,4 +542,95 @@ TEST_CASE("take_many(0, ...) returns nothing at once and leases nothing") {
     const auto start = std::chrono::steady_clock::now();
     CHECK(q.take_many(0, 1h).empty());  // an empty queue: no wait either
     CHECK(std::chrono::steady_clock::now() - start < 30s);
+}
+
+// INFO commandstats counts the commands that scripts run too (PUBLISH among them).
+TEST_CASE(
+    "a take blocked on a paused queue with due jobs does not spin: one consume per max_block, and "
+    "a put or a nack meanwhile publishes nothing",
+    "[pause]") {
+    server srv;
+    auto o = opts(srv);
+    o.max_block = 1s;
+    delay_queue q(o), other(o);
+    REQUIRE(other.put("due", "", past));
+    auto held = other.take(0ms);  // a lease to nack while paused
+    REQUIRE(held);
+    REQUIRE(other.put("due-too", "", past));
+    other.pause();
+    CHECK(q.extend(*held, 30s));  // connects and loads the consume script before counting
+    srv.command({"CONFIG", "RESETSTAT"});
+    std::stop_source stop;  // ends a take that spins instead of waiting
+    auto waiting = std::async(std::launch::async, [&] { return q.take(3500ms, stop.get_token()); });
+    REQUIRE(eventually([&] { return srv.waiting_objects() == 1; }));
+    // Each would publish on a queue that is not paused: a job before the head, a nack due now.
+    REQUIRE(other.put("first", "", past - 1h));
+    CHECK(other.nack(*held, 0ms));
+    if (waiting.wait_for(60s) != std::future_status::ready) {
+        stop.request_stop();
+        FAIL_CHECK("the take did not end at its max_wait");
+    }
+    CHECK_FALSE(waiting.get());
+    const auto calls = [&](const std::string& cmd) {
+        const auto v = srv.info_field("commandstats", "cmdstat_" + cmd + ":calls=");
+        return v.empty() ? 0 : std::stoi(v);
+    };
+    CHECK(calls("publish") == 0);
+    // The take's consumes, one per max_block (1 s) plus the first and the last (a spinning take
+    // makes thousands), and the put and the nack.
+    CHECK(calls("evalsha") <= 10);
+    CHECK(calls("evalsha") >= 4);  // it does look now and then (max_block)
+    other.resume();
+    CHECK(calls("publish") == 1);  // the resume: the takes that wait look at once
+    std::set<std::string> ids;
+    while (auto j = q.take(0ms)) {
+        ids.insert(j->id);
+        CHECK(q.ack(*j));
+    }
+    CHECK(ids == std::set<std::string>{"due", "due-too", "first"});
+}
+
+TEST_CASE("a resume from another process wakes a take blocked on a paused queue", "[pause]") {
+    server srv;
+    // The other process, forked before this one has threads: it resumes when told to.
+    std::array<int, 2> go{-1, -1};
+    REQUIRE(::pipe(go.data()) == 0);
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+        ::close(go[1]);
+        char c = 0;
+        if (::read(go[0], &c, 1) != 1) ::_exit(3);
+        try {
+            delay_queue operator_(opts(srv));
+            operator_.resume();
+            ::_exit(operator_.paused() ? 1 : 0);
+        } catch (...) {
+            ::_exit(2);
+        }
+    }
+    REQUIRE(pid > 0);
+    ::close(go[0]);
+    auto o = opts(srv);
+    o.max_block = 1h;  // so that only the resume's message can wake the take
+    delay_queue q(o);
+    q.pause();
+    REQUIRE(q.put("due", "p", past));
+    auto taken = std::async(std::launch::async, [&] { return q.take(120s); });
+    REQUIRE(eventually([&] { return srv.waiting_objects() == 1; }));
+    std::this_thread::sleep_for(300ms);
+    CHECK(taken.wait_for(0s) == std::future_status::timeout);  // a due job, but paused
+    CHECK(q.paused());
+    REQUIRE(::write(go[1], "!", 1) == 1);
+    ::close(go[1]);
+    int st = 0;
+    REQUIRE(::waitpid(pid, &st, 0) == pid);
+    CHECK(WIFEXITED(st));
+    CHECK(WEXITSTATUS(st) == 0);
+    REQUIRE(taken.wait_for(60s) == std::future_status::ready);  // not the max_block of an hour
+    const auto j = taken.get();
+    REQUIRE(j);
+    CHECK(j->id == "due");
+    CHECK(j->attempts == 1);
+    CHECK_FALSE(q.paused());
+    CHECK(q.ack(*j));
 }

@@ -81,9 +81,9 @@ TEST_CASE("'no deadline' is spelled once: the scripts take it from the C++ const
              {"9999", "1e14", "1e+14", "1E14", "1E+14", "10^14", "100000000000000"})
             CHECK(rest.find(other) == std::string::npos);
     }
-    // put, consume, cancel, reschedule, get, requeue dead and purge dead; size and the dead page
-    // read no time
-    CHECK(defined == 7);
+    // put, consume, cancel, reschedule, get, requeue dead, purge dead and pause; size and the
+    // dead page read no time
+    CHECK(defined == 8);
 
     // The scripts clamp with it: a far delay (put, reschedule) and a far lease end (take); and
     // EVALSHA finds every script that the object loaded (no EVAL fallback).
@@ -548,4 +548,70 @@ TEST_CASE("keep_dead: each death removes at most 10 dead letters kept too long, 
     CHECK(dead_keys(srv) == std::vector<long long>{103, 103, 103});
     CHECK(q.get("b"));
     CHECK(q.dead(1).at(0).id == "b");
+}
+
+TEST_CASE(
+    "pause is one hash per shard, dq:v3:{q}:paused: set by the first pause, gone after a resume, "
+    "and a queue without it is not paused",
+    "[scripts][pause]") {
+    redis_server srv;
+    delay_queue q(opts(srv)), other(opts(srv));
+    REQUIRE(q.put("j", "p", long_ago));
+    CHECK_FALSE(q.paused());
+    CHECK(srv.keys("dq:v3:{q}:paused").empty());  // never written by a look
+    const long long before = srv.time_ms();
+    q.pause();
+    CHECK(srv.text({"TYPE", "dq:v3:{q}:paused"}) == "hash");
+    const std::string since = srv.text({"HGET", "dq:v3:{q}:paused", "since"});
+    REQUIRE_FALSE(since.empty());
+    CHECK(std::stoll(since) >= before);  // the server's ms when it was paused
+    std::this_thread::sleep_for(5ms);
+    other.pause();  // idempotent: the first pause's time stays
+    CHECK(srv.text({"HGET", "dq:v3:{q}:paused", "since"}) == since);
+    CHECK(srv.command({"HLEN", "dq:v3:{q}:paused"})->integer == 1);
+    CHECK(other.paused());
+    CHECK_FALSE(other.take(0ms));
+    other.resume();
+    CHECK(srv.keys("dq:v3:{q}:paused").empty());
+    CHECK_FALSE(q.paused());
+    // A queue of the version before this key existed (no key: what a resume leaves) takes.
+    auto j = q.take(0ms);
+    REQUIRE(j);
+    CHECK(j->attempts == 1);
+    CHECK(q.ack(*j));
+    // The key alone says paused, whoever wrote it.
+    REQUIRE(srv.command({"HSET", "dq:v3:{q}:paused", "since", "1"})->integer == 1);
+    CHECK(q.paused());
+    REQUIRE(q.put("k", "p", long_ago));
+    CHECK_FALSE(q.take(0ms));
+    srv.command({"DEL", "dq:v3:{q}:paused"});
+    CHECK_FALSE(q.paused());
+    CHECK(q.take(0ms));
+}
+
+TEST_CASE(
+    "while paused, a lease that ends is not buried: the take after the resume buries it, as "
+    "without a pause",
+    "[scripts][pause]") {
+    redis_server srv;
+    auto o = opts(srv);
+    o.lease = 100ms;
+    o.max_attempts = 1;
+    delay_queue q(o);
+    REQUIRE(q.put("j", "p", long_ago));
+    auto j = q.take(0ms);
+    REQUIRE(j);
+    q.pause();
+    std::this_thread::sleep_for(200ms);  // its lease, its last attempt, ended
+    CHECK_FALSE(q.take(0ms));
+    CHECK(q.dead_size() == 0);
+    CHECK(q.size() == 1);
+    CHECK_FALSE(q.ack(*j));  // the lease ended all the same
+    q.resume();
+    CHECK_FALSE(q.take(0ms));  // buried instead of handed out
+    CHECK(q.dead_size() == 1);
+    const auto d = q.get("j");
+    REQUIRE(d);
+    CHECK(d->state == delayq::job_state::dead);
+    CHECK(d->last_error == std::string(delayq::lease_ended_reason));
 }

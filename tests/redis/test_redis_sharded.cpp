@@ -332,3 +332,112 @@ TEST_CASE("sharded: purge_dead purges every shard and sums, requeue_dead finds t
     for (std::size_t s = 0; s < 4; ++s)
         CHECK(srv.keys("dq:v3:{q#" + std::to_string(s) + "}:dead*").empty());
 }
+
+TEST_CASE(
+    "sharded: pause sets every shard's paused key and resume removes them all, waking a take "
+    "blocked on them",
+    "[pause]") {
+    redis_server srv;
+    auto o = opts(srv);
+    o.max_block = 1h;  // so that only a resume's message can wake the take
+    sharded_delay_queue q(o, 4), other(o, 4);
+    const auto past = std::chrono::system_clock::time_point(std::chrono::hours(24));
+    std::set<std::size_t> shards;
+    for (int i = 0; i < 12; ++i) {
+        const std::string id = "p" + std::to_string(i);
+        REQUIRE(q.put(id, "", past));
+        shards.insert(delayq::redis::detail::fnv1a(id) % 4);
+    }
+    REQUIRE(shards.size() == 4);
+    other.pause();
+    for (std::size_t s = 0; s < 4; ++s)
+        CHECK(srv.command({"EXISTS", "dq:v3:{q#" + std::to_string(s) + "}:paused"})->integer == 1);
+    CHECK(q.paused());
+    CHECK(q.take_many(20, 0ms).empty());
+    auto taken = std::async(std::launch::async, [&] { return q.take_many(20, 120s); });
+    REQUIRE(eventually([&] { return srv.waiting_objects() == 1; }));
+    std::this_thread::sleep_for(300ms);
+    CHECK(taken.wait_for(0s) == std::future_status::timeout);  // due jobs on every shard, paused
+    other.resume();
+    CHECK(srv.keys("dq:v3:{q#*}:paused").empty());
+    CHECK_FALSE(q.paused());
+    REQUIRE(taken.wait_for(60s) == std::future_status::ready);  // not the max_block of an hour
+    auto jobs = taken.get();
+    REQUIRE_FALSE(jobs.empty());
+    std::set<std::string> ids;
+    for (const auto& j : jobs) ids.insert(j.id);
+    while (ids.size() < 12) {
+        auto more = q.take_many(20, 5s);
+        REQUIRE_FALSE(more.empty());
+        for (const auto& j : more) ids.insert(j.id);
+        jobs.insert(jobs.end(), more.begin(), more.end());
+    }
+    CHECK(ids.size() == 12);
+    const auto acked = q.ack_many(jobs);
+    CHECK(std::count(acked.begin(), acked.end(), true) == 12);
+}
+
+TEST_CASE(
+    "sharded: shards that disagree (a pause or resume that failed part way): paused() is true, "
+    "the shards not paused still serve, and resume() ends it",
+    "[pause]") {
+    redis_server srv;
+    sharded_delay_queue q(opts(srv), 3);
+    const auto past = std::chrono::system_clock::time_point(std::chrono::hours(24));
+    std::array<std::string, 3> ids;  // one id of each shard
+    for (int i = 0; ids[0].empty() || ids[1].empty() || ids[2].empty(); ++i) {
+        const std::string id = "s" + std::to_string(i);
+        ids[delayq::redis::detail::fnv1a(id) % 3] = id;
+    }
+    for (const auto& id : ids) REQUIRE(q.put(id, "", past));
+    // Shard 1 alone paused, as a pause() that failed after its first shards leaves it (shard 0
+    // first, so the middle one stands for any).
+    REQUIRE(srv.command({"HSET", "dq:v3:{q#1}:paused", "since", "1"})->integer == 1);
+    CHECK(q.paused());
+    std::set<std::string> got;
+    std::vector<delayq::redis::job> held;
+    while (auto j = q.take(0ms)) {
+        got.insert(j->id);
+        held.push_back(*j);
+    }
+    CHECK(got == std::set<std::string>{ids[0], ids[2]});
+    q.pause();  // completes it, as any pause: every shard paused
+    for (std::size_t s = 0; s < 3; ++s)
+        CHECK(srv.command({"EXISTS", "dq:v3:{q#" + std::to_string(s) + "}:paused"})->integer == 1);
+    CHECK(srv.text({"HGET", "dq:v3:{q#1}:paused", "since"}) == "1");  // the first pause's
+    for (const auto& j : held) CHECK(q.ack(j));                       // every call but a take works
+    q.resume();
+    CHECK_FALSE(q.paused());
+    auto j = q.take(5s);
+    REQUIRE(j);
+    CHECK(j->id == ids[1]);
+    CHECK(q.ack(*j));
+    CHECK(q.size() == 0);
+}
+
+TEST_CASE(
+    "sharded: a pause that the server does not answer fails within one io_timeout for all its "
+    "shards, and a second pause completes it",
+    "[pause]") {
+    redis_server srv;
+    auto o = opts(srv);
+    o.io_timeout = 2s;
+    sharded_delay_queue q(o, 8);
+    CHECK_FALSE(q.paused());  // the script loaded, the layout checked, on every shard
+    // The server holds every script (CLIENT PAUSE WRITE): the first shard's call waits there.
+    REQUIRE(srv.command({"CLIENT", "PAUSE", "30000", "WRITE"})->type == REDIS_REPLY_STATUS);
+    const auto start = std::chrono::steady_clock::now();
+    CHECK_THROWS_AS(q.pause(), delayq::redis::connection_error);
+    // One io_timeout (2 s) for the eight shards, not one each (16 s).
+    CHECK(std::chrono::steady_clock::now() - start < 10s);
+    srv.command({"CLIENT", "UNPAUSE"});
+    // The shards after the first were never sent theirs; the first's may have run or not.
+    const std::size_t left = srv.keys("dq:v3:{q#*}:paused").size();
+    CHECK(left <= 1);
+    CHECK(q.paused() == (left == 1));
+    q.pause();
+    CHECK(srv.keys("dq:v3:{q#*}:paused").size() == 8);
+    q.resume();
+    CHECK_FALSE(q.paused());
+    CHECK(srv.keys("dq:v3:{q#*}:paused").empty());
+}

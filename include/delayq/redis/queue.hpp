@@ -17,6 +17,10 @@
 // every command goes through a link (detail/connection.hpp), which sends what the threads send at
 // the same time in one write. A take that waits holds the subscription, not a link, so it holds up
 // no other call. The object's lock is its taker's (delayq/detail/job_queue/taker.hpp).
+//
+// Pausing is the server's state too, a key in each shard that the take script reads (scripts.hpp,
+// "Pausing"): a paused shard answers a take as an empty one would, so the taker waits for the
+// resume's wake-up message as for a put's, and needs nothing of its own for it.
 #pragma once
 
 #include <algorithm>
@@ -252,6 +256,30 @@ class queue_base {
         });
     }
 
+    /// Pauses the queue for every object in every process: from now on a take leases nothing and
+    /// waits (up to its max_wait, or until its stop token is requested) for a resume(), which
+    /// wakes it. Every other call works as before, and a lease that ends still ends (its job waits
+    /// for the resume). Idempotent. The state is kept in Redis, a `paused` key in each shard,
+    /// which the take script reads (so a take whose script ran before the pause may still return
+    /// its job). A sharded queue pauses its shards one after the other, not atomically: a take may
+    /// lease from a shard not yet paused while this runs, and a pause that fails part way (its
+    /// error thrown) leaves some shards paused and paused() true; calling it again completes it.
+    /// One script call per shard, all within io_timeout.
+    void pause() { (void)pause_every_shard("p"); }
+
+    /// Ends a pause, whichever object or process paused: every shard's `paused` key goes, and the
+    /// takes that wait, in every process, are woken by the wake-up message of each shard that
+    /// holds a job. Idempotent. Shard by shard, not atomic (as pause()): one that fails part way
+    /// leaves some shards paused, and paused() true; calling it again completes it. One script
+    /// call per shard, all within io_timeout.
+    void resume() { (void)pause_every_shard("r"); }
+
+    /// Whether the queue is paused: true if any shard is (the shards of a sharded queue disagree
+    /// only after a pause() or resume() that failed part way, or while one runs; takes lease only
+    /// from the shards that are not). One script call per shard until one is paused, all within
+    /// io_timeout.
+    bool paused() { return pause_every_shard(""); }
+
     /// Jobs queued: waiting plus leased.
     std::size_t size() {
         return guarded([&] {
@@ -346,6 +374,19 @@ class queue_base {
         const std::array<std::string_view, 3> args{how, j.id, token};
         return guarded([&]() -> bool {
             return room_.consume_and_learn(client_.shard_of(j.id), args).ok.front();
+        });
+    }
+
+    // The pause script on the shards in turn (`how`: "p" pause, "r" resume, "" look; see
+    // scripts.hpp), within one io_timeout for them all; whether a shard is paused. A look stops at
+    // the first paused shard.
+    bool pause_every_shard(std::string_view how) {
+        return guarded([&] {
+            const budget b = budget::from_now(get_options().io_timeout);
+            bool any = false;
+            for (std::size_t s = 0; s < client_.shards() && !(any && how.empty()); ++s)
+                any = client_.pause(s, how, b) || any;
+            return any;
         });
     }
 

@@ -188,8 +188,8 @@ class script_client {
         if (!at.layout_checked.load(std::memory_order_acquire)) check_layout(at, patient, b);
         std::vector<std::string_view> argv;
         argv.reserve(5 + k_count + args.size());
-        argv.insert(argv.end(), {"EVALSHA", sha(at, id, patient, b), "6"});
-        static_assert(k_count == 6);
+        argv.insert(argv.end(), {"EVALSHA", sha(at, id, patient, b), "7"});
+        static_assert(k_count == 7);
         argv.insert(argv.end(), at.keys.begin(), at.keys.end());
         argv.insert(argv.end(), {std::string_view(channel_), std::string_view(at.index)});
         argv.insert(argv.end(), args.begin(), args.end());
@@ -376,6 +376,13 @@ class script_client {
             if (static_cast<std::size_t>(r->element[1]->integer) < max_sweep) return removed;
             cutoff = text_of(r->element[2]);
         }
+    }
+
+    // The pause script on shard `s`, within `b` (one budget for every shard of a pause()):
+    // `how` "p" pauses it, "r" resumes it, "" only looks. Whether the shard is paused now.
+    bool pause(std::size_t s, std::string_view how, const budget& b) {
+        const std::array<std::string_view, 1> args{how};
+        return integer(eval(s, s_pause, args, true, b)) == 1;
     }
 
     // Jobs in shard `s`'s dead-letter hash.

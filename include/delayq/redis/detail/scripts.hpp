@@ -34,6 +34,8 @@
 // | dead    | (same)  | dead page: reads the dead letters in the order they died             |
 // clang-format on
 //
+// Beside the jobs, a shard is paused or not (see "Pausing"): no job changes state by that.
+//
 // ack, nack, bury, extend and release need the job's current token while its lease holds (lease
 // end > now), so a holder whose lease ended, or whose job was cancelled or delivered again, is
 // refused. A take counts the attempt in the same script that leases the job, so the server has
@@ -57,7 +59,7 @@
 // per job".)
 //
 // Keys of a queue shard with hash tag T (`{name}`, or `{name#i}` for a sharded queue) are
-// `dq:v3:T:<part>`. Every script gets the same six KEYS, in this order:
+// `dq:v3:T:<part>`. Every script gets the same seven KEYS, in this order:
 //
 // clang-format off
 //   KEYS[1] events      zset  id -> due time or lease end (server ms)   every queued job
@@ -69,6 +71,7 @@
 //   KEYS[4] dead        hash  id -> payload                             every dead letter
 //   KEYS[5] dead:order  zset  "died:id" -> 0 (died: 14 digits, ms)      dead letters by age
 //   KEYS[6] dead:info   hash  id -> "attempts:died/last error"          (died as in dead:order)
+//   KEYS[7] paused      hash  "since" -> server ms of the pause         only while paused
 // clang-format on
 //
 // and ARGV[1] = the wake-up channel, ARGV[2] = the shard's number; the rest is each script's own.
@@ -117,6 +120,21 @@
 // the C++ constant at compile time, so the two cannot disagree and each script's text (so its
 // SHA1) is fixed for a build.
 //
+// Pausing. A shard is paused while its `paused` key exists: the consume script then leases
+// nothing (its settlements still run: acks, nacks, extends, burials, releases) and answers "-1",
+// as for an empty shard, so a take that waits sleeps until a message or max_block, never running
+// the script again for the due jobs it cannot have. The key lives in the shard's slot because a
+// script may touch only its own slot's keys: a sharded queue keeps one per shard, which the client
+// sets and removes shard by shard (queue.hpp). The pause script sets it (HSETNX: the first
+// pause's time stays) and removes it (HDEL: a hash of one field goes with its field), and on a
+// resume that ended a pause publishes the shard's next event, so that the takes that wait in any
+// process look at once. A hash rather than a string, because HSETNX, HDEL and EXISTS are
+// commands the scripts ran already: the ACL of the version before (docs/redis.md, "Redis ACLs")
+// serves this one unchanged. A queue written before this key existed has none: not paused. The
+// look costs the consume script one EXISTS (about 0.3 us of server time, measured as a loop of
+// them in one script on redis-server 7.0.15, against the 20 us or more of a whole consume call);
+// the other scripts read the key only where they would publish (below).
+//
 // Wake-ups. Consumers wait on the pub/sub channel. A script that may make the shard's next event
 // (the head of `events`: the earliest due time or lease end) earlier publishes "<shard> <ms until
 // then>": put, reschedule and requeue dead when the job comes before the head, consume when a
@@ -125,7 +143,9 @@
 // leases a job that was due, so its
 // lease ends after the event it replaces; a lease that ends is due at that same moment). So a
 // consumer that knows a time before which nothing is due (from its last script) and hears every
-// message since never sleeps past a due job.
+// message since never sleeps past a due job. While the shard is paused nobody takes, so a script
+// publishes nothing (publish() looks at the key first: one EXISTS, only where it would publish);
+// the resume publishes instead.
 #pragma once
 
 #include <array>
@@ -137,9 +157,18 @@
 
 namespace delayq::redis::detail {
 
-enum key_id : std::size_t { k_events, k_data, k_seq, k_dead, k_dead_order, k_dead_info, k_count };
-inline constexpr std::array<const char*, k_count> key_names{"events", "data",       "seq",
-                                                            "dead",   "dead:order", "dead:info"};
+enum key_id : std::size_t {
+    k_events,
+    k_data,
+    k_seq,
+    k_dead,
+    k_dead_order,
+    k_dead_info,
+    k_paused,
+    k_count
+};
+inline constexpr std::array<const char*, k_count> key_names{
+    "events", "data", "seq", "dead", "dead:order", "dead:info", "paused"};
 
 // The layout version, in every key's name; and the older layouts' keys that say a queue was
 // written in one of them (script_client.hpp refuses such a queue).
@@ -157,6 +186,7 @@ enum script_id : std::size_t {
     s_dead_page,
     s_requeue_dead,
     s_purge_dead,
+    s_pause,
     s_count
 };
 
@@ -223,14 +253,14 @@ consteval lua_text<N + 2> quoted(std::string_view s) {
 // The scripts' common opening; see "Time" and "Wake-ups" above. Its first line is max_ms, in
 // the constant's own digits. Each redis.call costs about as much as the rest of a small script,
 // so the scripts make as few as they can (one put: TIME, ZRANGE, HSETNX, ZADD; a take of one
-// job: TIME, ZRANGE, HMGET, INCRBY, HSET, ZADD).
+// job: TIME, EXISTS, ZRANGE, HMGET, INCRBY, HSET, ZADD).
 inline constexpr auto prelude = lua("local max_ms = ") + decimal<max_ms>() + lua(R"lua(
 local t = redis.call('TIME')
 local sec, usec = tonumber(t[1]), tonumber(t[2])
 local now = sec * 1000 + math.floor(usec / 1000)
 local later = sec * 1000 + math.ceil(usec / 1000)
 local events, data, seq, dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local dead_order, dead_info = KEYS[5], KEYS[6]
+local dead_order, dead_info, paused = KEYS[5], KEYS[6], KEYS[7]
 local function due_at(ms) return math.min(later + ms, max_ms) end
 local function bucket(id)
   local h = #id
@@ -244,7 +274,14 @@ local function head()
   local h = redis.call('ZRANGE', events, '0', '0', 'WITHSCORES')
   return h[2] and tonumber(h[2])
 end
+-- Whether the shard is paused, looked up once per script, by the first step that asks.
+local held = nil
+local function on_hold()
+  if held == nil then held = redis.call('EXISTS', paused) == 1 end
+  return held
+end
 local function publish(at)
+  if on_hold() then return end
   local ms = string.format('%d', math.max(at - now, 0))
   redis.call('PUBLISH', ARGV[1], ARGV[2] .. ' ' .. ms)
 end
@@ -342,9 +379,12 @@ end
 // dead letters that died more than keep_dead ago per death it made (at most max_sweep): so a
 // stream of deaths keeps the dead letters bounded, at one ZRANGEBYLEX per call that buries when
 // nothing is that old.
+// While the shard is paused (see "Pausing") it settles as ever and leases nothing, and looks at
+// no due job (none is buried for its ended lease either: that waits for a take after the resume).
 // Returns {next, ok*, n, (id, payload, due, attempts, token, lease_end)*n}: next is the ms until
-// the next event after all that (0: more is due now; -1: nothing is queued); one ok (1 settled or
-// extended, 0 the lease was lost) per settlement.
+// the next event after all that (0: more is due now; -1: nothing is queued, or the shard is
+// paused, so that no take looks again before a message); one ok (1 settled or extended, 0 the
+// lease was lost) per settlement.
 inline constexpr auto consume_lua = prelude + last_error_lua + lease_ended_lua + sweep_lua +
                                     lua("local max_sweep = ") + decimal<max_sweep>() + lua(R"lua(
 local lease_ms, max_attempts, keep_dead = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[7])
@@ -416,30 +456,34 @@ end
 -- burial starts after them.
 local want, budget = tonumber(ARGV[6]), tonumber(ARGV[5])
 local n, rows, next_due = 0, {}, nil
-repeat
-  local heads = redis.call('ZRANGE', events, n == 0 and '0' or string.format('%d', n), ARGV[6], 'WITHSCORES')
-  local buried, k = false, 0
-  while heads[2 * k + 2] do
-    local at = tonumber(heads[2 * k + 2])
-    if at > now or n == want then next_due = at break end
-    local id = heads[2 * k + 1]
-    k = k + 1
-    local b = bucket(id)
-    local pm = redis.call('HMGET', b, 'p' .. id, 'm' .. id)
-    local a, token = 0, '0'
-    if pm[2] then a, token = string.match(pm[2], '^(%d+):(%d+):') a = tonumber(a) end
-    -- A job whose lease ended is due again; after its last attempt, it is dead instead.
-    if token ~= '0' and max_attempts > 0 and a >= max_attempts then
-      if budget == 0 then next_due = now break end
-      budget = budget - 1
-      bury(id, b, pm[1], a, '/' .. lease_ended)
-      buried = true
-    else
-      n = n + 1
-      rows[n] = {id, b, pm[1] or '', at, a + 1, tail_of(pm[2])}
+local hold = on_hold()
+-- Paused: nothing to lease, and the due jobs are not looked at (see "Pausing").
+if not hold then
+  repeat
+    local heads = redis.call('ZRANGE', events, n == 0 and '0' or string.format('%d', n), ARGV[6], 'WITHSCORES')
+    local buried, k = false, 0
+    while heads[2 * k + 2] do
+      local at = tonumber(heads[2 * k + 2])
+      if at > now or n == want then next_due = at break end
+      local id = heads[2 * k + 1]
+      k = k + 1
+      local b = bucket(id)
+      local pm = redis.call('HMGET', b, 'p' .. id, 'm' .. id)
+      local a, token = 0, '0'
+      if pm[2] then a, token = string.match(pm[2], '^(%d+):(%d+):') a = tonumber(a) end
+      -- A job whose lease ended is due again; after its last attempt, it is dead instead.
+      if token ~= '0' and max_attempts > 0 and a >= max_attempts then
+        if budget == 0 then next_due = now break end
+        budget = budget - 1
+        bury(id, b, pm[1], a, '/' .. lease_ended)
+        buried = true
+      else
+        n = n + 1
+        rows[n] = {id, b, pm[1] or '', at, a + 1, tail_of(pm[2])}
+      end
     end
-  end
-until next_due or not buried
+  until next_due or not buried
+end
 out[#out + 1] = n
 local lease_end = math.min(now + lease_ms, max_ms)
 if n > 0 then
@@ -462,7 +506,7 @@ end
 local after = next_due
 if n > 0 and (not after or lease_end < after) then after = lease_end end
 if before ~= false and after and (not before or after < before) then publish(after) end
-out[1] = after and math.max(after - now, 0) or -1
+out[1] = (after and not hold) and math.max(after - now, 0) or -1
 if deaths > 0 and keep_dead > 0 then sweep(now - keep_dead, math.min(10 * deaths, max_sweep)) end
 return out
 )lua");
@@ -597,17 +641,39 @@ local removed, places = sweep(cutoff, max_sweep)
 return {removed, places, string.format('%d', cutoff)}
 )lua");
 
+// ARGV channel shard how. how 'p': pauses the shard (its takes lease nothing until a resume;
+// already paused: nothing changes, the first pause's time stays); 'r': resumes it, and if that
+// ended a pause and a job is queued, publishes the shard's next event (whatever publish() says
+// of a due time, the takes that wait look then: the jobs that fell due while it was paused, at
+// once); '': changes nothing. Returns 1 if the shard is paused now, else 0.
+inline constexpr auto pause_lua = prelude + lua(R"lua(
+local how = ARGV[3]
+if how == 'p' then
+  redis.call('HSETNX', paused, 'since', string.format('%d', now))
+  return 1
+end
+if how == 'r' then
+  if redis.call('HDEL', paused, 'since') == 1 then
+    held = false
+    local at = head()
+    if at then publish(at) end
+  end
+  return 0
+end
+return on_hold() and 1 or 0
+)lua");
+
 // ARGV channel shard. Returns the number of queued jobs, waiting plus leased.
 inline constexpr auto size_lua = lua(R"lua(
 return redis.call('ZCARD', KEYS[1])
 )lua");
 
 inline constexpr std::array<std::string_view, s_count> scripts{
-    put_lua.view(),        consume_lua.view(),      cancel_lua.view(),
-    reschedule_lua.view(), size_lua.view(),         get_lua.view(),
-    dead_page_lua.view(),  requeue_dead_lua.view(), purge_dead_lua.view()};
+    put_lua.view(),        consume_lua.view(), cancel_lua.view(),    reschedule_lua.view(),
+    size_lua.view(),       get_lua.view(),     dead_page_lua.view(), requeue_dead_lua.view(),
+    purge_dead_lua.view(), pause_lua.view()};
 inline constexpr std::array<const char*, s_count> script_names{
     "put", "consume",   "cancel",       "reschedule", "size",
-    "get", "dead page", "requeue dead", "purge dead"};
+    "get", "dead page", "requeue dead", "purge dead", "pause"};
 
 }  // namespace delayq::redis::detail
