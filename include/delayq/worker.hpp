@@ -72,7 +72,7 @@ class retry_in : public std::runtime_error {
   public:
     /// Retry after `delay` (negative: at once), for `reason`: the job's last error (see
     /// job_info). Without one, the job keeps the last error it had.
-    explicit retry_in(std::chrono::milliseconds delay, std::string reason = {})
+    explicit retry_in(std::chrono::milliseconds delay, const std::string& reason = {})
         : std::runtime_error(reason.empty() ? "retry_in" : reason),
           delay_(std::max(delay, std::chrono::milliseconds::zero())),
           keeps_error_(reason.empty()) {}

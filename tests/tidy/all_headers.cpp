@@ -12,6 +12,7 @@
 #include <delayq/job_queue.hpp>
 #include <delayq/manual_clock.hpp>
 #include <delayq/missed_tick.hpp>
+#include <delayq/prometheus.hpp>
 #include <delayq/retry_policy.hpp>
 #include <delayq/timeout.hpp>
 #include <delayq/worker.hpp>
@@ -127,9 +128,15 @@ int main() try {
         wo.hooks.retrying = [](const delayq::job&, std::chrono::milliseconds, std::string_view) {};
         delayq::worker w(
             sq, [](const delayq::job&, const std::stop_token&) {}, wo);
-        (void)w.counters();
+        delayq::prometheus_exposition e;
+        e.add("tidy", w.counters());
+        e.add("tidy", delayq::queue_stats{});
+        (void)e.str();
         w.stop();
     }
+    sq.pause();
+    (void)sq.paused();
+    sq.resume();
 #endif
     return 0;
 } catch (...) {
