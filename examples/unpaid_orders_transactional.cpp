@@ -2,7 +2,9 @@
 // transaction: delayq::postgres's put_after_in_transaction() joins the application's own
 // transaction on its own connection, so the timeout job exists exactly when the order does. A
 // crash between the two writes cannot leave an order that never times out, nor a timeout for an
-// order that was never stored; a rollback leaves neither.
+// order that was never stored; a rollback leaves neither. The payment is the other half:
+// cancel_in_transaction() removes the timeout in the payment's transaction, so a paid order keeps
+// no timeout, and a payment that rolls back keeps it.
 //
 //   example_unpaid_orders_transactional "host=127.0.0.1 port=5432 dbname=shop user=shop"
 //
@@ -61,6 +63,16 @@ void place_order(database& db, delayq::postgres::delay_queue& timeouts, int id, 
     std::printf("order %d: stored, with its 30-minute timeout\n", id);
 }
 
+// Marks order `id` paid and cancels its timeout in one transaction; `fail` rolls it back (the
+// payment did not go through): the order stays unpaid, its timeout queued.
+void pay_order(database& db, delayq::postgres::delay_queue& timeouts, int id, bool fail) {
+    db.exec("BEGIN");
+    db.exec("UPDATE orders SET status = 'paid' WHERE id = " + std::to_string(id));
+    timeouts.cancel_in_transaction(db.conn, "order-" + std::to_string(id));
+    db.exec(fail ? "ROLLBACK" : "COMMIT");
+    std::printf("order %d: %s\n", id, fail ? "payment failed, rolled back" : "paid");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -79,18 +91,19 @@ int main(int argc, char** argv) try {
     place_order(db, timeouts, 1, false);
     place_order(db, timeouts, 2, true);  // rolled back: no order 2, no timeout for it
     place_order(db, timeouts, 3, false);
-    db.exec("UPDATE orders SET status = 'paid' WHERE id = 3");  // order 3 is paid in time
+    pay_order(db, timeouts, 3, true);   // its timeout stays: the order is still unpaid
+    pay_order(db, timeouts, 3, false);  // paid in time: its timeout goes with the payment
 
     const std::string orders = db.exec("SELECT count(*) FROM orders");
     std::printf("orders stored: %s, timeouts queued: %zu\n", orders.c_str(), timeouts.size());
-    if (orders != "2" || timeouts.size() != 2) return 1;
+    if (orders != "2" || timeouts.size() != 1) return 1;
 
     // Thirty minutes later (here: now), a worker runs each timeout: it cancels the order if it is
     // still unpaid, in one transaction with the order's update; the ack comes after it (a crash
     // in between runs it again, and finds the order cancelled already).
-    for (int id : {1, 3}) timeouts.reschedule("order-" + std::to_string(id), 0ms);
+    timeouts.reschedule("order-1", 0ms);
     std::atomic<int> cancelled{0};
-    std::latch both(2);
+    std::latch done(1);
     delayq::worker reaper(timeouts, [&](const delayq::job& job) {
         db.exec("BEGIN");
         try {
@@ -106,11 +119,12 @@ int main(int argc, char** argv) try {
             db.exec("ROLLBACK");
             throw;  // the worker tries the job again later
         }
-        both.count_down();
+        done.count_down();
     });
-    both.wait();
+    done.wait();
     reaper.stop();
-    std::printf("cancelled %d unpaid order(s); order 2 never existed\n", cancelled.load());
+    std::printf("cancelled %d unpaid order(s); order 2 never existed, order 3 was paid\n",
+                cancelled.load());
     return cancelled == 1 ? 0 : 1;
 } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

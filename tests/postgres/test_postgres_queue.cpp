@@ -518,6 +518,56 @@ TEST_CASE("postgres: a put in the caller's transaction exists exactly when it co
     }
 }
 
+TEST_CASE("postgres: a cancel in the caller's transaction takes effect exactly when it commits",
+          "[postgres][transaction]") {
+    const std::string name = fresh_name("txc");
+    pg::delay_queue q(opts(name));
+    pg::delay_queue other(opts(name));
+    app_conn app(server().conninfo());
+    REQUIRE(q.put_after("order-1", "cancel unless paid", 0ms));
+    REQUIRE(q.put_after("order-2", "cancel unless paid", 1h));
+
+    // Rolled back: the job stays, as it was. While the transaction is open, no take hands out
+    // the job it cancels (its row is locked), and none waits for it either.
+    app.exec("BEGIN");
+    CHECK(q.cancel_in_transaction(app.c, "order-1"));
+    CHECK_FALSE(q.cancel_in_transaction(app.c, "order-1"));  // gone, as this transaction sees
+    CHECK_FALSE(q.cancel_in_transaction(app.c, "never-put"));
+    CHECK(other.size() == 2);  // not committed: nobody else sees it gone
+    CHECK_FALSE(other.take(0ms));
+    app.exec("ROLLBACK");
+    auto j = other.take(5s);
+    REQUIRE(j);
+    CHECK(j->id == "order-1");
+
+    // Committed: gone, the leased one too, and its holder's ack is refused.
+    app.exec("BEGIN");
+    CHECK(q.cancel_in_transaction(app.c, "order-1"));
+    CHECK(q.cancel_in_transaction(app.c, "order-2"));
+    app.exec("COMMIT");
+    CHECK(q.size() == 0);
+    CHECK_FALSE(q.get("order-1").has_value());
+    CHECK_FALSE(other.ack(*j));
+
+    // A job put in the same transaction is cancelled with it.
+    app.exec("BEGIN");
+    CHECK(q.put_after_in_transaction(app.c, "order-3", "x", 0ms));
+    CHECK(q.cancel_in_transaction(app.c, "order-3"));
+    app.exec("COMMIT");
+    CHECK(q.size() == 0);
+    CHECK_FALSE(q.take(300ms));
+
+    // Not inside a transaction block: std::invalid_argument, naming the call.
+    CHECK_THROWS_AS(q.cancel_in_transaction(nullptr, "x"), std::invalid_argument);
+    const auto no_tx =
+        message_of<std::invalid_argument>([&] { q.cancel_in_transaction(app.c, "x"); });
+    CHECK(contains(no_tx, "cancel_in_transaction"));
+    CHECK(contains(no_tx, "BEGIN"));
+    app.exec("BEGIN");
+    CHECK_THROWS_AS(q.cancel_in_transaction(app.c, ""), std::invalid_argument);
+    app.exec("ROLLBACK");
+}
+
 TEST_CASE("postgres: an idle consumer sends no statement while nothing is due",
           "[postgres][idle]") {
     // A server of its own that logs every statement with the client's application_name.

@@ -259,3 +259,68 @@ TEST_CASE("transaction: processes sharing the application's file keep every comm
     CHECK(kept == committed.size());
     CHECK(stray == 0);
 }
+
+TEST_CASE(
+    "transaction: a cancel in the application's transaction takes effect exactly when it "
+    "commits") {
+    temp_dir dir;
+    const std::string path = dir.file("app.db");
+    app_db app(path);
+    delay_queue q(beside(path));
+    REQUIRE(q.put("order-1", "cancel unless paid", past));
+    REQUIRE(q.put_after("order-2", "cancel unless paid", 1h));
+
+    // Rolled back: the job stays, as it was.
+    app.exec("BEGIN");
+    app.exec("INSERT INTO orders VALUES('order-1', 100)");
+    CHECK(q.cancel_in_transaction(app.get(), "order-1"));
+    CHECK_FALSE(q.cancel_in_transaction(app.get(), "order-1"));  // gone, as this transaction sees
+    CHECK_FALSE(q.cancel_in_transaction(app.get(), "never-put"));
+    app.exec("ROLLBACK");
+    CHECK(q.size() == 2);
+    auto j = q.take(5s);
+    REQUIRE(j);
+    CHECK(j->id == "order-1");
+
+    // Committed: gone, the leased one too, and its holder's ack is refused.
+    app.exec("BEGIN");
+    app.exec("INSERT INTO orders VALUES('order-1', 100)");
+    CHECK(q.cancel_in_transaction(app.get(), "order-1"));
+    CHECK(q.cancel_in_transaction(app.get(), "order-2"));
+    app.exec("COMMIT");
+    CHECK(q.size() == 0);
+    CHECK_FALSE(q.get("order-1").has_value());
+    CHECK_FALSE(q.ack(*j));
+    CHECK_FALSE(q.take(0ms));
+
+    // A job put in the same transaction is cancelled with it: nothing is left at the commit.
+    app.exec("BEGIN");
+    CHECK(q.put_in_transaction(app.get(), "order-3", "x", past));
+    CHECK(q.cancel_in_transaction(app.get(), "order-3"));
+    app.exec("COMMIT");
+    CHECK(q.size() == 0);
+    CHECK(q.put("order-3", "the id is free", past));
+}
+
+TEST_CASE("transaction: a cancel in a transaction needs one, on the queue's file") {
+    temp_dir dir;
+    const std::string path = dir.file("app.db");
+    app_db app(path);
+    delay_queue q(beside(path));
+    REQUIRE(q.put("a", "x", past));
+    CHECK_THROWS_AS(q.cancel_in_transaction(nullptr, "a"), std::invalid_argument);
+    const auto no_tx =
+        message_of<std::invalid_argument>([&] { q.cancel_in_transaction(app.get(), "a"); });
+    CHECK(contains(no_tx, "cancel_in_transaction"));
+    CHECK(contains(no_tx, "no transaction"));
+    app_db elsewhere(dir.file("other.db"));
+    elsewhere.exec("BEGIN");
+    const auto other =
+        message_of<std::invalid_argument>([&] { q.cancel_in_transaction(elsewhere.get(), "a"); });
+    CHECK(contains(other, "not the queue's file"));
+    elsewhere.exec("ROLLBACK");
+    app.exec("BEGIN");
+    CHECK_THROWS_AS(q.cancel_in_transaction(app.get(), ""), std::invalid_argument);
+    app.exec("ROLLBACK");
+    CHECK(q.size() == 1);
+}

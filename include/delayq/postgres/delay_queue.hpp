@@ -175,7 +175,8 @@ class delay_queue {
           statements_(detail::statements(quoted_schema(), opt_.durable_leases,
                                          opt_.max_attempts > 0, opt_.keep_dead.count())),
           put_in_transaction_sql_{detail::put_in_transaction_sql(quoted_schema(), true),
-                                  detail::put_in_transaction_sql(quoted_schema(), false)} {
+                                  detail::put_in_transaction_sql(quoted_schema(), false)},
+          cancel_in_transaction_sql_(detail::cancel_in_transaction_sql(quoted_schema())) {
         // One connection now: the server is there, new enough, and holds the tables.
         auto c = acquire();
         release(std::move(c));
@@ -277,6 +278,24 @@ class delay_queue {
         detail::params p;
         p.text(opt_.name).bytes(id);
         return run(st_cancel, p, "cancel").changed() == 1;
+    }
+
+    /// cancel() inside the caller's transaction: `conn` is the application's own connection,
+    /// inside its BEGIN, with any client_encoding. The job is gone exactly when that transaction
+    /// commits; a rollback leaves it queued, as it was. One round trip on `conn`. True if `id` was
+    /// queued (waiting or leased, as the transaction sees it). Until the transaction ends, the
+    /// job's row is locked: takes skip it (none hands it out, in any process), and its holder's
+    /// ack, nack or extend waits for the end of the transaction (up to io_timeout; false if it
+    /// committed). Throws
+    /// std::invalid_argument when `conn` is not inside a transaction block; an error of this
+    /// family aborts the caller's transaction, as any failed statement does.
+    bool cancel_in_transaction(PGconn* conn, std::string_view id) {
+        front.id(id);
+        detail::params p;
+        p.bytes(opt_.name).bytes(id);
+        return on_callers(conn, cancel_in_transaction_sql_, p, PGRES_COMMAND_OK,
+                          "cancel_in_transaction")
+                   .changed() == 1;
     }
 
     /// Gives a waiting job a new due time, `delay` from now. False for an unknown or leased id.
@@ -728,42 +747,47 @@ class delay_queue {
 
     bool run_put_in(PGconn* conn, std::string_view id, std::string_view payload, long long at,
                     bool delay, notify n) {
-        if (conn == nullptr)
-            throw std::invalid_argument("delayq::postgres::delay_queue: the connection is null");
-        switch (PQtransactionStatus(conn)) {
-            case PQTRANS_INTRANS:
-                break;
-            case PQTRANS_IDLE:
-                throw std::invalid_argument(
-                    "delayq::postgres::delay_queue: put_in_transaction needs a connection inside "
-                    "a transaction block (BEGIN first)");
-            case PQTRANS_INERROR:
-                detail::raise(detail::problem::other,
-                              "put_in_transaction: the caller's transaction has failed already "
-                              "(ROLLBACK it)",
-                              "25P02");
-            case PQTRANS_ACTIVE:
-                throw std::invalid_argument(
-                    "delayq::postgres::delay_queue: put_in_transaction: the connection is busy "
-                    "with another command");
-            default:
-                detail::raise(detail::problem::connection,
-                              "put_in_transaction: the connection is broken", "");
-        }
         // The name as bytes, read as UTF-8 by the server: a text parameter would be read in the
         // caller's client_encoding, and a name that is not ASCII would name another queue.
         detail::params p;
         p.bytes(opt_.name).bytes(id).bytes(payload).int8(at).boolean(delay);
         const bool notifies = n != notify::none;
         if (notifies) p.text(channel_);
+        return on_callers(conn, put_in_transaction_sql_[notifies ? 0 : 1], p, PGRES_TUPLES_OK,
+                          "put_in_transaction")
+                   .integer(0, 0) == 1;
+    }
+
+    // Runs `sql` on the caller's connection `conn`, which must be inside a transaction block
+    // that has not failed, for the member `call`: its result (of status `want`), or an error of
+    // this family (the caller's transaction is then aborted, as by any failed statement).
+    detail::result on_callers(PGconn* conn, const std::string& sql, const detail::params& p,
+                              ExecStatusType want, const std::string& call) {
+        if (conn == nullptr)
+            throw std::invalid_argument("delayq::postgres::delay_queue: the connection is null");
+        switch (PQtransactionStatus(conn)) {
+            case PQTRANS_INTRANS:
+                break;
+            case PQTRANS_IDLE:
+                throw std::invalid_argument("delayq::postgres::delay_queue: " + call +
+                                            " needs a connection inside a transaction block "
+                                            "(BEGIN first)");
+            case PQTRANS_INERROR:
+                detail::raise(detail::problem::other,
+                              call + ": the caller's transaction has failed already (ROLLBACK it)",
+                              "25P02");
+            case PQTRANS_ACTIVE:
+                throw std::invalid_argument("delayq::postgres::delay_queue: " + call +
+                                            ": the connection is busy with another command");
+            default:
+                detail::raise(detail::problem::connection, call + ": the connection is broken", "");
+        }
         const auto v = p.pointers();
         // The caller's connection, as the caller set it up (blocking or not, its own timeouts):
         // one unnamed statement, parsed, bound and run in one round trip.
-        PGresult* r =
-            PQexecParams(conn, put_in_transaction_sql_[notifies ? 0 : 1].c_str(), p.count(),
-                         p.types(), v.values.data(), v.lengths.data(), v.formats.data(), 1);
-        if (r == nullptr || PQresultStatus(r) != PGRES_TUPLES_OK) {
-            // A failed statement aborts the caller's transaction, as any other would.
+        PGresult* r = PQexecParams(conn, sql.c_str(), p.count(), p.types(), v.values.data(),
+                                   v.lengths.data(), v.formats.data(), 1);
+        if (r == nullptr || PQresultStatus(r) != want) {
             const char* state = r ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : nullptr;
             const std::string sqlstate = state ? state : "";
             std::string m = r ? PQresultErrorMessage(r) : PQerrorMessage(conn);
@@ -771,10 +795,9 @@ class delay_queue {
             while (!m.empty() && (m.back() == '\n' || m.back() == ' ')) m.pop_back();
             const auto problem = PQstatus(conn) != CONNECTION_OK ? detail::problem::connection
                                                                  : detail::classify(sqlstate);
-            detail::raise(problem, "put_in_transaction: " + m, sqlstate);
+            detail::raise(problem, call + ": " + m, sqlstate);
         }
-        const detail::result res(r);
-        return res.integer(0, 0) == 1;
+        return detail::result(r);
     }
 
     bool run_nack(const job& j, milliseconds retry_after, std::string_view reason, bool given) {
@@ -989,6 +1012,7 @@ class delay_queue {
     std::string channel_;
     std::vector<detail::prepared_statement> statements_;  // by statement_index
     std::string put_in_transaction_sql_[2];               // notifying, not notifying
+    std::string cancel_in_transaction_sql_;
 
     std::mutex pool_m_;
     std::condition_variable pool_cv_;

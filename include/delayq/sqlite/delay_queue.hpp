@@ -151,6 +151,7 @@ class delay_queue {
           machine_(db_, where_,
                    {opt_.lease, opt_.max_attempts, opt_.reclaim_batch, opt_.keep_dead}),
           insert_sql_(where_(detail::transitions::insert_sql)),
+          cancel_sql_(where_(detail::transitions::cancel_sql)),
           file_name_(sqlite3_db_filename(db_.get(), "main")) {
         data_version_ = machine_.data_version().value_or(0);
     }
@@ -232,6 +233,18 @@ class delay_queue {
         front.id(id);
         op o{op::cancel, id};
         return run_one(o);
+    }
+
+    /// cancel() inside the application's own transaction, on its own connection `conn`, as
+    /// put_in_transaction(): the job is gone exactly when that transaction commits; rolled back,
+    /// it stays queued as it was. True if `id` was queued (waiting or leased, as the transaction
+    /// sees it; a job put earlier in the same transaction too). A holder's ack or nack after the
+    /// commit returns false. Its errors, and who may call it while the transaction is open, are
+    /// put_in_transaction()'s.
+    bool cancel_in_transaction(sqlite3* conn, std::string_view id) {
+        front.id(id);
+        return run_in(conn, cancel_sql_, "cancel_in_transaction",
+                      [&](sqlite3_stmt* s) { return bind_id(s, id); });
     }
 
     /// Gives a waiting job a new due time, `delay` from now. False for an unknown or leased id.
@@ -524,8 +537,28 @@ class delay_queue {
 
     // put_in_transaction(): the insert of put(), run on the application's connection.
     bool insert_in(sqlite3* conn, std::string_view id, std::string_view payload, long long due) {
-        const auto bad = [](const std::string& what) {
-            throw std::invalid_argument("delayq::sqlite::delay_queue::put_in_transaction: " + what);
+        return run_in(conn, insert_sql_, "put_in_transaction", [&](sqlite3_stmt* s) {
+            int rc = bind_id(s, id);
+            if (rc == SQLITE_OK)
+                rc = sqlite3_bind_blob64(s, 2, payload.empty() ? "" : payload.data(),
+                                         payload.size(), SQLITE_STATIC);
+            if (rc == SQLITE_OK) rc = sqlite3_bind_int64(s, 3, due);
+            return rc;
+        });
+    }
+
+    static int bind_id(sqlite3_stmt* s, std::string_view id) {
+        return sqlite3_bind_blob64(s, 1, id.data(), id.size(), SQLITE_STATIC);
+    }
+
+    // Runs `sql` (one row changed or none), its parameters bound by `bind`, on the application's
+    // connection `conn` inside its open transaction, for the member `call`: whether it changed a
+    // row.
+    template <class Bind>
+    bool run_in(sqlite3* conn, const std::string& sql, const char* call, Bind bind) {
+        const auto bad = [&](const std::string& what) {
+            throw std::invalid_argument(std::string("delayq::sqlite::delay_queue::") + call + ": " +
+                                        what);
         };
         if (conn == nullptr) bad("the connection is null");
         if (sqlite3_get_autocommit(conn) != 0)
@@ -533,23 +566,20 @@ class delay_queue {
         if (!same_file(conn))
             bad("the connection's main database is not the queue's file (" + file_name_ + ")");
         sqlite3_stmt* s = nullptr;
-        int rc = sqlite3_prepare_v3(conn, insert_sql_.c_str(), -1, 0, &s, nullptr);
-        if (rc == SQLITE_OK) rc = sqlite3_bind_blob64(s, 1, id.data(), id.size(), SQLITE_STATIC);
-        if (rc == SQLITE_OK)
-            rc = sqlite3_bind_blob64(s, 2, payload.empty() ? "" : payload.data(), payload.size(),
-                                     SQLITE_STATIC);
-        if (rc == SQLITE_OK) rc = sqlite3_bind_int64(s, 3, due);
+        int rc = sqlite3_prepare_v3(conn, sql.c_str(), -1, 0, &s, nullptr);
+        if (rc == SQLITE_OK) rc = bind(s);
         if (rc == SQLITE_OK) rc = sqlite3_step(s);
-        const bool inserted = rc == SQLITE_DONE && sqlite3_changes(conn) == 1;
+        const bool changed = rc == SQLITE_DONE && sqlite3_changes(conn) == 1;
         if (rc != SQLITE_DONE) {
             const int sys = sqlite3_system_errno(conn);
             const std::string why = sqlite3_errmsg(conn);
             sqlite3_finalize(s);
             db_.fail(detail::classify(rc, sys),
-                     "put_in_transaction failed on the application's connection (" + why + ")", rc);
+                     std::string(call) + " failed on the application's connection (" + why + ")",
+                     rc);
         }
         sqlite3_finalize(s);
-        return inserted;
+        return changed;
     }
 
     // Whether `conn`'s main database is the queue's file. stat() opens no descriptor.
@@ -737,6 +767,7 @@ class delay_queue {
     // What each op does to the file, with the statements that do it (the state machine).
     detail::transitions machine_;
     std::string insert_sql_;      // put_in_transaction's, prepared on the application's connection
+    std::string cancel_sql_;      // cancel_in_transaction's, likewise
     std::string file_name_;       // the file's full name, as SQLite gives it
     long long data_version_ = 0;  // PRAGMA data_version when this object last read the file
     // What the file said of the pause, at which PRAGMA data_version: it holds while that has not

@@ -408,6 +408,12 @@ inline std::string cancel_sql(const std::string& s) {
     return "DELETE FROM " + s + ".jobs WHERE queue = $1 AND id = $2";
 }
 
+// The cancel in the caller's transaction: cancel_sql's, with $1 the queue's name as bytea in UTF-8
+// (as put_in_transaction_sql's).
+inline std::string cancel_in_transaction_sql(const std::string& s) {
+    return "DELETE FROM " + s + ".jobs WHERE queue = convert_from($1, 'UTF8') AND id = $2";
+}
+
 // reschedule: $1 queue, $2 id, $3 delay. The wake-up follows (wake_sql).
 inline std::string reschedule_sql(const std::string& s) {
     return "WITH " + std::string(now_cte) + " UPDATE " + s + ".jobs j SET at = least(t.up + $3, " +

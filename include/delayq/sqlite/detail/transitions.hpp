@@ -146,6 +146,10 @@ class transitions {
     static constexpr std::string_view insert_sql =
         "INSERT OR IGNORE INTO {jobs}(id, payload, due) VALUES(?1, ?2, ?3)";
 
+    // cancel's delete: prepared here, and run by cancel_in_transaction() on the application's
+    // connection.
+    static constexpr std::string_view cancel_sql = "DELETE FROM {jobs} WHERE id = ?1";
+
     // Prepares every statement on `db`, whose tables are where `where` says.
     transitions(database& db, const layout& where, limits l) : st_(db, where), limits_(l) {}
 
@@ -361,7 +365,7 @@ class transitions {
               commit(db, "COMMIT"),
               rollback(db, "ROLLBACK"),
               insert(db, n(insert_sql)),
-              cancel(db, n("DELETE FROM {jobs} WHERE id = ?1")),
+              cancel(db, n(cancel_sql)),
               reschedule(db, n("UPDATE {jobs} SET due = ?1 WHERE id = ?2 AND lease_end IS NULL")),
               ended(db,
                     n("SELECT id, attempts FROM {jobs} WHERE lease_end <= ?1 ORDER BY lease_end "
