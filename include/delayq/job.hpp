@@ -63,7 +63,7 @@ struct job_info {
     std::string last_error;                      ///< the last reason given by nack() or bury()
 };
 
-/// A queue's figures at one moment (stats()): how many jobs are where, and how far behind its
+/// A queue's figures at one moment: how many jobs are where, and how far behind its
 /// consumers are.
 struct queue_stats {
     std::size_t waiting = 0;  ///< queued and not leased, due or not

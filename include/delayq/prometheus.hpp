@@ -4,7 +4,7 @@
 // read it.
 //
 //     delayq::prometheus_exposition e;
-//     e.add("orders", queue.stats());       // delayq_jobs{queue="orders",state="waiting"} ...
+//     e.add("orders", figures);             // a queue_stats: delayq_jobs{queue="orders",...}
 //     e.add("orders", worker.counters());   // delayq_worker_jobs_total{queue="orders",...} ...
 //     respond(200, "text/plain; version=0.0.4", e.str());
 //
@@ -40,7 +40,7 @@ namespace delayq {
 /// Builds one Prometheus text exposition from the figures of any number of queues and workers.
 class prometheus_exposition {
   public:
-    /// Adds queue `queue`'s figures (its stats()).
+    /// Adds queue `queue`'s figures.
     void add(std::string_view queue, const queue_stats& s) {
         const std::string q = label("queue", queue);
         sample("delayq_jobs", "gauge", "Jobs of a queue, by state.",
