@@ -1339,11 +1339,13 @@ TEST_CASE(
     CHECK_FALSE(consumer.take(0ms));
 
     std::optional<delayq::job> got;
+    std::atomic<bool> returned{false};  // `got` itself is read only after the join
     std::chrono::steady_clock::duration waited{};
     std::thread t([&] {
         const auto start = std::chrono::steady_clock::now();
         got = consumer.take(60s);
         waited = std::chrono::steady_clock::now() - start;
+        returned = true;
     });
     wait_for(
         "SELECT count(*) = 1 FROM pg_stat_activity WHERE application_name = 'pause-consumer' AND "
@@ -1355,7 +1357,7 @@ TEST_CASE(
         "state <> 'idle'",
         "the take's claim is done");
     std::this_thread::sleep_for(200ms);
-    CHECK_FALSE(got.has_value());
+    CHECK_FALSE(returned);
     CHECK(helper_run("resume " + args).output(&status) == "0\n");
     REQUIRE(status == 0);
     t.join();
@@ -1387,12 +1389,14 @@ TEST_CASE("postgres: a paused take with due jobs claims once, not again and agai
     // Due jobs on a paused queue: one claim on entry, which learns that only a resume can wake
     // it; then nothing, however long it waits, even when a put of a due job comes meanwhile
     // (its wake-up is not sent while the queue is paused).
+    std::atomic<bool> put{false};  // checked after the join: Catch asserts on the test's thread
     std::thread putter([&] {
         std::this_thread::sleep_for(1s);
-        REQUIRE(producer.put_after("also-due", "p", 0ms));
+        put = producer.put_after("also-due", "p", 0ms);
     });
     CHECK_FALSE(consumer.take(3s));
     putter.join();
+    REQUIRE(put);
     CHECK(claims() == 1);
     CHECK(consumer.take_many(10, 0ms).empty());  // a take that does not wait claims once
     CHECK(claims() == 2);
