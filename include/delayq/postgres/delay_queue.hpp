@@ -366,7 +366,7 @@ class delay_queue {
     /// std::invalid_argument.
     bool extend(const job& j, std::chrono::milliseconds lease) {
         front.id(j.id);
-        if (lease < milliseconds::zero()) front.refuse("a lease must not be negative");
+        front.not_negative(lease, "a lease");
         detail::params p;
         p.text(opt_.name)
             .bytes(j.id)
@@ -425,7 +425,7 @@ class delay_queue {
     /// std::invalid_argument.
     bool requeue_dead(std::string_view id, std::chrono::milliseconds delay) {
         front.id(id);
-        if (delay < milliseconds::zero()) front.refuse("a delay must not be negative");
+        front.not_negative(delay, "a delay");
         detail::params p;
         p.text(opt_.name).bytes(id).int8(delayq::detail::clamp_delay(delay));
         return run_then(st_requeue_dead, p, wake_params(id), "requeue_dead").integer(0, 0) == 1;
@@ -440,7 +440,7 @@ class delay_queue {
     /// (requeue_dead, a death that replaces one) are left. A negative `older_than` is
     /// std::invalid_argument.
     std::size_t purge_dead(std::chrono::milliseconds older_than) {
-        if (older_than < milliseconds::zero()) front.refuse("an age must not be negative");
+        front.not_negative(older_than, "an age");
         std::size_t removed = 0;
         long long time = delayq::detail::clamp_delay(older_than);
         bool cutoff = false;  // `time` is an age until the first batch says which cutoff it is

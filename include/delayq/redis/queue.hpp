@@ -184,7 +184,7 @@ class queue_base {
     /// lease is std::invalid_argument.
     bool extend(const job& j, std::chrono::milliseconds lease) {
         front.id(j.id);
-        if (lease < milliseconds::zero()) front.refuse("a lease must not be negative");
+        front.not_negative(lease, "a lease");
         return settle(j, tagged('e', clamp_delay(lease)));
     }
 
@@ -234,7 +234,7 @@ class queue_base {
     /// wakes waiting takes as a put does.
     bool requeue_dead(std::string_view id, std::chrono::milliseconds delay) {
         front.id(id);
-        if (delay < milliseconds::zero()) front.refuse("a delay must not be negative");
+        front.not_negative(delay, "a delay");
         return guarded(
             [&] { return client_.requeue_dead(client_.shard_of(id), id, clamp_delay(delay)); });
     }
@@ -247,7 +247,7 @@ class queue_base {
     /// a version before this call existed (dead_size() counts them, dead() does not list them)
     /// are not removed.
     std::size_t purge_dead(std::chrono::milliseconds older_than) {
-        if (older_than < milliseconds::zero()) front.refuse("older_than must not be negative");
+        front.not_negative(older_than, "an age");
         return guarded([&] {
             std::size_t n = 0;
             for (std::size_t s = 0; s < client_.shards(); ++s)

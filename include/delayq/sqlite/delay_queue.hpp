@@ -314,7 +314,7 @@ class delay_queue {
     /// the job delivered again or settled). A negative `lease` is std::invalid_argument.
     bool extend(const job& j, std::chrono::milliseconds lease) {
         front.id(j.id);
-        if (lease < milliseconds::zero()) front.refuse("a lease must not be negative");
+        front.not_negative(lease, "a lease");
         op o{op::extend, j.id};
         o.token = token_of(j);
         o.lease_ms = delayq::detail::clamp_delay(lease);
@@ -367,7 +367,7 @@ class delay_queue {
     /// std::invalid_argument.
     bool requeue_dead(std::string_view id, std::chrono::milliseconds delay) {
         front.id(id);
-        if (delay < milliseconds::zero()) front.refuse("a delay must not be negative");
+        front.not_negative(delay, "a delay");
         op o{op::requeue, id};
         o.due = due_after(delay);
         return run_one(o);
@@ -380,7 +380,7 @@ class delay_queue {
     /// purge. So it is not atomic: if it throws, the transactions before have removed theirs. A
     /// negative `older_than` is std::invalid_argument. See also options::keep_dead.
     std::size_t purge_dead(std::chrono::milliseconds older_than) {
-        if (older_than < milliseconds::zero()) front.refuse("an age must not be negative");
+        front.not_negative(older_than, "an age");
         // One bound for every transaction, so that the deaths meanwhile never keep it going.
         const long long before = detail::transitions::died_before(now_ms(), older_than);
         std::size_t removed = 0;

@@ -1,12 +1,14 @@
 // The front of every job queue: the checks of a call's arguments and of a queue's options, made
 // before anything reaches the store, with one rule and one message for every backend. A queue
 // type holds one `front` that names it ("delayq::sqlite::delay_queue"), so that its messages say
-// whose call was refused: `front.id(id)` before every call that names a job, `front.option(ok,
-// "options.lease must be > 0")` for each option, `front::take_count(n)` for the jobs a
-// take_many() may lease. The rules are public (delayq/job.hpp): max_id_size, max_take_many.
+// whose call was refused: `front.id(id)` before every call that names a job, `front.not_negative(d,
+// "a lease")` for a duration a call must not get negative, `front.option(ok, "options.lease must be
+// > 0")` for each option, `front::take_count(n)` for the jobs a take_many() may lease. The rules
+// are public (delayq/job.hpp): max_id_size, max_take_many.
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <stdexcept>
 #include <string>
@@ -27,6 +29,13 @@ class front {
         if (id.size() > max_id_size)
             refuse("a job id must be at most " + std::to_string(max_id_size) +
                    " bytes (this one has " + std::to_string(id.size()) + ")");
+    }
+
+    /// Throws std::invalid_argument unless `d` (a lease, delay or age given to a call) is >= 0:
+    /// "`what` must not be negative".
+    void not_negative(std::chrono::milliseconds d, std::string_view what) const {
+        if (d < std::chrono::milliseconds::zero())
+            refuse(std::string(what) + " must not be negative");
     }
 
     /// Throws std::invalid_argument saying `what` (an option's rule) unless `ok`.

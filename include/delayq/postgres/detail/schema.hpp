@@ -62,6 +62,7 @@
 // paused (docs/postgres.md, "Pausing").
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
