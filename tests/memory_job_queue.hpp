@@ -191,6 +191,23 @@ class memory_job_queue {
         std::lock_guard lk(m_);
         return dead_.size();
     }
+    delayq::queue_stats stats() {
+        std::lock_guard lk(m_);
+        delayq::queue_stats s;
+        const auto now = clock::now();
+        auto oldest = now;
+        for (const auto& [id, e] : jobs_) {
+            if (e.leased && e.at > now) {
+                ++s.leased;
+                continue;
+            }
+            ++s.waiting;
+            if (e.at <= now) ++s.due_now, oldest = std::min(oldest, e.at);
+        }
+        s.dead = dead_.size();
+        s.lag = std::chrono::duration_cast<milliseconds>(now - oldest);
+        return s;
+    }
     std::optional<delayq::job_info> get(std::string_view id) {
         std::lock_guard lk(m_);
         if (auto it = jobs_.find(std::string(id)); it != jobs_.end()) {

@@ -82,6 +82,22 @@ struct put_request {
     std::chrono::milliseconds delay{0};  ///< due this long from now
 };
 
+/// Limits on the leases of a queue, an option of each queue object (`options.limits`), kept by the
+/// store across every process: the store counts the queue's leases, not the object's. A take that
+/// a limit holds back waits (it never fails): it is woken when a lease of the queue ends (an ack,
+/// nack, bury or cancel by an object with limits, or the lease running out) or when the period
+/// turns, and it asks the store no more often than that. Give every object of a queue the same
+/// limits: the rate counts the leases made by objects that have one, and an object without limits
+/// leases whatever is due.
+struct job_limits {
+    /// At most this many jobs of the queue leased at once (0: no limit). A lease that ran out
+    /// without an ack no longer counts: its job is due again.
+    std::size_t max_leased = 0;
+    /// At most `rate` leases made in any `period` (a sliding window; 0: no limit).
+    std::size_t rate = 0;
+    std::chrono::milliseconds period{0};  ///< the window of `rate` (> 0 when rate is set)
+};
+
 /// The base of every job queue backend's errors (delayq::sqlite::error, ...): the store could not
 /// do what was asked. Bad arguments are std::invalid_argument instead.
 class queue_error : public std::runtime_error {

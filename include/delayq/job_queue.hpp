@@ -42,7 +42,13 @@
 // - cancel() removes a waiting or leased job; reschedule() moves a waiting job only.
 // - With max_attempts N > 0, a job whose N-th delivery is nacked or whose N-th lease ends moves to
 //   the dead letters (dead_size()) instead of waiting again.
-// - size() counts the queued jobs: waiting plus leased.
+// - size() counts the queued jobs: waiting plus leased. stats() tells them apart: waiting (due or
+//   not; a lease that ended reads as waiting, due since its end), due now, leased, dead, and the
+//   lag (how long the oldest due job has been due), in one look at the store (one statement,
+//   transaction or script); each backend's stats() says what it reads.
+// - Limits on leases (options.limits, delayq::job_limits) are kept by the store across every
+//   process: a take that one holds back waits, woken when a lease of the queue ends or the
+//   window turns; it never fails.
 // - Limits (delayq/job.hpp): an id is 1 to max_id_size (1024) bytes, else every call that names
 //   it throws std::invalid_argument; take_many(n, ...) leases at most max_take_many (500) jobs,
 //   and take_many(0, ...) returns nothing at once. Delays and times are clamped: a negative delay
@@ -143,6 +149,7 @@ concept job_queue = requires {
     { q.paused() } -> std::same_as<bool>;
     { q.size() } -> std::same_as<std::size_t>;
     { q.dead_size() } -> std::same_as<std::size_t>;
+    { q.stats() } -> std::same_as<queue_stats>;
     q.get_options();
 };
 

@@ -73,7 +73,7 @@ void save_settings(const std::string& dir, const queue_settings& qs) {
     // A call may make one connect within its time, and the queues connect within io_timeout.
     out << "max_attempts " << qs.max_attempts << "\ncall_timeout_ms " << qs.call_timeout.count()
         << "\nconnect_ms " << qs.call_timeout.count() << "\nslack_ms " << slack_ms << "\nlease_ms "
-        << qs.lease.count() << '\n';
+        << qs.lease.count() << "\nmax_leased " << qs.max_leased << '\n';
 }
 
 check_settings load_settings(const std::string& dir) {
@@ -87,6 +87,7 @@ check_settings load_settings(const std::string& dir) {
         if (k == "call_timeout_ms") cs.call_timeout_ms = v;
         if (k == "connect_ms") cs.connect_ms = v, connect = true;
         if (k == "slack_ms") cs.slack_ms = v;
+        if (k == "max_leased") cs.max_leased = v;
     }
     if (!connect) cs.connect_ms = cs.call_timeout_ms;
     return cs;
@@ -121,6 +122,7 @@ struct run_options {
     bool server_stalls = false;     // stall the store for 1-4 s once a round
     bool connection_kills = false;  // kill every client connection twice a round
     queue_settings qs;
+    std::size_t max_leased = 3;  // every other round's limit of jobs leased at once
 };
 
 // What the orchestrator does to the store besides killing processes; an empty function: the
@@ -302,8 +304,8 @@ class orchestrator {
             std::to_string(c.index), "--incarnation", std::to_string(c.incarnation), "--at",
             locator_, "--logs", dir_ + "/logs", "--seed", seed, "--lease",
             std::to_string(o_.qs.lease.count()), "--max-attempts",
-            std::to_string(o_.qs.max_attempts), "--timeout",
-            std::to_string(o_.qs.call_timeout.count()), "--threads",
+            std::to_string(o_.qs.max_attempts), "--max-leased", std::to_string(o_.qs.max_leased),
+            "--timeout", std::to_string(o_.qs.call_timeout.count()), "--threads",
             // Two consumers run two threads over one queue object; the last runs a
             // delayq::worker with two handler threads.
             c.role == "consumer" && (c.index < 2 || c.index == 3) ? "2" : "1", "--worker",
@@ -445,7 +447,11 @@ std::size_t run_backend(const std::string& self, const run_options& o, const std
     for (int r = 0; r < rounds; ++r) {
         const std::string dir = base + "/" + B::name + "/round-" + std::to_string(r);
         fs::create_directories(dir + "/logs");
-        save_settings(dir, o.qs);
+        // Every other round, every process (the drainer too) opens its queue with a limit of
+        // o.max_leased leased at once, fewer than the 7 threads that take: it binds.
+        run_options ro = o;
+        if (r % 2 == 1) ro.qs.max_leased = o.max_leased;
+        save_settings(dir, ro.qs);
         const auto began = std::chrono::steady_clock::now();
         std::size_t found = 0;
         try {
@@ -462,7 +468,7 @@ std::size_t run_backend(const std::string& self, const run_options& o, const std
                 if (o.connection_kills)
                     f.kill_connections = [&st] { return st.kill_connections(); };
             {
-                orchestrator orch(self, o, B::name, st.locator(), dir, std::move(f));
+                orchestrator orch(self, ro, B::name, st.locator(), dir, std::move(f));
                 orch.run(o.seconds / rounds);
             }
             st.inspect().save(dir + "/final.txt");
@@ -630,6 +636,7 @@ int main(int argc, char** argv) {
             a.seed = std::stoull(get("--seed", "1"));
             a.qs.lease = std::chrono::milliseconds(std::stoll(get("--lease", "500")));
             a.qs.max_attempts = static_cast<unsigned>(std::stoul(get("--max-attempts", "3")));
+            a.qs.max_leased = std::stoul(get("--max-leased", "0"));
             a.qs.call_timeout = std::chrono::milliseconds(std::stoll(get("--timeout", "10000")));
             a.threads = std::max(1, std::stoi(get("--threads", "1")));
             a.run_worker = get("--worker", "0") == "1";

@@ -58,6 +58,7 @@ struct queue_settings {
     std::chrono::milliseconds lease{500};
     unsigned max_attempts = 3;
     std::chrono::milliseconds call_timeout{10'000};  ///< busy_timeout, io_timeout
+    std::size_t max_leased = 0;                      ///< options.limits.max_leased (0: none)
 };
 
 #ifdef DELAYQ_CHAOS_SQLITE
@@ -146,6 +147,7 @@ struct sqlite_backend {
         o.path = locator;
         o.lease = qs.lease;
         o.max_attempts = qs.max_attempts;
+        o.limits.max_leased = qs.max_leased;
         o.busy_timeout = qs.call_timeout;
         return std::make_unique<queue>(o);
     }
@@ -230,6 +232,7 @@ struct redis_backend {
         o.name = locator.substr(locator.find('/') + 1);
         o.lease = qs.lease;
         o.max_attempts = qs.max_attempts;
+        o.limits.max_leased = qs.max_leased;
         o.io_timeout = qs.call_timeout;
         return std::make_unique<queue>(o);
     }
@@ -351,6 +354,7 @@ struct postgres_backend {
         o.name = "chaos";
         o.lease = qs.lease;
         o.max_attempts = qs.max_attempts;
+        o.limits.max_leased = qs.max_leased;
         o.io_timeout = qs.call_timeout;
         return std::make_unique<queue>(o);
     }

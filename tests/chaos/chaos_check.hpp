@@ -85,7 +85,8 @@ struct check_settings {
     long long connect_ms = 10'000;
     /// For a loaded machine: the scheduler, the log's own fdatasync, a page fault.
     long long slack_ms = 2'000;
-    bool timing = true;  ///< the timing rule (late-failure, late-return) on
+    bool timing = true;        ///< the timing rule (late-failure, late-return) on
+    long long max_leased = 0;  ///< every process's options.limits.max_leased (0: none)
 };
 
 /// One broken promise and the events that show it.
@@ -143,6 +144,66 @@ struct history {
 
 inline std::string key2(const std::string& a, const std::string& b) {
     return a + ' ' + b;
+}
+
+/// The limit of jobs leased at once (check_settings::max_leased), across every process: a lease
+/// is surely held, by the store's clock, from its take's end stamp (the store made it before)
+/// until the earliest of its lease's end as the take reported it (less 1 ms: a store reads its
+/// clock in whole ms; an extend only makes it longer), the begin stamp of any ack, nack or bury
+/// of its token, and the begin stamp of any cancel of its job that had not returned before the
+/// take did. More than `limit` leases surely held at one moment is a violation.
+template <class Jobs, class Add>
+void over_limit(const Jobs& jobs, long long limit, report& r, Add& add) {
+    constexpr long long store_ms = 1'000'000;
+    struct held {
+        long long from = 0, to = 0;
+        const event *begin = nullptr, *line = nullptr;
+        std::string id;
+    };
+    std::vector<held> leases;
+    for (const auto& [id, h] : jobs)
+        for (const auto& d : h.deliveries) {
+            held l{d.line->real, d.lease - store_ms, d.begin, d.line, id};
+            for (auto* v : {&h.acks, &h.nacks, &h.buries})
+                for (const call& c : *v)
+                    if (c.token == d.token) l.to = std::min(l.to, c.begin->real);
+            for (const call& c : h.cancels)
+                if (c.open() || c.end->real >= l.from) l.to = std::min(l.to, c.begin->real);
+            if (l.from < l.to) leases.push_back(std::move(l));
+        }
+    // A sweep over the moments a surely-held lease begins (+1) or ends (-1), ends first at a tie.
+    std::vector<std::pair<long long, long long>> points;  // (time, +1 / -1), index in `leases`
+    std::vector<std::size_t> which;
+    for (std::size_t i = 0; i < leases.size(); ++i) {
+        points.emplace_back(leases[i].from, static_cast<long long>(i) + 1);
+        points.emplace_back(leases[i].to, -static_cast<long long>(i) - 1);
+    }
+    std::sort(points.begin(), points.end());
+    std::set<std::size_t> now;
+    long long most = 0;
+    bool reported = false;
+    for (const auto& [t, w] : points) {
+        if (w < 0) {
+            now.erase(static_cast<std::size_t>(-w - 1));
+            continue;
+        }
+        now.insert(static_cast<std::size_t>(w - 1));
+        most = std::max(most, static_cast<long long>(now.size()));
+        if (static_cast<long long>(now.size()) > limit && !reported) {
+            reported = true;
+            std::vector<const event*> ev;
+            std::string ids;
+            for (std::size_t i : now) {
+                ev.insert(ev.end(), {leases[i].begin, leases[i].line});
+                ids += (ids.empty() ? "" : ", ") + leases[i].id;
+            }
+            add("over-limit", "",
+                std::to_string(now.size()) + " jobs surely leased at once (" + ids +
+                    "), over the limit of " + std::to_string(limit),
+                ev);
+        }
+    }
+    r.counts["most leases surely held at once (limit " + std::to_string(limit) + ")"] = most;
 }
 
 }  // namespace detail
@@ -817,6 +878,7 @@ inline report check(const std::vector<std::vector<event>>& logs, const final_sta
                 all);
         if (h.poison && dead) r.counts["poison jobs dead"]++;
     }
+    if (cs.max_leased > 0) detail::over_limit(jobs, cs.max_leased, r, add);
     return r;
 }
 

@@ -196,6 +196,7 @@ class logged_queue {
     bool reschedule(std::string_view id, ms d) { return q_->reschedule(id, d); }
     std::size_t size() { return q_->size(); }
     std::size_t dead_size() { return q_->dead_size(); }
+    delayq::queue_stats stats() { return q_->stats(); }
     void pause() { q_->pause(); }
     void resume() { q_->resume(); }
     bool paused() { return q_->paused(); }

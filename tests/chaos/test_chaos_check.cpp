@@ -55,7 +55,7 @@ log_builder producer(const std::string& id, long long due = 0, bool poison = fal
 }
 
 std::multiset<std::string> kinds(std::initializer_list<log_builder> logs, const final_state& end,
-                                 unsigned max_attempts = 3) {
+                                 unsigned max_attempts = 3, long long max_leased = 0) {
     std::vector<std::vector<event>> all;
     for (const auto& l : logs) {
         all.push_back(l.events);
@@ -63,6 +63,7 @@ std::multiset<std::string> kinds(std::initializer_list<log_builder> logs, const 
     }
     delayq_chaos::check_settings cs;
     cs.max_attempts = max_attempts;
+    cs.max_leased = max_leased;
     const auto r = delayq_chaos::check(all, end, cs);
     std::multiset<std::string> out;
     for (const auto& v : r.violations) {
@@ -650,5 +651,35 @@ TEST_CASE("chaos check: a worker that gives a failed settlement up while its lea
             480, "ack-begin a 7")(490, "ack-fail a 7 @0 delayq::unavailable_error gone")(
             491, "worker-lease-lost a 7");
         CHECK(kinds({producer("a"), late}, queued("a")).count("worker-gave-up") == 0);
+    }
+}
+
+TEST_CASE("chaos check: more jobs surely leased at once than the limit") {
+    // Two consumers each hold a lease from 30 ms (a) and 40 ms (b) until their acks begin.
+    log_builder c1(1), c2(2);
+    c1(20, "take-begin 0 1 100")(30, "take-end 0 1")(30, job(0, "a", 1, 7, 0, 1030));
+    c2(25, "take-begin 0 1 100")(40, "take-end 0 1")(40, job(0, "b", 1, 8, 0, 1040));
+    const auto end = [&](long long ack_a, long long ack_b) {
+        log_builder x1 = c1, x2 = c2;
+        x1(ack_a, "ack-begin a 7")(ack_a + 10, "ack-end a 7 1");
+        x2(ack_b, "ack-begin b 8")(ack_b + 10, "ack-end b 8 1");
+        return std::vector<log_builder>{x1, x2};
+    };
+    auto both = end(100, 100);
+    CHECK(kinds({producer("a"), producer("b"), both[0], both[1]}, empty_end(), 3, 1) ==
+          std::multiset<std::string>{"over-limit"});
+    CHECK(kinds({producer("a"), producer("b"), both[0], both[1]}, empty_end(), 3, 2) == none);
+    CHECK(kinds({producer("a"), producer("b"), both[0], both[1]}, empty_end(), 3, 0) == none);
+    SECTION("not when the first ack began before the second take returned") {
+        auto apart = end(35, 100);
+        CHECK(kinds({producer("a"), producer("b"), apart[0], apart[1]}, empty_end(), 3, 1) == none);
+    }
+    SECTION("not when the first lease ended before the second take returned") {
+        log_builder x1(1), x2(2);
+        x1(20, "take-begin 0 1 100")(30, "take-end 0 1")(30, job(0, "a", 1, 7, 0, 35));
+        x2(25, "take-begin 0 1 100")(40, "take-end 0 1")(40, job(0, "b", 1, 8, 0, 1040))(
+            100, "ack-begin b 8")(110, "ack-end b 8 1");
+        // a's lease ran out unacked: a is queued at the end, and redelivery is allowed.
+        CHECK(kinds({producer("a"), producer("b"), x1, x2}, queued("a"), 3, 1) == none);
     }
 }

@@ -45,7 +45,14 @@ struct settings {
     std::chrono::milliseconds lease = std::chrono::seconds(30);
     unsigned max_attempts = 0;
     std::chrono::milliseconds keep_dead{0};  // how long dead letters are kept (0: for ever)
+    delayq::job_limits limits{};             // the handle's limits (none by default)
 };
+
+/// When the store made the lease of `j`, by the store's clock: its lease end less the lease.
+template <class Job>
+std::chrono::system_clock::time_point leased_at(const Job& j, std::chrono::milliseconds lease) {
+    return j.lease_deadline - lease;
+}
 
 /// A deadline already due by any clock on this machine.
 inline const auto past = std::chrono::system_clock::time_point(std::chrono::hours(24));
@@ -1156,4 +1163,221 @@ TEMPLATE_LIST_TEST_CASE("contract: a worker on a paused queue runs nothing until
     CHECK(eventually([&] { return ran == 2; }));
     w.stop();
     CHECK(q->size() == 0);
+}
+
+TEMPLATE_LIST_TEST_CASE("contract: limits without a period or with a negative one are refused",
+                        "[contract][limits]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    TestType f;
+    CHECK_THROWS_AS(f.make({.limits = {.max_leased = 0, .rate = 5, .period = 0ms}}),
+                    std::invalid_argument);
+    CHECK_THROWS_AS(f.make({.limits = {.max_leased = 0, .rate = 5, .period = -1ms}}),
+                    std::invalid_argument);
+    CHECK_THROWS_AS(f.make({.limits = {.max_leased = 0, .rate = 0, .period = 1s}}),
+                    std::invalid_argument);
+    CHECK(f.make({.limits = {.max_leased = 3, .rate = 0, .period = 0ms}}) != nullptr);
+}
+
+TEMPLATE_LIST_TEST_CASE(
+    "contract: max_leased holds every handle's takes while that many jobs are leased, and an ack "
+    "wakes a held take",
+    "[contract][limits]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    using job = delayq::job_type_t<typename TestType::queue>;
+    TestType f;
+    const settings s{.limits = {.max_leased = 2, .rate = 0, .period = 0ms}};
+    auto a = f.make(s);
+    auto b = f.make(s);
+    for (std::size_t i = 0; i < 6; ++i) REQUIRE(a->put(id_of("j", i), "p", past));
+    auto first = a->take_many(10, 5s);
+    REQUIRE(first.size() <= 2);
+    if (first.size() < 2) {
+        auto more = b->take_many(10, 5s);
+        first.insert(first.end(), more.begin(), more.end());
+    }
+    REQUIRE(first.size() == 2);
+    CHECK_FALSE(a->take(0ms).has_value());
+    CHECK(b->take_many(10, 200ms).empty());  // waits its max_wait, then nothing
+
+    std::atomic<bool> returned{false};
+    std::optional<job> got;
+    std::thread taker([&] {
+        got = b->take(120s);
+        returned = true;
+    });
+    std::this_thread::sleep_for(300ms);
+    CHECK_FALSE(returned);
+    const auto start = std::chrono::steady_clock::now();
+    CHECK(a->ack(first[0]));
+    taker.join();
+    CHECK(std::chrono::steady_clock::now() - start < 20s);  // woken by the ack, not a lease's end
+    REQUIRE(got.has_value());
+    CHECK_FALSE(a->take(0ms).has_value());  // first[1] and got: two leased again
+    CHECK(b->nack(*got, 1h, "later"));
+    auto next = a->take(5s);  // the nack ended a lease: one more may be leased
+    REQUIRE(next.has_value());
+    CHECK(a->ack(first[1]));
+    CHECK(a->ack(*next));
+    auto rest = a->take_many(10, 5s);
+    CHECK(rest.size() <= 2);
+    for (const auto& j : rest) CHECK(a->ack(j));
+}
+
+TEMPLATE_LIST_TEST_CASE("contract: a lease that runs out frees its place under max_leased",
+                        "[contract][limits]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    TestType f;
+    const settings s{.lease = 500ms, .limits = {.max_leased = 1, .rate = 0, .period = 0ms}};
+    auto a = f.make(s);
+    auto b = f.make(s);
+    REQUIRE(a->put("crashes", "p", past));
+    REQUIRE(a->put("other", "p", past));
+    auto held = a->take(5s);
+    REQUIRE(held.has_value());
+    // Never acked: the next lease comes once this one has ended, not before.
+    auto next = b->take(60s);
+    REQUIRE(next.has_value());
+    CHECK(leased_at(*next, 500ms) >= held->lease_deadline - 2ms);
+    CHECK(b->ack(*next));
+}
+
+TEMPLATE_LIST_TEST_CASE("contract: a rate of N per period leases N, then waits for the period",
+                        "[contract][limits]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    TestType f;
+    const settings s{.limits = {.max_leased = 0, .rate = 2, .period = 1s}};
+    auto a = f.make(s);
+    auto b = f.make(s);
+    for (std::size_t i = 0; i < 5; ++i) REQUIRE(a->put(id_of("r", i), "p", past));
+    std::vector<delayq::job_type_t<typename TestType::queue>> got;
+    while (got.size() < 5) {
+        auto& q = got.size() % 2 == 0 ? a : b;
+        auto more = q->take_many(5, 60s);
+        REQUIRE_FALSE(more.empty());
+        got.insert(got.end(), more.begin(), more.end());
+    }
+    REQUIRE(got.size() == 5);
+    std::vector<std::chrono::system_clock::time_point> at;
+    for (const auto& j : got) at.push_back(leased_at(j, s.lease));
+    std::sort(at.begin(), at.end());
+    // Any three leases span a period at least (less the store's rounding to whole ms).
+    for (std::size_t i = 0; i + 2 < at.size(); ++i) CHECK(at[i + 2] - at[i] >= 1s - 2ms);
+    for (const auto& j : got) CHECK(a->ack(j));
+}
+
+TEMPLATE_LIST_TEST_CASE("contract: a stop request ends a take that a limit holds back",
+                        "[contract][limits]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    TestType f;
+    auto q = f.make({.limits = {.max_leased = 1, .rate = 0, .period = 0ms}});
+    REQUIRE(q->put("a", "p", past));
+    REQUIRE(q->put("b", "p", past));
+    auto held = q->take(5s);
+    REQUIRE(held.has_value());
+    std::stop_source stop;
+    const auto start = std::chrono::steady_clock::now();
+    std::thread stopper([&] {
+        std::this_thread::sleep_for(300ms);
+        stop.request_stop();
+    });
+    CHECK_FALSE(q->take(120s, stop.get_token()).has_value());
+    stopper.join();
+    CHECK(std::chrono::steady_clock::now() - start < 20s);
+    CHECK(q->ack(*held));
+}
+
+TEMPLATE_LIST_TEST_CASE(
+    "contract: workers on two handles with max_leased 2 never run more than 2 handlers at once",
+    "[contract][limits][worker]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    TestType f;
+    const settings s{.limits = {.max_leased = 2, .rate = 0, .period = 0ms}};
+    auto a = f.make(s);
+    auto b = f.make(s);
+    constexpr std::size_t jobs = 40;
+    for (std::size_t i = 0; i < jobs; ++i) REQUIRE(a->put(id_of("w", i), "p", past));
+    std::atomic<int> running{0};
+    std::atomic<int> most{0};
+    std::atomic<std::size_t> ran{0};
+    const auto handler = [&](const delayq::job&) {
+        const int now = ++running;
+        int seen = most.load();
+        while (now > seen && !most.compare_exchange_weak(seen, now)) {
+        }
+        std::this_thread::sleep_for(5ms);
+        --running;
+        ++ran;
+    };
+    {
+        delayq::worker wa(*a, handler, {.threads = 3});
+        delayq::worker wb(*b, handler, {.threads = 3});
+        CHECK(eventually([&] { return ran >= jobs; }));
+    }
+    CHECK(most <= 2);
+    CHECK(ran == jobs);
+    CHECK(a->size() == 0);
+}
+
+TEMPLATE_LIST_TEST_CASE("contract: stats counts waiting, due, leased and dead jobs, and the lag",
+                        "[contract][stats]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    TestType f;
+    auto q = f.make({.max_attempts = 1});
+    auto s = q->stats();
+    CHECK(s.waiting == 0);
+    CHECK(s.due_now == 0);
+    CHECK(s.leased == 0);
+    CHECK(s.dead == 0);
+    CHECK(s.lag == 0ms);
+
+    REQUIRE(q->put_after("a", "p", 0ms));
+    REQUIRE(q->put_after("b", "p", 0ms));
+    REQUIRE(q->put_after("c", "p", 0ms));
+    REQUIRE(q->put_after("later", "p", 1h));
+    std::this_thread::sleep_for(100ms);
+    s = q->stats();
+    CHECK(s.waiting == 4);
+    CHECK(s.due_now == 3);
+    CHECK(s.leased == 0);
+    CHECK(s.dead == 0);
+    CHECK(s.lag >= 90ms);  // the oldest due job has waited at least the sleep (less rounding)
+    CHECK(s.lag < 60s);
+
+    auto j = q->take(5s);
+    REQUIRE(j.has_value());
+    auto k = q->take(5s);
+    REQUIRE(k.has_value());
+    s = q->stats();
+    CHECK(s.waiting == 2);
+    CHECK(s.due_now == 1);
+    CHECK(s.leased == 2);
+    CHECK(q->bury(*j, "no"));
+    CHECK(q->ack(*k));
+    auto l = q->take(5s);
+    REQUIRE(l.has_value());
+    CHECK(q->ack(*l));
+    s = q->stats();
+    CHECK(s.waiting == 1);
+    CHECK(s.due_now == 0);
+    CHECK(s.leased == 0);
+    CHECK(s.dead == 1);
+    CHECK(s.lag == 0ms);
+}
+
+TEMPLATE_LIST_TEST_CASE("contract: stats counts a job whose lease ran out as due again",
+                        "[contract][stats]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    TestType f;
+    auto q = f.make({.lease = 300ms});
+    REQUIRE(q->put_after("a", "p", 0ms));
+    auto j = q->take(5s);
+    REQUIRE(j.has_value());
+    CHECK(q->stats().leased == 1);
+    std::this_thread::sleep_for(600ms);
+    const auto s = q->stats();
+    CHECK(s.leased == 0);
+    CHECK(s.waiting == 1);
+    CHECK(s.due_now == 1);
+    CHECK(s.lag >= 200ms);  // due again since its lease ended
+    CHECK(s.lag < 60s);
 }

@@ -7,7 +7,10 @@
 // dead letters' upkeep (requeue_dead's wake-up, purge_dead's batches, keep_dead's bound), and
 // pausing (a pause and a resume from another process, a paused take that does not claim again
 // and again, two queues of one schema, the put in the caller's transaction while paused, the
-// paused table added to older tables with their grants).
+// paused table added to older tables with their grants), limits (takes of two objects racing
+// under max_leased, the claim's lock in the claim's transaction, takes held back that do not claim
+// again and again, a cancel that frees a place, the index and table added to older tables) and
+// stats (at a million jobs), and the names of the prepared statements.
 #include <libpq-fe.h>
 #include <unistd.h>
 
@@ -18,6 +21,7 @@
 #include <fstream>
 #include <optional>
 #include <set>
+#include <span>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -801,12 +805,25 @@ TEST_CASE("postgres: the waiting takes of one object share one claim", "[postgre
 namespace {
 
 // The schema `schema` as a delayq made before the last errors left it: no last_error columns, no
-// dead_died index, no paused table (dropped, as the upgrade would find them on a database of that
-// version).
+// dead_died index, no paused table, no jobs_leased index and no grants table (dropped, as the
+// upgrade would find them on a database of that version).
 void make_old_layout(const std::string& schema) {
     server().exec("ALTER TABLE " + schema + ".jobs DROP COLUMN last_error; ALTER TABLE " + schema +
                   ".dead DROP COLUMN last_error; DROP INDEX " + schema + ".dead_died; DROP TABLE " +
-                  schema + ".paused");
+                  schema + ".paused; DROP INDEX " + schema + ".jobs_leased; DROP TABLE " + schema +
+                  ".grants");
+}
+
+// The schema `schema` as a delayq made before limits left it: no jobs_leased index, no grants
+// table.
+void make_unlimited_layout(const std::string& schema) {
+    server().exec("DROP INDEX " + schema + ".jobs_leased; DROP TABLE " + schema + ".grants");
+}
+
+// Whether schema `schema` has the jobs_leased index and the grants table.
+bool has_limit_layout(const std::string& schema) {
+    return server().query("SELECT to_regclass('" + schema + ".jobs_leased') IS NOT NULL AND " +
+                          "to_regclass('" + schema + ".grants') IS NOT NULL") == "t";
 }
 
 // The schema `schema` as a delayq made before pause() left it: no paused table.
@@ -819,7 +836,8 @@ bool has_paused_table(const std::string& schema) {
     return server().query("SELECT to_regclass('" + schema + ".paused') IS NOT NULL") == "t";
 }
 
-// Whether schema `schema` has both last_error columns, the dead_died index and the paused table.
+// Whether schema `schema` has both last_error columns, the dead_died index, the paused table, the
+// jobs_leased index and the grants table.
 bool has_new_layout(const std::string& schema) {
     return server().query(
                "SELECT (SELECT count(*) FROM information_schema.columns WHERE table_schema = '" +
@@ -827,7 +845,7 @@ bool has_new_layout(const std::string& schema) {
                "' AND table_name IN ('jobs', 'dead') AND column_name = 'last_error') = 2 AND "
                "EXISTS (SELECT 1 FROM pg_indexes WHERE schemaname = '" +
                schema + "' AND indexname = 'dead_died')") == "t" &&
-           has_paused_table(schema);
+           has_paused_table(schema) && has_limit_layout(schema);
 }
 
 }  // namespace
@@ -1505,4 +1523,319 @@ TEST_CASE(
     CHECK(j->id == "kept");
     CHECK(q.ack(*j));
     server().exec("DROP SCHEMA " + schema + " CASCADE");
+}
+
+TEST_CASE("postgres: takes of two objects racing under max_leased 2 never hold more than 2 leases",
+          "[postgres][limits][stress]") {
+    // Two objects stand for two processes (their own connections), each with takes on several
+    // threads, waiting and not: the claims of both run at once on the server, and each must count
+    // the leases that the other's last claim made. A lease counts here from the moment its take
+    // returned until its ack is sent, inside the time the server holds it: more than 2 here is
+    // more than 2 on the server.
+    const std::string name = fresh_name("limit-race");
+    auto o = opts(name);
+    o.lease = 60s;
+    o.limits.max_leased = 2;
+    pg::delay_queue a(o);
+    pg::delay_queue b(o);
+    constexpr int total = 400;
+    for (int i = 0; i < total; ++i) REQUIRE(a.put_after("j" + std::to_string(i), "p", 0ms));
+    std::atomic<int> held{0}, most{0}, acked{0}, failed{0};
+    std::vector<std::thread> ts;
+    for (int c = 0; c < 8; ++c)
+        ts.emplace_back([&, c] {
+            pg::delay_queue& q = c % 2 == 0 ? a : b;
+            const auto until = std::chrono::steady_clock::now() + 90s;
+            for (int round = 0; acked < total && std::chrono::steady_clock::now() < until;
+                 ++round) {
+                std::vector<delayq::job> js;
+                try {
+                    js = (c + round) % 3 == 0 ? q.take_many(3, 0ms) : q.take_many(2, 20ms);
+                } catch (const std::exception&) {
+                    ++failed;
+                    continue;
+                }
+                const int now = held += static_cast<int>(js.size());
+                for (int seen = most.load();
+                     now > seen && !most.compare_exchange_weak(seen, now);) {
+                }
+                for (const auto& j : js) {
+                    --held;  // before the ack: the server holds the lease until it commits
+                    if (q.ack(j))
+                        ++acked;
+                    else
+                        ++failed;
+                }
+            }
+        });
+    for (auto& t : ts) t.join();
+    CHECK(failed == 0);
+    CHECK(acked == total);
+    CHECK(most <= 2);
+    CHECK(most >= 1);
+    CHECK(a.size() == 0);
+}
+
+TEST_CASE(
+    "postgres: an object with limits locks the queue in its claim's transaction, and one without "
+    "sends no lock",
+    "[postgres][limits]") {
+    // The lock must be taken by a statement of its own before the claim, in the claim's
+    // transaction: in the same statement it would not refresh what the claim counts, in another
+    // transaction it would not hold while the claim runs.
+    delayq_pg_test::pg_server srv({"log_statement=all", "log_line_prefix=%a|%v|"});
+    auto o = opts("lock", srv);
+    o.conninfo += " application_name=limited";
+    o.limits.max_leased = 1;
+    pg::delay_queue limited(o);
+    auto u = opts("lock", srv);
+    u.conninfo += " application_name=unlimited";
+    pg::delay_queue unlimited(u);
+    REQUIRE(unlimited.put_after("a", "p", 0ms));
+    REQUIRE(unlimited.put_after("b", "p", 0ms));
+    auto j = limited.take(5s);
+    REQUIRE(j);
+    CHECK_FALSE(limited.take(0ms));  // one leased: the limit holds it back
+    auto k = unlimited.take(0ms);    // an object without limits leases whatever is due
+    REQUIRE(k);
+
+    // Each logged statement of `app`, in order: (virtual transaction, statement name).
+    const auto executed = [&](const std::string& app) {
+        std::vector<std::pair<std::string, std::string>> out;
+        std::ifstream in(srv.log());
+        for (std::string line; std::getline(in, line);) {
+            if (line.rfind(app + "|", 0) != 0) continue;
+            const auto at = line.find("execute dq");
+            if (at == std::string::npos) continue;
+            const auto bar = line.find('|', app.size() + 1);
+            const auto name = line.substr(at + 8, line.find(':', at) - at - 8);
+            out.emplace_back(line.substr(app.size() + 1, bar - app.size() - 1), name);
+        }
+        return out;
+    };
+    const auto mine = executed("limited");
+    int claims = 0;
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+        if (mine[i].second != "dq4") continue;
+        ++claims;
+        REQUIRE(i > 0);
+        CHECK(mine[i - 1].second == "dq20");        // the lock just before
+        CHECK(mine[i - 1].first == mine[i].first);  // in the same transaction
+        CHECK(contains(mine[i].first, "/"));        // (a virtual transaction id)
+    }
+    CHECK(claims == 2);
+    int theirs = 0;
+    for (const auto& e : executed("unlimited")) {
+        CHECK(e.second != "dq20");
+        if (e.second == "dq4") ++theirs;
+    }
+    CHECK(theirs == 1);
+    CHECK(limited.ack(*j));
+    CHECK(unlimited.ack(*k));
+}
+
+TEST_CASE("postgres: the prepared statements are named dq0 to dqN in the order of their index",
+          "[postgres][names]") {
+    // Logs, pg_stat_statements and the tests find the statements by these names; a new one takes
+    // the next number, and none is renumbered.
+    const auto st = pg::detail::statements(
+        "\"delayq\"", true, true, 0,
+        {.max_leased = 2, .rate = 3, .period = 1000, .channel = "delayq_0123456789abcdef"});
+    REQUIRE(st.size() == pg::detail::st_count);
+    for (std::size_t i = 0; i < st.size(); ++i) CHECK(st[i].name == "dq" + std::to_string(i));
+    CHECK(std::string(st[pg::detail::st_claim].name) == "dq4");
+    CHECK(std::string(st[pg::detail::st_limit_lock].name) == "dq20");
+    CHECK(std::string(st[pg::detail::st_stats].name) == "dq21");
+}
+
+TEST_CASE(
+    "postgres: a take that a limit holds back claims once, not again and again, and a cancel "
+    "from an object with limits frees its place",
+    "[postgres][limits][idle]") {
+    // A claim held back must say when a place may come free (a lease's end, the period's turn),
+    // not that a due job waits now: the taker trusts "due now" and would claim at once, again and
+    // again, for as long as the limit holds.
+    delayq_pg_test::pg_server srv({"log_statement=all", "log_line_prefix=%a|"});
+    const auto claims = [&](const std::string& app) {
+        std::ifstream in(srv.log());
+        int n = 0;
+        for (std::string line; std::getline(in, line);)
+            if (line.rfind(app + "|", 0) == 0 && contains(line, "execute dq4:")) ++n;
+        return n;
+    };
+    {
+        auto o = opts("held-leased", srv);
+        o.lease = 60s;
+        o.limits.max_leased = 1;
+        pg::delay_queue holder(o);
+        o.conninfo += " application_name=held-leased";
+        pg::delay_queue consumer(o);
+        REQUIRE(holder.put_after("a", "p", 0ms));
+        REQUIRE(holder.put_after("b", "p", 0ms));
+        auto j = holder.take(5s);
+        REQUIRE(j);
+        CHECK_FALSE(consumer.take(2s));
+        CHECK(claims("held-leased") <= 2);  // on entry (and at most one spurious)
+
+        // The holder's cancel of its lease (no ack, nack or bury) frees the place, and wakes the
+        // held take: not at the lease's end, a minute on.
+        std::optional<delayq::job> got;
+        std::thread taker([&] { got = consumer.take(40s); });
+        std::this_thread::sleep_for(300ms);
+        const auto start = std::chrono::steady_clock::now();
+        CHECK(holder.cancel(j->id));
+        taker.join();
+        CHECK(std::chrono::steady_clock::now() - start < 20s);
+        REQUIRE(got);
+        CHECK(got->id == "b");
+        CHECK(consumer.ack(*got));
+    }
+    {
+        auto o = opts("held-rate", srv);
+        o.limits.rate = 1;
+        o.limits.period = 30s;
+        o.conninfo += " application_name=held-rate";
+        pg::delay_queue consumer(o);
+        REQUIRE(consumer.put_after("a", "p", 0ms));
+        REQUIRE(consumer.put_after("b", "p", 0ms));
+        auto j = consumer.take(5s);
+        REQUIRE(j);
+        CHECK(consumer.ack(*j));  // acked: the rate still counts its lease
+        const int before = claims("held-rate");
+        CHECK_FALSE(consumer.take(2s));
+        CHECK(claims("held-rate") - before <= 2);
+    }
+}
+
+TEST_CASE(
+    "postgres: the settles of an object with limits notify when they end a lease, and only then",
+    "[postgres][limits][wake]") {
+    // A take that max_leased holds back, in any process, sleeps until a lease ends: an ack,
+    // ack_many, nack, bury or cancel of a lease (by an object with limits) must wake it, and one
+    // that ended nothing must not wake every consumer of the queue.
+    const std::string name = fresh_name("settle-notify");
+    auto o = opts(name);
+    o.lease = 60s;
+    o.limits.max_leased = 10;
+    pg::delay_queue q(o);
+    app_conn listener(server().conninfo());
+    listener.exec("LISTEN " + q.channel());
+    const auto heard = [&](std::chrono::milliseconds within) {  // as in the extend test
+        const auto until = std::chrono::steady_clock::now() + within;
+        int n = 0;
+        do {
+            std::this_thread::sleep_for(50ms);
+            listener.exec("SELECT 1");
+            n += listener.notifications();
+        } while (n == 0 && std::chrono::steady_clock::now() < until);
+        std::this_thread::sleep_for(100ms);
+        listener.exec("SELECT 1");
+        return n + listener.notifications();
+    };
+    for (int i = 0; i < 5; ++i) REQUIRE(q.put_after("j" + std::to_string(i), "p", 0ms));
+    auto js = q.take_many(5, 5s);
+    REQUIRE(js.size() == 5);
+    (void)heard(300ms);  // the puts'
+    CHECK(q.ack_many(std::span(js.data(), 2)) == std::vector<bool>{true, true});
+    CHECK(heard(5s) == 1);  // one for the call
+    CHECK(q.ack_many(std::span(js.data(), 2)) == std::vector<bool>{false, false});
+    CHECK(heard(500ms) == 0);
+    CHECK(q.ack(js[2]));
+    CHECK(heard(5s) == 1);
+    CHECK_FALSE(q.ack(js[2]));
+    CHECK(heard(500ms) == 0);
+    CHECK(q.bury(js[3], "no"));
+    CHECK(heard(5s) == 1);
+    CHECK(q.nack(js[4], 1h));
+    CHECK(heard(5s) >= 1);
+    CHECK_FALSE(q.nack(js[4], 1h));
+    CHECK(heard(500ms) == 0);
+    CHECK(q.cancel("j4"));  // waiting, not leased: no place came free
+    CHECK(heard(500ms) == 0);
+    CHECK_FALSE(q.cancel("j4"));
+    CHECK(heard(500ms) == 0);
+}
+
+TEST_CASE(
+    "postgres: tables made before limits get the jobs_leased index and the grants table when a "
+    "queue opens, with the grants of the jobs table",
+    "[postgres][limits][upgrade]") {
+    const std::string role = "limiter_" + std::to_string(::getpid());
+    const std::string schema = "upl_" + std::to_string(::getpid());
+    server().exec("CREATE ROLE " + role + " LOGIN");
+    auto o = opts(fresh_name("upgrade-limits"));
+    o.schema = schema;
+    o.lease = 60s;
+    {
+        pg::delay_queue q(o);  // the tables, the superuser's
+        REQUIRE(q.put_after("leased", "p", 0ms));
+        REQUIRE(q.take(5s));
+        REQUIRE(q.put_after("kept", "p", 0ms));
+    }
+    server().exec("GRANT USAGE ON SCHEMA " + schema + " TO " + role + "; GRANT ALL ON ALL " +
+                  "TABLES IN SCHEMA " + schema + " TO " + role + "; GRANT ALL ON ALL SEQUENCES " +
+                  "IN SCHEMA " + schema + " TO " + role);
+    make_unlimited_layout(schema);
+    REQUIRE_FALSE(has_limit_layout(schema));
+
+    // A role that may use the tables, but neither owns them nor may create in the schema: told
+    // what it lacks, and nothing of it applied.
+    auto as_role = o;
+    as_role.conninfo = server().conninfo(role);
+    as_role.limits = {.max_leased = 1, .rate = 5, .period = 10s};
+    const auto m = message_of<pg::permission_error>([&] { pg::delay_queue q(as_role); });
+    INFO(m);
+    CHECK(contains(m, "jobs_leased"));
+    CHECK(contains(m, "grants"));
+    CHECK(contains(m, "ownership"));
+    CHECK(contains(m, "CREATE on schema"));
+    CHECK_FALSE(contains(m, "paused"));  // there: not asked for
+    CHECK_FALSE(has_limit_layout(schema));
+
+    {
+        pg::delay_queue q(o);  // the owner upgrades
+        CHECK(has_new_layout(schema));
+        CHECK(q.size() == 2);
+        CHECK(q.stats().leased == 1);  // the lease made before the index is in it
+    }
+    // The role granted the use of the tables may lease under the limits, which read and write the
+    // new table: the lease made before the upgrade counts.
+    pg::delay_queue q(as_role);
+    CHECK_FALSE(q.take(0ms));
+    server().exec("UPDATE " + schema + ".jobs SET at = 0 WHERE token <> 0");  // its lease ends
+    auto j = q.take(5s);
+    REQUIRE(j);
+    CHECK_FALSE(q.take(0ms));  // one leased again: "kept" waits
+    CHECK(q.ack(*j));
+    j = q.take(5s);
+    REQUIRE(j);
+    CHECK(q.ack(*j));
+    CHECK(q.size() == 0);
+    server().exec("DROP SCHEMA " + schema + " CASCADE");
+}
+
+TEST_CASE("postgres: stats at a million jobs", "[.][postgres][stats][perf]") {
+    // The cost of stats() (see its comment): a read of the queue's range of jobs_at. Hidden: a
+    // million rows take seconds to write.
+    const std::string name = fresh_name("stats-big");
+    pg::delay_queue q(opts(name));
+    server().exec("INSERT INTO delayq.jobs(queue, id, payload, at) SELECT '" + name +
+                  "', convert_to('j' || g, 'UTF8'), 'p'::bytea, floor(extract(epoch FROM "
+                  "clock_timestamp()) * 1000)::bigint - 1000 + (g % 2) * 3600000 FROM "
+                  "generate_series(1, 1000000) g");
+    const auto leased = q.take_many(100, 0ms);
+    REQUIRE(leased.size() == 100);
+    for (int i = 0; i < 3; ++i) {
+        const auto start = std::chrono::steady_clock::now();
+        const auto s = q.stats();
+        const auto took = std::chrono::steady_clock::now() - start;
+        WARN("stats() at 1 000 000 jobs: "
+             << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms");
+        CHECK(s.waiting == 1000000 - 100);
+        CHECK(s.due_now == 500000 - 100);
+        CHECK(s.leased == 100);
+        CHECK(s.lag >= 900ms);
+        CHECK(took < 1s);
+    }
+    server().exec("DELETE FROM delayq.jobs WHERE queue = '" + name + "'");
 }

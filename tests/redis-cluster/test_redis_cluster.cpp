@@ -460,3 +460,47 @@ TEST_CASE("a sharded queue on a cluster: shards on every master, each job once, 
     CHECK(q.size() == 0);
     CHECK(other.size() == 0);
 }
+
+TEST_CASE(
+    "a sharded queue with max_leased on a cluster: shards on every master keep their shares, the "
+    "total never beyond the limit, and stats sums them") {
+    redis_cluster c;
+    auto o = cluster_options(c, "limited");
+    o.limits.max_leased = 7;  // 6 shards: shares 2, 1, 1, 1, 1, 1
+    sharded_delay_queue a(o, 6), b(o, 6);
+    std::set<int> owners;
+    for (int i = 0; i < 6; ++i)
+        owners.insert(c.master_of_key("{limited#" + std::to_string(i) + "}"));
+    CHECK(owners.size() >= 2);  // the shares live on different masters
+    for (int i = 0; i < 60; ++i) REQUIRE(a.put_after("j" + std::to_string(i), "", 0ms));
+    std::vector<delayq::redis::job> held;
+    for (bool more = true; more;) {
+        more = false;
+        for (auto* q : {&a, &b}) {
+            auto got = q->take_many(10, 0ms);
+            more = more || !got.empty();
+            held.insert(held.end(), got.begin(), got.end());
+        }
+    }
+    CHECK(held.size() == 7);
+    auto s = b.stats();
+    CHECK(s.leased == 7);
+    CHECK(s.waiting == 53);
+    CHECK(s.due_now == 53);
+    CHECK(s.dead == 0);
+    // An ack frees one place: a take waiting for it on the other object gets a job of that shard.
+    const auto shard = delayq::redis::detail::fnv1a(held.front().id) % 6;
+    std::optional<delayq::redis::job> next;
+    std::thread taker([&] { next = b.take(60s); });
+    std::this_thread::sleep_for(200ms);
+    CHECK(a.ack(held.front()));
+    taker.join();
+    REQUIRE(next);
+    CHECK(delayq::redis::detail::fnv1a(next->id) % 6 == shard);
+    held.front() = *next;
+    CHECK_FALSE(a.take(0ms));
+    for (const auto& j : held) CHECK(a.ack(j));
+    s = a.stats();
+    CHECK(s.leased == 0);
+    CHECK(s.waiting == 52);
+}

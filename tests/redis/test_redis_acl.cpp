@@ -206,6 +206,40 @@ TEST_CASE("an ACL user with exactly the documented permissions can use every cal
     CHECK(connections_of(srv, "default") == 1);  // CLIENT LIST's own
 }
 
+// Limits and stats() run commands that no other call runs (ZCOUNT, ZREMRANGEBYSCORE): the
+// documented user must hold them too.
+TEST_CASE("an ACL user with exactly the documented permissions can use limits and stats()") {
+    redis_server srv;
+    add_queue_user(srv);
+    auto o = opts(srv);
+    o.user = "dq";
+    o.password = "s3cret";
+    o.limits.max_leased = 1;
+    o.limits.rate = 10;
+    o.limits.period = 1s;
+    delay_queue q(o), other(o);
+    REQUIRE(q.put("a", "", past));
+    REQUIRE(q.put("b", "", past));
+    auto a = q.take(1s);
+    REQUIRE(a);
+    CHECK_FALSE(other.take(0ms));  // held back: the time a place frees
+    auto waiting = std::async(std::launch::async, [&] { return other.take(20s); });
+    std::this_thread::sleep_for(200ms);
+    CHECK(q.extend(*a, 100ms));  // shortened: the held take is told
+    auto b = waiting.get();
+    REQUIRE(b);
+    CHECK(other.cancel(b->id));  // a cancel of a lease with limits
+    const auto s = q.stats();
+    CHECK(s.waiting == 1);  // "a", its lease ended
+    CHECK(s.due_now == 1);
+    CHECK(s.leased == 0);
+    auto two = o;
+    two.limits.max_leased = 2;                      // a share for each shard
+    delayq::redis::sharded_delay_queue sh(two, 2);  // its own keys, {q#0} and {q#1}: empty
+    REQUIRE(sh.put("s", "", past));
+    CHECK(sh.stats().waiting == 1);
+}
+
 TEST_CASE("a refused login is delayq::redis::error naming AUTH and the server's words") {
     redis_server srv;
     add_queue_user(srv);

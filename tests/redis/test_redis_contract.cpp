@@ -23,6 +23,7 @@ struct redis_fixture {
         o.lease = s.lease;
         o.max_attempts = s.max_attempts;
         o.keep_dead = s.keep_dead;
+        o.limits = s.limits;
         return std::make_unique<queue>(o);
     }
 };

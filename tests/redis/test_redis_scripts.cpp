@@ -2,9 +2,14 @@
 // beyond, the one spelling of "no deadline", a put retried after its job was acked, the keys
 // of an older layout, which are refused and left untouched, and where a job's last error and its
 // dead letter are kept (beside the dead-letter hash that every version reads), and how dead
-// letters are put back and removed: in bounded batches, by a purge or by keep_dead.
+// letters are put back and removed: in bounded batches, by a purge or by keep_dead; the `leases`
+// set that every script keeps (and a queue written before it existed), and the `grants` and the
+// waits of the limits.
 #include <chrono>
 #include <delayq/redis/delay_queue.hpp>
+#include <functional>
+#include <future>
+#include <map>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -17,6 +22,7 @@
 using namespace std::chrono_literals;
 using delayq::redis::delay_queue;
 using delayq::test::contains;
+using delayq_test::eventually;
 using delayq_test::opts;
 using delayq_test::redis_server;
 
@@ -81,9 +87,9 @@ TEST_CASE("'no deadline' is spelled once: the scripts take it from the C++ const
              {"9999", "1e14", "1e+14", "1E14", "1E+14", "10^14", "100000000000000"})
             CHECK(rest.find(other) == std::string::npos);
     }
-    // put, consume, cancel, reschedule, get, requeue dead, purge dead and pause; size and the
-    // dead page read no time
-    CHECK(defined == 8);
+    // put, consume, cancel, reschedule, get, requeue dead, purge dead, pause and stats; size and
+    // the dead page read no time
+    CHECK(defined == 9);
 
     // The scripts clamp with it: a far delay (put, reschedule) and a far lease end (take); and
     // EVALSHA finds every script that the object loaded (no EVAL fallback).
@@ -614,4 +620,287 @@ TEST_CASE(
     REQUIRE(d);
     CHECK(d->state == delayq::job_state::dead);
     CHECK(d->last_error == std::string(delayq::lease_ended_reason));
+}
+
+namespace {
+
+// A leased job's lease end in server ms, as `leases` and `events` hold it.
+std::string lease_ms_of(const delayq::redis::job& j) {
+    return std::to_string(
+        std::chrono::duration_cast<std::chrono::milliseconds>(j.lease_deadline.time_since_epoch())
+            .count());
+}
+
+// How many script calls the server ran so far (INFO commandstats).
+long long script_calls(const redis_server& srv) {
+    const auto v = srv.info_field("commandstats", "cmdstat_evalsha:calls=");
+    return v.empty() ? 0 : std::stoll(v);
+}
+
+const std::string leases_key = "dq:v3:{q}:leases";
+const std::string events_key = "dq:v3:{q}:events";
+const std::string grants_key = "dq:v3:{q}:grants";
+
+}  // namespace
+
+TEST_CASE("leases: a take adds each lease, an extend moves it, and every end of a lease removes it",
+          "[scripts][leases]") {
+    redis_server srv;
+    auto o = opts(srv);
+    o.max_attempts = 5;
+    delay_queue q(o);
+    for (const char* id : {"a", "b", "c", "d", "e"}) REQUIRE(q.put(id, "p", long_ago));
+    auto jobs = q.take_many(5, 1s);
+    REQUIRE(jobs.size() == 5);
+    std::map<std::string, delayq::redis::job> by_id;
+    for (const auto& j : jobs) {
+        CHECK(srv.text({"ZSCORE", leases_key, j.id}) == lease_ms_of(j));
+        CHECK(srv.text({"ZSCORE", events_key, j.id}) == lease_ms_of(j));
+        by_id[j.id] = j;
+    }
+    CHECK(srv.command({"ZCARD", leases_key})->integer == 5);
+
+    REQUIRE(q.extend(by_id["a"], 1h));
+    const auto a = q.get("a");
+    REQUIRE(a);
+    const std::string a_end = std::to_string(
+        std::chrono::duration_cast<std::chrono::milliseconds>(a->time.time_since_epoch()).count());
+    CHECK(srv.text({"ZSCORE", leases_key, "a"}) == a_end);
+    CHECK(srv.text({"ZSCORE", events_key, "a"}) == a_end);
+    CHECK(srv.text({"ZSCORE", leases_key, "a"}) != lease_ms_of(by_id["a"]));
+
+    CHECK(q.ack(by_id["a"]));
+    CHECK(srv.text({"ZSCORE", leases_key, "a"}).empty());
+    CHECK(q.nack(by_id["b"], 1h, "later"));
+    CHECK(srv.text({"ZSCORE", leases_key, "b"}).empty());
+    CHECK_FALSE(srv.text({"ZSCORE", events_key, "b"}).empty());  // waiting again
+    CHECK(q.bury(by_id["c"], "never"));
+    CHECK(srv.text({"ZSCORE", leases_key, "c"}).empty());
+    CHECK(q.cancel("d"));
+    CHECK(srv.text({"ZSCORE", leases_key, "d"}).empty());
+    CHECK(srv.list({"ZRANGE", leases_key, "0", "-1"}) == std::vector<std::string>{"e"});
+
+    // A dead letter with an entry left by hand (or by an older client): a requeue removes it.
+    REQUIRE(srv.command({"ZADD", leases_key, "1", "c"})->integer == 1);
+    CHECK(q.requeue_dead("c", 0ms));
+    CHECK(srv.text({"ZSCORE", leases_key, "c"}).empty());
+    CHECK(q.ack(by_id["e"]));
+    CHECK(srv.command({"EXISTS", leases_key})->integer == 0);  // a zset goes with its last member
+}
+
+TEST_CASE(
+    "leases: a lease that ran out stays until its job is leased again, or buried after its last "
+    "attempt",
+    "[scripts][leases]") {
+    redis_server srv;
+    auto o = opts(srv);
+    o.lease = 200ms;
+    o.max_attempts = 2;
+    delay_queue q(o);
+    REQUIRE(q.put("j", "p", long_ago));
+    auto first = q.take(1s);
+    REQUIRE(first);
+    std::this_thread::sleep_for(300ms);  // the lease ran out
+    CHECK(srv.text({"ZSCORE", leases_key, "j"}) == lease_ms_of(*first));
+    auto s = q.stats();
+    CHECK(s.leased == 0);
+    CHECK(s.waiting == 1);
+    CHECK(s.due_now == 1);
+    auto second = q.take(1s);
+    REQUIRE(second);
+    CHECK(second->attempts == 2);
+    CHECK(srv.text({"ZSCORE", leases_key, "j"}) == lease_ms_of(*second));  // moved by the ZADD
+    CHECK(q.stats().leased == 1);
+    std::this_thread::sleep_for(300ms);  // its last lease ran out: the next take buries it
+    CHECK_FALSE(q.take(0ms));
+    CHECK(q.dead_size() == 1);
+    CHECK(srv.command({"EXISTS", leases_key})->integer == 0);
+    s = q.stats();
+    CHECK(s.waiting == 0);
+    CHECK(s.leased == 0);
+    CHECK(s.dead == 1);
+}
+
+TEST_CASE(
+    "leases: a queue written before the leases key existed keeps working, and what an older client "
+    "leased is not counted",
+    "[scripts][leases]") {
+    redis_server srv;
+    auto o = opts(srv);
+    delay_queue q(o);
+    for (const char* id : {"a-old", "b-older", "c-new"}) REQUIRE(q.put(id, "p", long_ago));
+    auto old = q.take(1s);  // in the order of their ids: due at the same time
+    auto older = q.take(1s);
+    REQUIRE(old);
+    REQUIRE(older);
+    REQUIRE(old->id == "a-old");
+    REQUIRE(older->id == "b-older");
+    // As an older version leaves them: leased, in `events` and their buckets, but no `leases`.
+    REQUIRE(srv.command({"DEL", leases_key})->integer == 1);
+    auto s = q.stats();
+    CHECK(s.leased == 0);   // not counted ...
+    CHECK(s.waiting == 3);  // ... but queued, and not due until their lease ends
+    CHECK(s.due_now == 1);
+    CHECK(q.get("a-old")->state == delayq::job_state::leased);
+
+    // An object with a limit of one lease does not see them: it leases the due job.
+    auto lo = opts(srv);
+    lo.limits.max_leased = 1;
+    delay_queue limited(lo);
+    auto fresh = limited.take(1s);
+    REQUIRE(fresh);
+    CHECK(fresh->id == "c-new");
+    CHECK(limited.stats().leased == 1);
+
+    // Their holders settle them as ever; an extend makes one known.
+    CHECK(q.ack(*old));
+    CHECK(limited.extend(*older, 1h));
+    CHECK(srv.text({"ZSCORE", leases_key, "b-older"}) != "");
+    CHECK(q.stats().leased == 2);
+    CHECK(limited.ack(*older));
+    CHECK(limited.ack(*fresh));
+    CHECK(q.size() == 0);
+    CHECK(srv.command({"EXISTS", leases_key})->integer == 0);
+}
+
+TEST_CASE("limits: each lease under a rate is one grant, and grants older than the period go",
+          "[scripts][limits]") {
+    redis_server srv;
+    auto o = opts(srv);
+    o.limits.rate = 5;
+    o.limits.period = 1s;
+    delay_queue q(o);
+    for (const char* id : {"a", "b", "c"}) REQUIRE(q.put(id, "p", long_ago));
+    const auto two = q.take_many(2, 1s);
+    REQUIRE(two.size() == 2);
+    const auto members = srv.list({"ZRANGE", grants_key, "0", "-1"});
+    REQUIRE(members.size() == 2);
+    for (const auto& j : two) {
+        // Its token, scored by the time of the lease (its lease end less the lease).
+        const auto at = std::chrono::duration_cast<std::chrono::milliseconds>(
+            (j.lease_deadline - o.lease).time_since_epoch());
+        CHECK(srv.text({"ZSCORE", grants_key, std::to_string(j.token)}) ==
+              std::to_string(at.count()));
+    }
+    // An object without a rate makes no grant, and an ack takes none back.
+    delay_queue plain(opts(srv));
+    CHECK(plain.ack(two[0]));
+    std::this_thread::sleep_for(1100ms);
+    auto third = q.take(1s);  // trims the two of more than a period ago
+    REQUIRE(third);
+    CHECK(srv.list({"ZRANGE", grants_key, "0", "-1"}) ==
+          std::vector<std::string>{std::to_string(third->token)});
+    REQUIRE(q.put("d", "p", long_ago));
+    auto fourth = plain.take(1s);
+    REQUIRE(fourth);
+    CHECK(srv.command({"ZCARD", grants_key})->integer == 1);
+}
+
+TEST_CASE(
+    "limits: a take that max_leased holds back asks the server again only when a place may free",
+    "[scripts][limits]") {
+    redis_server srv;
+    auto o = opts(srv);
+    o.limits.max_leased = 1;
+    o.lease = 1500ms;
+    o.max_block = 1h;  // no look but those the answers ask for
+    delay_queue a(o), b(o);
+    REQUIRE(a.put("x", "p", long_ago));
+    REQUIRE(a.put("y", "p", long_ago));
+    auto held = a.take(1s);
+    REQUIRE(held);
+    CHECK_FALSE(b.take(0ms));  // connects and loads the scripts before counting
+    const long long before = script_calls(srv);
+    // The answer is the lease's end: the take sleeps until then, then leases the next.
+    auto next = b.take(60s);
+    REQUIRE(next);
+    CHECK(next->lease_deadline - o.lease >= held->lease_deadline - 2ms);
+    // The first look, held back; the look at the lease's end (and one more if that came a
+    // millisecond early by the server's clock). A take that spins makes thousands.
+    CHECK(script_calls(srv) - before <= 4);
+    CHECK(b.ack(*next));
+}
+
+TEST_CASE("limits: a take that a rate holds back sleeps until the oldest grant leaves the window",
+          "[scripts][limits]") {
+    redis_server srv;
+    auto o = opts(srv);
+    o.limits.rate = 2;
+    o.limits.period = 1500ms;
+    o.max_block = 1h;
+    delay_queue a(o), b(o);
+    for (const char* id : {"a", "b", "c"}) REQUIRE(a.put(id, "p", long_ago));
+    const auto first = a.take_many(2, 1s);
+    REQUIRE(first.size() == 2);
+    CHECK(a.ack_many(first) == std::vector<bool>{true, true});  // acks free no grant
+    CHECK_FALSE(b.take(0ms));
+    const long long before = script_calls(srv);
+    auto next = b.take(60s);
+    REQUIRE(next);
+    CHECK(next->lease_deadline - o.lease >= first[0].lease_deadline - o.lease + 1500ms - 2ms);
+    CHECK(script_calls(srv) - before <= 4);
+    CHECK(b.ack(*next));
+}
+
+TEST_CASE(
+    "limits: an ack, a nack, a cancel or a shortened lease by an object with limits wakes a take "
+    "that the limit holds back, in another object",
+    "[scripts][limits]") {
+    redis_server srv;
+    auto o = opts(srv);
+    o.limits.max_leased = 1;
+    o.max_block = 1h;  // only a message can wake the held take before a lease's end
+    delay_queue a(o), b(o);
+    for (const char* id : {"1", "2", "3", "4", "5", "6", "7", "8"})
+        REQUIRE(a.put(id, "p", long_ago));
+    const auto released = [&](const std::function<void(const delayq::redis::job&)>& settle) {
+        auto held = a.take(1s);
+        REQUIRE(held);
+        auto got = std::async(std::launch::async, [&] { return b.take(120s); });
+        REQUIRE(eventually([&] { return srv.waiting_objects() >= 1; }));
+        std::this_thread::sleep_for(200ms);
+        CHECK(got.wait_for(0s) == std::future_status::timeout);  // held back
+        settle(*held);
+        REQUIRE(got.wait_for(60s) == std::future_status::ready);  // not the lease's 30 s end
+        auto j = got.get();
+        REQUIRE(j);
+        return *j;
+    };
+    auto j = released([&](const delayq::redis::job& h) { CHECK(a.ack(h)); });
+    CHECK(b.ack(j));
+    j = released([&](const delayq::redis::job& h) { CHECK(a.nack(h, 1h)); });
+    CHECK(b.ack(j));
+    j = released([&](const delayq::redis::job& h) { CHECK(a.cancel(h.id)); });
+    CHECK(b.ack(j));
+    // Shortened to 300 ms: a place frees then, sooner than the held take was told.
+    j = released([&](const delayq::redis::job& h) { CHECK(a.extend(h, 300ms)); });
+    CHECK(b.ack(j));
+}
+
+TEST_CASE("stats: one script call per shard, whatever the queue holds", "[scripts][stats]") {
+    redis_server srv;
+    auto o = opts(srv);
+    o.max_attempts = 1;
+    delay_queue q(o);
+    std::vector<delayq::redis::put_request> many;
+    std::vector<std::string> ids;
+    for (int i = 0; i < 300; ++i) ids.push_back("j" + std::to_string(i));
+    for (int i = 0; i < 300; ++i)
+        many.push_back({ids[static_cast<std::size_t>(i)], "p", i < 100 ? 0ms : 1h});
+    REQUIRE(q.put_many(many) == std::vector<bool>(300, true));
+    auto leased = q.take_many(30, 1s);
+    REQUIRE(leased.size() == 30);
+    CHECK(q.bury(leased.back()));
+    leased.pop_back();
+    (void)q.stats();  // loads the script
+    srv.command({"CONFIG", "RESETSTAT"});
+    const auto s = q.stats();
+    CHECK(script_calls(srv) == 1);
+    CHECK(s.waiting == 270);
+    CHECK(s.due_now == 70);
+    CHECK(s.leased == 29);
+    CHECK(s.dead == 1);
+    // Each command the script ran is O(log n) or O(1): nothing went through the jobs.
+    for (const char* cmd : {"zrangebyscore", "zrangebylex", "hgetall", "hmget", "scan", "keys"})
+        CHECK(srv.info_field("commandstats", std::string("cmdstat_") + cmd + ":calls=").empty());
 }

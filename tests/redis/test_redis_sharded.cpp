@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <delayq/redis/delay_queue.hpp>
+#include <delayq/worker.hpp>
 #include <future>
 #include <map>
 #include <set>
@@ -440,4 +441,129 @@ TEST_CASE(
     q.resume();
     CHECK_FALSE(q.paused());
     CHECK(srv.keys("dq:v3:{q#*}:paused").empty());
+}
+
+TEST_CASE("sharded: a limit smaller than the shard count is refused, one as large is not",
+          "[limits]") {
+    auto o = delayq_test::queue_options(6379);
+    o.limits.max_leased = 3;
+    CHECK_THROWS_AS(sharded_delay_queue(o, 4), std::invalid_argument);
+    CHECK(sharded_delay_queue(o, 3).shards() == 3);  // nothing connects yet
+    o.limits.max_leased = 0;
+    o.limits.rate = 3;
+    o.limits.period = 1s;
+    CHECK_THROWS_AS(sharded_delay_queue(o, 4), std::invalid_argument);
+    CHECK(sharded_delay_queue(o, 3).shards() == 3);
+    try {
+        sharded_delay_queue q(o, 8);
+        FAIL("no exception");
+    } catch (const std::invalid_argument& e) {
+        CHECK(std::string(e.what()).find("options.limits.rate") != std::string::npos);
+    }
+}
+
+TEST_CASE("sharded: each shard leases within its share of max_leased, and the shares add up to it",
+          "[limits]") {
+    redis_server srv;
+    auto o = opts(srv);
+    o.limits.max_leased = 6;  // shares of 4 shards: 2, 2, 1, 1
+    sharded_delay_queue a(o, 4), b(o, 4);
+    const auto past = std::chrono::system_clock::time_point(std::chrono::hours(24));
+    std::array<int, 4> per_shard{};
+    for (int i = 0; i < 40; ++i) {
+        const std::string id = "m" + std::to_string(i);
+        REQUIRE(a.put(id, "", past));
+        ++per_shard[delayq::redis::detail::fnv1a(id) % 4];
+    }
+    for (int n : per_shard) REQUIRE(n >= 2);
+    std::vector<delayq::redis::job> held;
+    for (bool more = true; more;) {
+        more = false;
+        for (auto* q : {&a, &b}) {
+            auto got = q->take_many(10, 0ms);
+            more = more || !got.empty();
+            held.insert(held.end(), got.begin(), got.end());
+        }
+    }
+    CHECK(held.size() == 6);  // every shard full: all of the limit
+    const std::array<long long, 4> share{2, 2, 1, 1};
+    std::array<long long, 4> leased{};
+    for (const auto& j : held) ++leased[delayq::redis::detail::fnv1a(j.id) % 4];
+    CHECK(leased == share);
+    CHECK(a.stats().leased == 6);
+    // An ack frees a place of its job's shard: the next take leases from that shard.
+    const auto freed = delayq::redis::detail::fnv1a(held.front().id) % 4;
+    CHECK(b.ack(held.front()));
+    auto next = a.take(5s);
+    REQUIRE(next);
+    CHECK(delayq::redis::detail::fnv1a(next->id) % 4 == freed);
+    CHECK_FALSE(b.take(0ms));
+    held.front() = *next;
+    for (const auto& j : held) CHECK(a.ack(j));
+}
+
+TEST_CASE(
+    "sharded: workers on two objects with max_leased 5 over 4 shards never hold more than 5 "
+    "leases",
+    "[limits]") {
+    redis_server srv;
+    auto o = opts(srv);
+    o.limits.max_leased = 5;
+    sharded_delay_queue a(o, 4), b(o, 4);
+    constexpr int jobs = 60;
+    for (int i = 0; i < jobs; ++i) REQUIRE(a.put_after("w" + std::to_string(i), "", 0ms));
+    std::atomic<int> running{0}, most{0}, ran{0};
+    const auto handler = [&](const delayq::job&) {
+        const int now = ++running;
+        int seen = most.load();
+        while (now > seen && !most.compare_exchange_weak(seen, now)) {
+        }
+        std::this_thread::sleep_for(5ms);
+        --running;
+        ++ran;
+    };
+    {
+        delayq::worker wa(a, handler, {.threads = 4});
+        delayq::worker wb(b, handler, {.threads = 4});
+        CHECK(eventually([&] { return ran >= jobs; }, 60s));
+    }
+    CHECK(most <= 5);
+    CHECK(ran == jobs);
+    CHECK(a.size() == 0);
+}
+
+TEST_CASE("sharded: stats sums the shards, and the lag is the largest", "[stats]") {
+    redis_server srv;
+    auto o = opts(srv);
+    o.max_attempts = 1;
+    sharded_delay_queue q(o, 4);
+    const auto past = std::chrono::system_clock::time_point(std::chrono::hours(24));
+    std::set<std::size_t> shards;
+    for (int i = 0; i < 20; ++i) {
+        const std::string id = "s" + std::to_string(i);
+        REQUIRE(q.put_after(id, "", i < 12 ? 0ms : 1h));
+        shards.insert(delayq::redis::detail::fnv1a(id) % 4);
+    }
+    REQUIRE(shards.size() == 4);
+    REQUIRE(q.put("oldest", "", past));
+    // Due for decades in its shard, a few ms in the others: the largest, not a sum or a mean.
+    const auto first = q.stats();
+    CHECK(first.lag > std::chrono::hours(24 * 365));
+    CHECK(first.lag < std::chrono::hours(24 * 365 * 200));
+    CHECK(first.waiting == 21);
+    CHECK(first.due_now == 13);
+    auto leased = q.take_many(3, 5s);  // from one shard, earliest first: "oldest" among them
+    REQUIRE_FALSE(leased.empty());
+    auto more = q.take(5s);
+    REQUIRE(more);
+    CHECK(q.bury(*more));
+    const auto s = q.stats();
+    CHECK(s.leased == leased.size());
+    CHECK(s.dead == 1);
+    CHECK(s.waiting == 21 - leased.size() - 1);
+    CHECK(s.due_now == 13 - leased.size() - 1);
+    CHECK(s.waiting + s.leased == q.size());
+    CHECK(s.dead == q.dead_size());
+    CHECK(s.lag > 0ms);
+    for (const auto& j : leased) CHECK(q.ack(j));
 }

@@ -61,6 +61,7 @@ struct fixture {
         o.lease = s.lease;
         o.max_attempts = s.max_attempts;
         o.keep_dead = s.keep_dead;
+        o.limits = s.limits;
         return std::make_unique<queue>(o);
     }
 };

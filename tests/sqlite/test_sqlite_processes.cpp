@@ -4,11 +4,14 @@
 // The children: child_processes.hpp.
 #include <signal.h>
 #include <sqlite3.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <delayq/worker.hpp>
 #include <exception>
+#include <new>
 #include <string>
 #include <thread>
 #include <vector>
@@ -360,4 +363,67 @@ TEST_CASE(
     CHECK(j->attempts == 2);
     CHECK(std::chrono::steady_clock::now() - killed < 30s);  // not a timing: "never" is broken
     CHECK(q.ack(*j));
+}
+
+TEST_CASE("processes: two processes with max_leased 2 never hold more than 2 leases at once") {
+    temp_dir dir;
+    const std::string path = dir.file();
+    auto o = opts(path);  // foreign_changes 50 ms: how late a process sees the other's acks
+    o.limits = {.max_leased = 2, .rate = 0, .period = 0ms};
+    constexpr int jobs = 60, processes = 2, threads = 3;
+    {
+        delay_queue q(o);
+        for (int i = 0; i < jobs; ++i) REQUIRE(q.put("j" + std::to_string(i), "x", past));
+    }
+    // What the consumers of both processes share: the handlers running now, the most at once,
+    // the jobs done. In memory shared across fork(), lock-free atomics.
+    struct shared {
+        std::atomic<int> running, most, done;
+    };
+    static_assert(std::atomic<int>::is_always_lock_free);
+    void* m =
+        ::mmap(nullptr, sizeof(shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    REQUIRE(m != MAP_FAILED);
+    auto* sh = new (m) shared{{0}, {0}, {0}};
+    std::vector<pid_t> pids;
+    for (int p = 0; p < processes; ++p)
+        pids.push_back(child([&] {
+            delay_queue q(o);
+            std::vector<std::thread> ts;
+            for (int t = 0; t < threads; ++t)
+                ts.emplace_back([&] {
+                    const auto give_up = std::chrono::steady_clock::now() + 60s;
+                    while (sh->done < jobs && std::chrono::steady_clock::now() < give_up) {
+                        auto j = q.take(100ms);
+                        if (!j) continue;
+                        // Between the lease and the ack: this lease is held at least as long.
+                        const int now = ++sh->running;
+                        int seen = sh->most.load();
+                        while (now > seen && !sh->most.compare_exchange_weak(seen, now)) {
+                        }
+                        std::this_thread::sleep_for(5ms);
+                        --sh->running;
+                        if (q.ack(*j)) ++sh->done;
+                    }
+                });
+            for (auto& t : ts) t.join();
+            return sh->done >= jobs ? 0 : 1;
+        }));
+    // The file's own count of the leases, meanwhile, through a connection opened after the fork.
+    std::size_t most_leased = 0;
+    {
+        delay_queue watcher(opts(path));
+        const auto give_up = std::chrono::steady_clock::now() + 90s;
+        while (sh->done < jobs && std::chrono::steady_clock::now() < give_up) {
+            most_leased = std::max(most_leased, watcher.stats().leased);
+            std::this_thread::sleep_for(2ms);
+        }
+    }
+    for (const pid_t pid : pids) CHECK(wait_for(pid) == 0);
+    CHECK(sh->done == jobs);
+    CHECK(sh->most <= 2);
+    CHECK(sh->most >= 1);
+    CHECK(most_leased <= 2);
+    CHECK(delay_queue(opts(path)).size() == 0);
+    ::munmap(m, sizeof(shared));
 }

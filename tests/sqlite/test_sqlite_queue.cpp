@@ -1233,7 +1233,9 @@ TEST_CASE("pause: a file of the layout before pause() gets its row, and pauses a
         CHECK(raw_text(dir.file(), row.c_str()) == "0");
     }
     raw_exec(dir.file(), ("DELETE FROM " + prefix + "meta WHERE name = 'paused'").c_str());
-    REQUIRE(raw_text(dir.file(), ("SELECT count(*) FROM " + prefix + "meta").c_str()) == "2");
+    REQUIRE(raw_text(dir.file(),
+                     ("SELECT count(*) FROM " + prefix + "meta WHERE name = 'paused'").c_str()) ==
+            "0");
 
     delay_queue q(o);
     CHECK(raw_text(dir.file(), row.c_str()) == "0");  // added in place, running
@@ -1295,4 +1297,240 @@ TEST_CASE("pause: pause and resume on a file locked past busy_timeout are busy_e
     auto j = q.take(5s);
     REQUIRE(j);
     CHECK(q.ack(*j));
+}
+
+namespace {
+
+// The figures of `q`'s stats() as one string, so that a failed check shows them all.
+std::string figures(delay_queue& q) {
+    const auto s = q.stats();
+    return "waiting " + std::to_string(s.waiting) + ", due " + std::to_string(s.due_now) +
+           ", leased " + std::to_string(s.leased) + ", dead " + std::to_string(s.dead);
+}
+
+// What a file of the layout before limits and stats lacks: the grants table, the triggers that
+// count the rows, and the count rows of meta.
+void to_layout_without_counts(const std::string& path, const std::string& prefix) {
+    std::string sql = "DROP TABLE " + prefix + "grants;";
+    for (const char* t :
+         {"jobs_counted_in", "jobs_counted_out", "dead_counted_in", "dead_counted_out"})
+        sql += "DROP TRIGGER " + prefix + t + ";";
+    sql += "DELETE FROM " + prefix + "meta WHERE name IN ('queued', 'dead')";
+    raw_exec(path, sql.c_str());
+    REQUIRE(raw_text(path, "SELECT count(*) FROM sqlite_schema WHERE type = 'trigger'") == "0");
+}
+
+}  // namespace
+
+TEST_CASE("limits: a file of the layout before limits and stats gets the grants and the counts") {
+    temp_dir dir;
+    auto o = opts(dir.file());
+    std::string prefix;
+    SECTION("a queue in a file of its own") {}
+    SECTION("a queue beside the application's tables") {
+        o.allow_other_tables = true;
+        prefix = "delayq_";
+    }
+    o.lease = 1h;
+    {
+        delay_queue q(o);
+        for (std::size_t i = 0; i < 5; ++i) REQUIRE(q.put(numbered("j", i), "x", past));
+        REQUIRE(q.put("later", "x", std::chrono::system_clock::now() + 1h));
+        auto held = q.take(5s);  // leased across the upgrade
+        REQUIRE(held);
+        auto buried = q.take(5s);
+        REQUIRE(buried);
+        REQUIRE(q.bury(*buried));
+    }
+    to_layout_without_counts(dir.file(), prefix);
+
+    o.limits = {.max_leased = 3, .rate = 1, .period = 1h};
+    delay_queue q(o);
+    CHECK(raw_text(dir.file(), ("SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND "
+                                "name = '" +
+                                prefix + "grants'")
+                                   .c_str()) == "1");
+    CHECK(raw_text(dir.file(), "SELECT count(*) FROM sqlite_schema WHERE type = 'trigger'") == "4");
+    // Counted from the tables as it opened: 5 queued (1 leased), 1 dead.
+    CHECK(figures(q) == "waiting 4, due 3, leased 1, dead 1");
+    auto one = q.take(5s);  // the rate's one lease of the hour
+    REQUIRE(one);
+    CHECK(raw_text(dir.file(), ("SELECT sum(n) FROM " + prefix + "grants").c_str()) == "1");
+    CHECK_FALSE(q.take(0ms));
+    CHECK(figures(q) == "waiting 3, due 2, leased 2, dead 1");
+    {
+        // Another object without the rate: max_leased 3 lets it lease one more, then none.
+        auto other = o;
+        other.limits = {.max_leased = 3, .rate = 0, .period = 0ms};
+        delay_queue p(other);
+        auto third = p.take(5s);
+        REQUIRE(third);
+        CHECK_FALSE(p.take(0ms));
+        CHECK(p.ack(*third));
+        // Opened again: nothing left to add, and the counts go on from the file's.
+        CHECK(figures(p) == "waiting 2, due 1, leased 2, dead 1");
+    }
+    CHECK(q.ack(*one));
+    CHECK(figures(q) == "waiting 2, due 1, leased 1, dead 1");
+    CHECK(integrity(dir.file()) == "ok");
+}
+
+TEST_CASE("stats: the file's counts follow every writer of its rows") {
+    temp_dir dir;
+    auto o = opts(dir.file());
+    o.durable_puts = false;
+    o.lease = 1h;
+    o.max_attempts = 2;
+    delay_queue q(o);
+    constexpr std::size_t jobs = 6000;  // 4000 due, 2000 later, in put_many()s of 500
+    std::vector<std::string> ids;
+    for (std::size_t i = 0; i < jobs; ++i) ids.push_back(numbered("job-", i));
+    for (std::size_t at = 0; at < jobs; at += 500) {
+        std::vector<delayq::put_request> batch;
+        for (std::size_t i = at; i < at + 500; ++i)
+            batch.push_back({ids[i], "p", i % 3 == 2 ? std::chrono::milliseconds(1h) : 0ms});
+        for (const bool b : q.put_many(batch)) REQUIRE(b);
+    }
+    CHECK_FALSE(q.put(ids[0], "again", past));  // refused: counts nothing
+    CHECK(figures(q) == "waiting 6000, due 4000, leased 0, dead 0");
+
+    auto leased = q.take_many(500, 5s);
+    REQUIRE(leased.size() == 500);
+    for (std::size_t i = 0; i < 100; ++i) REQUIRE(q.ack(leased[i]));
+    for (std::size_t i = 100; i < 150; ++i) REQUIRE(q.bury(leased[i]));
+    for (std::size_t i = 150; i < 200; ++i) REQUIRE(q.nack(leased[i], 1h));
+    for (std::size_t i = 200; i < 210; ++i) REQUIRE(q.cancel(leased[i].id));
+    CHECK_FALSE(q.ack(leased[0]));  // refused: counts nothing
+    // 6000 - 100 acked - 50 buried - 10 cancelled = 5840 queued; 290 leased; 50 due again
+    // later (nacked): 4000 - 500 due taken = 3500 due.
+    CHECK(figures(q) == "waiting 5550, due 3500, leased 290, dead 50");
+
+    // A dead letter's id dies again: its dead letter is replaced, not counted twice.
+    REQUIRE(q.put(leased[100].id, "p", past));
+    REQUIRE(q.requeue_dead(leased[101].id, 0ms));
+    std::size_t again = 0;
+    while (again < 2) {
+        auto j = q.take(5s);
+        REQUIRE(j);
+        if (j->id == leased[100].id || j->id == leased[101].id) {
+            REQUIRE(q.bury(*j));
+            ++again;
+        } else {
+            REQUIRE(q.ack(*j));
+        }
+    }
+    CHECK(q.stats().dead == 50);
+    std::this_thread::sleep_for(5ms);  // purge_dead(0ms): those that died before it
+    CHECK(q.purge_dead(0ms) == 50);
+
+    // What another writer does: a statement of a version without stats (the move to the dead
+    // letters), a put in the application's transaction, an operator's delete.
+    raw_exec(dir.file(),
+             "INSERT OR IGNORE INTO jobs(id, payload, due) VALUES(CAST('raw' AS BLOB), CAST('p' "
+             "AS BLOB), 0);"
+             "INSERT OR REPLACE INTO dead(id, payload, attempts, died) SELECT id, payload, "
+             "attempts, 5 FROM jobs WHERE id = CAST('raw' AS BLOB);"
+             "DELETE FROM jobs WHERE id = CAST('raw' AS BLOB);"
+             "DELETE FROM jobs WHERE id = CAST('job-5999' AS BLOB)");
+    sqlite3* app = nullptr;
+    REQUIRE(sqlite3_open(dir.file().c_str(), &app) == SQLITE_OK);
+    REQUIRE(sqlite3_exec(app, "BEGIN", nullptr, nullptr, nullptr) == SQLITE_OK);
+    CHECK(q.put_in_transaction(app, "in-app", "p", past));
+    REQUIRE(sqlite3_exec(app, "COMMIT", nullptr, nullptr, nullptr) == SQLITE_OK);
+    sqlite3_close(app);
+
+    const auto s = q.stats();
+    CHECK(s.dead == 1);
+    CHECK(s.dead == q.dead_size());
+    CHECK(s.waiting + s.leased == q.size());  // the counts kept against a count of the rows
+    delay_queue reopened(o);
+    const auto r = reopened.stats();
+    CHECK(r.waiting == s.waiting);
+    CHECK(r.dead == s.dead);
+    CHECK(r.leased == s.leased);
+    CHECK(integrity(dir.file()) == "ok");
+}
+
+TEST_CASE("stats: due_now whichever part of the waiting jobs is the smaller, and the lag") {
+    temp_dir dir;
+    auto o = opts(dir.file());
+    o.durable_puts = false;
+    delay_queue q(o);
+    const std::size_t due = GENERATE(0U, 1U, 300U, 1000U);
+    const std::size_t later = GENERATE(0U, 1U, 300U);
+    INFO(due << " due, " << later << " later");
+    const auto early = std::chrono::system_clock::now() - 10s;
+    for (std::size_t i = 0; i < due; ++i)
+        REQUIRE(q.put(numbered("due-", i), "p", early + std::chrono::milliseconds(i)));
+    for (std::size_t i = 0; i < later; ++i)
+        REQUIRE(q.put_after(numbered("later-", i), "p", 1h + std::chrono::milliseconds(i)));
+    const auto s = q.stats();
+    CHECK(s.waiting == due + later);
+    CHECK(s.due_now == due);
+    CHECK(s.leased == 0);
+    if (due == 0) {
+        CHECK(s.lag == 0ms);
+    } else {
+        CHECK(s.lag >= 9s);  // since the earliest due time, 10 s ago (less rounding)
+        CHECK(s.lag < 70s);
+    }
+}
+
+TEST_CASE("limits: a take held back by max_leased asks the file no more until an ack") {
+    temp_dir dir;
+    auto o = opts(dir.file());  // foreign_changes 50 ms: the leader rechecks 20 times a second
+    o.lease = 1h;
+    o.limits = {.max_leased = 1, .rate = 0, .period = 0ms};
+    auto q = counted_queue(o);
+    REQUIRE(q->put("a", "x", past));
+    REQUIRE(q->put("b", "x", past));
+    auto held = q->take(5s);
+    REQUIRE(held);
+    const int before = begins;
+    std::atomic<bool> returned{false};
+    std::optional<delayq::job> got;
+    std::thread taker([&] {
+        got = q->take(120s);
+        returned = true;
+    });
+    for (int i = 0; i < 6000 && begins == before; ++i) std::this_thread::sleep_for(10ms);
+    CHECK(begins == before + 1);  // the take's first look, held back
+    // Then twenty rechecks, which find no change: a take that spun on the due job it may not
+    // lease would run a transaction for each of them, or thousands.
+    std::this_thread::sleep_for(1s);
+    CHECK(begins == before + 1);
+    CHECK_FALSE(returned);
+    CHECK(q->ack(*held));  // wakes it: a place is free
+    taker.join();
+    REQUIRE(got);
+    CHECK(got->id == "b");
+    CHECK(q->ack(*got));
+}
+
+TEST_CASE("limits: a take held back by a rate sleeps until the period turns, then leases") {
+    temp_dir dir;
+    auto o = opts(dir.file());
+    o.limits = {.max_leased = 0, .rate = 1, .period = 2s};
+    auto q = counted_queue(o);
+    REQUIRE(q->put("a", "x", past));
+    REQUIRE(q->put("b", "x", past));
+    auto first = q->take(5s);
+    REQUIRE(first);
+    CHECK(q->ack(*first));  // an ack frees no place of a rate
+    const int before = begins;
+    std::atomic<bool> returned{false};
+    std::optional<delayq::job> got;
+    std::thread taker([&] {
+        got = q->take(120s);
+        returned = true;
+    });
+    std::this_thread::sleep_for(1s);
+    CHECK(begins == before + 1);  // its first look only, within the period
+    CHECK_FALSE(returned);
+    taker.join();
+    REQUIRE(got);
+    const auto leased_at = [&](const delayq::job& j) { return j.lease_deadline - o.lease; };
+    CHECK(leased_at(*got) - leased_at(*first) >= 2s);
+    CHECK(begins <= before + 4);  // and one more, when the period turned (a few at worst)
+    CHECK(q->ack(*got));
 }

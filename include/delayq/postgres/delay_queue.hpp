@@ -39,6 +39,27 @@
 // of puts are not sent while the queue is paused (wake_sql), since they would wake every consumer
 // to find it paused.
 //
+// Limits (options::limits). The server keeps them, so that they hold across every process: a
+// claim of an object with limits counts the queue's leases that have not ended (a range of a
+// partial index of the leases, as long as the consumers hold leases) and the grants of the last
+// period (a small table, trimmed as it is read), leases no more than the places left, and records
+// its grant (detail/schema.hpp, claim_sql). Two such claims must not both see the last place: a
+// statement sees what committed before it began, so the claim runs after a statement of its own
+// that takes the queue's advisory lock, in one transaction and one round trip
+// (detail/connection.hpp, exec_together), and begins after the last limited claim committed. Only
+// objects with limits pay for it; the takes of the others keep their one statement. A claim that a
+// limit holds back says when a place may come free (the first end of a lease, the oldest grant
+// plus the period), not that a job is due now, which would have the takes claim again and again;
+// and an ack, ack_many, nack, bury or cancel that ends a lease NOTIFYs the channel in its own
+// statement, at its commit, so that the takes held back in every process claim again. An extend
+// frees no place, except one that ends the lease sooner, which notifies already.
+// cancel_in_transaction() does not notify (a NOTIFY would keep the caller's transaction from a
+// two-phase commit): its place counts as taken until the takes held back look again, at the
+// lease's end at the latest.
+//
+// Figures (stats()): one statement, counts over indexes, no counter row that every put would
+// update and serialize on (detail/schema.hpp, stats_sql).
+//
 // A put in the caller's transaction. put_in_transaction() runs one statement on the caller's own
 // connection, inside the caller's BEGIN: the job is a row of that transaction, there when it
 // commits and never otherwise, and its NOTIFY is delivered at that commit (a rolled-back
@@ -148,6 +169,15 @@ struct options {
     /// letters are removed only when others die: a queue whose jobs stopped dying keeps its last
     /// ones until purge_dead().
     std::chrono::milliseconds keep_dead{0};
+    /// Limits on the queue's leases, kept by the server across every process (delayq::job_limits
+    /// says what they mean; give every object of the queue the same). An object with limits
+    /// claims under a lock of the queue's, so that two claims never both see the last place
+    /// (transaction-level, an advisory lock: limited claims of one queue run one at a time, the
+    /// takes of objects without limits do not wait for it), and its ack, ack_many, nack, bury and
+    /// cancel of a lease NOTIFY the queue's channel, which wakes the takes that a limit holds back
+    /// in every process. A take held back claims again when that comes, or when a lease ends or
+    /// the period turns, no sooner.
+    job_limits limits{};
 };
 
 /// Whether a put in the caller's transaction wakes the waiting consumers when that transaction
@@ -172,8 +202,10 @@ class delay_queue {
     explicit delay_queue(options o)
         : opt_(checked(std::move(o))),
           channel_(channel_of(opt_.schema, opt_.name)),
+          lock_key_(lock_key_of(opt_.schema, opt_.name)),
           statements_(detail::statements(quoted_schema(), opt_.durable_leases,
-                                         opt_.max_attempts > 0, opt_.keep_dead.count())),
+                                         opt_.max_attempts > 0, opt_.keep_dead.count(),
+                                         limit_settings_of(opt_, channel_))),
           put_in_transaction_sql_{detail::put_in_transaction_sql(quoted_schema(), true),
                                   detail::put_in_transaction_sql(quoted_schema(), false)},
           cancel_in_transaction_sql_(detail::cancel_in_transaction_sql(quoted_schema())) {
@@ -277,7 +309,8 @@ class delay_queue {
         front.id(id);
         detail::params p;
         p.text(opt_.name).bytes(id);
-        return run(st_cancel, p, "cancel").changed() == 1;
+        const auto r = run(st_cancel, p, "cancel");
+        return (limited() ? r.integer(0, 0) : r.changed()) == 1;  // (detail/schema.hpp)
     }
 
     /// cancel() inside the caller's transaction: `conn` is the application's own connection,
@@ -329,7 +362,8 @@ class delay_queue {
         front.id(j.id);
         detail::params p;
         p.text(opt_.name).bytes(j.id).int8(token_of(j));
-        return run(st_ack, p, "ack").changed() == 1;
+        const auto r = run(st_ack, p, "ack");
+        return (limited() ? r.integer(0, 0) : r.changed()) == 1;  // (detail/schema.hpp)
     }
 
     /// ack for many jobs, in one statement; element i is what ack(jobs[i]) would have returned.
@@ -491,6 +525,32 @@ class delay_queue {
         return run(st_paused, p, "paused").integer(0, 0) == 1;  // a boolean: one byte
     }
 
+    /// The queue's figures at one moment, as the server sees them: one statement, so one
+    /// snapshot, on the server's clock. `waiting`: the jobs neither leased nor dead, due or not (a
+    /// job whose lease ended is waiting, and due since its lease ended); `due_now`: those due;
+    /// `leased`: the jobs whose lease has not ended; `dead`: the dead letters; `lag`: how long the
+    /// oldest due job has been due (0 when none is). The cost: a read of the queue's part of an
+    /// index of the jobs (an index-only scan, which reads the table too for pages changed since
+    /// the last vacuum), of the leases (as many as the consumers hold) and of the dead letters;
+    /// no counter that every put would update. So it grows with the queue: about 0.2 s at a
+    /// million jobs (0.05 s once a vacuum has marked the pages all-visible), a few ms at ten
+    /// thousand; for a dashboard or a metrics scrape, not for every take.
+    queue_stats stats() {
+        detail::params p;
+        p.text(opt_.name);
+        const auto r = run(st_stats, p, "stats");
+        const auto n = [&](int col) {
+            return static_cast<std::size_t>(std::max(r.integer(0, col), 0LL));
+        };
+        queue_stats out;
+        out.waiting = n(0);
+        out.due_now = n(1);
+        out.leased = n(2);
+        out.dead = n(3);
+        out.lag = milliseconds(std::max(r.integer(0, 4), 0LL));
+        return out;
+    }
+
   private:
     using steady = std::chrono::steady_clock;
     using milliseconds = std::chrono::milliseconds;
@@ -532,6 +592,11 @@ class delay_queue {
         check(o.keep_dead >= milliseconds::zero(), "options.keep_dead must be >= 0");
         check(o.keep_dead.count() <= delayq::detail::max_ms, "options.keep_dead is too long");
         check(o.conninfo.find('\0') == std::string::npos, "options.conninfo contains a NUL byte");
+        front.limits(o.limits);
+        check(o.limits.max_leased <= max_limit, "options.limits.max_leased is too large");
+        check(o.limits.rate <= max_limit, "options.limits.rate is too large");
+        check(o.limits.period.count() <= delayq::detail::max_ms,
+              "options.limits.period is too long");
         return o;
     }
 
@@ -567,6 +632,23 @@ class delay_queue {
         return true;
     }
 
+    // The largest max_leased or rate: beyond it, a limit means nothing (and would overflow the
+    // server's bigint arithmetic).
+    static constexpr std::size_t max_limit = std::size_t(1) << 40;
+
+    // Whether the object has limits: its claims take the queue's lock, its settles NOTIFY.
+    bool limited() const noexcept { return opt_.limits.max_leased > 0 || opt_.limits.rate > 0; }
+
+    // The limits as the statements are built for them (detail/schema.hpp, limit_settings).
+    static detail::limit_settings limit_settings_of(const options& o, const std::string& channel) {
+        detail::limit_settings l;
+        l.max_leased = static_cast<long long>(o.limits.max_leased);
+        l.rate = static_cast<long long>(o.limits.rate);
+        l.period = o.limits.period.count();
+        l.channel = channel;
+        return l;
+    }
+
     // The schema as an identifier in the statements: quoted.
     std::string quoted_schema() const { return detail::quote_ident(opt_.schema); }
 
@@ -578,17 +660,31 @@ class delay_queue {
     // The queue's NOTIFY channel: a short name (an identifier is at most 63 bytes) from a hash of
     // the schema and the queue. Two queues that hash alike only wake each other's consumers.
     static std::string channel_of(const std::string& schema, const std::string& name) {
-        std::uint64_t h = 1469598103934665603ULL;  // FNV-1a, 64 bits
+        const std::uint64_t h = hash_of(schema, name);
+        static const char hex[] = "0123456789abcdef";
+        std::string out = "delayq_";
+        for (int i = 60; i >= 0; i -= 4) out += hex[(h >> i) & 0xf];
+        return out;
+    }
+
+    // FNV-1a, 64 bits, of the schema and the queue's name: the queue's channel and lock key.
+    static std::uint64_t hash_of(const std::string& schema, const std::string& name) {
+        std::uint64_t h = 1469598103934665603ULL;
         const auto mix = [&h](std::string_view s) {
             for (const unsigned char c : s) h = (h ^ c) * 1099511628211ULL;
         };
         mix(schema);
         mix(std::string_view("\0", 1));
         mix(name);
-        static const char hex[] = "0123456789abcdef";
-        std::string out = "delayq_";
-        for (int i = 60; i >= 0; i -= 4) out += hex[(h >> i) & 0xf];
-        return out;
+        return h;
+    }
+
+    // The key of the advisory lock that serializes the limited claims of the queue
+    // (detail/schema.hpp, limit_lock_sql): the channel's hash, shifted to fit a bigint. A key that
+    // another queue (or the application's own advisory locks) happens to share costs only waits:
+    // its claims, or its lock, and these take turns.
+    static long long lock_key_of(const std::string& schema, const std::string& name) {
+        return static_cast<long long>(hash_of(schema, name) >> 1);
     }
 
     // The time one call has (see "Time limits" at the top of this file): io_timeout from its
@@ -810,6 +906,8 @@ class delay_queue {
             .int8(opt_.max_attempts)
             .bytes(reason.substr(0, max_reason_size))
             .boolean(given);
+        // With limits, the nack NOTIFYs in its own statement (a place came free): no wake-up.
+        if (limited()) return run(st_nack, p, "nack").integer(0, 0) == 1;
         return run_then(st_nack, p, wake_params(j.id), "nack").integer(0, 0) == 1;
     }
 
@@ -859,7 +957,17 @@ class delay_queue {
             .int8(static_cast<long long>(want))
             .int8(opt_.lease.count())
             .int8(opt_.max_attempts);
-        const auto r = run(st_claim, p, "take", b);
+        // With limits: the queue's lock, then the claim, in one transaction and one round trip.
+        detail::params lock;
+        lock.int8(lock_key_);
+        const auto r = limited()
+                           ? with_connection(
+                                 [&](detail::connection& c) {
+                                     return c.exec_together(statements_[st_limit_lock].name, lock,
+                                                            statements_[st_claim].name, p, "take");
+                                 },
+                                 b)
+                           : run(st_claim, p, "take", b);
         claimed out;
         out.seen = steady::now();
         for (int i = 0; i < r.rows(); ++i) {
@@ -917,8 +1025,9 @@ class delay_queue {
         answer claim(std::size_t /*lane*/, std::size_t n, bool /*patient*/) {
             budget b = q.call_budget();
             claimed c = q.claim(n, b);
-            // The leases just granted end: the earliest event the trailer leaves out.
-            if (!c.jobs.empty())
+            // The leases just granted end: the earliest event the trailer leaves out (with limits,
+            // it counts them already, and may say later: detail/schema.hpp, claim_sql).
+            if (!c.jobs.empty() && !q.limited())
                 c.next = std::min(c.next.value_or(delayq::detail::max_ms),
                                   std::min(c.now + q.opt_.lease.count(), delayq::detail::max_ms));
             answer out;
@@ -1010,6 +1119,7 @@ class delay_queue {
 
     options opt_;
     std::string channel_;
+    long long lock_key_;                                  // of the limited claims (lock_key_of)
     std::vector<detail::prepared_statement> statements_;  // by statement_index
     std::string put_in_transaction_sql_[2];               // notifying, not notifying
     std::string cancel_in_transaction_sql_;

@@ -21,6 +21,14 @@
 // Pausing is the server's state too, a key in each shard that the take script reads (scripts.hpp,
 // "Pausing"): a paused shard answers a take as an empty one would, so the taker waits for the
 // resume's wake-up message as for a put's, and needs nothing of its own for it.
+//
+// Limits (options.limits) are the server's too: the take script counts the shard's leases and
+// recent grants and leases within the room they leave (scripts.hpp, "Limits"). A take held back
+// is answered with the time a place frees, so the taker sleeps until then, or until a settlement
+// by an object with limits publishes that a place freed (its own takes learn it from the
+// settlement's answer, or a hint). A script sees one shard, so a sharded queue splits each limit
+// into per-shard shares that add up to it (script_client::share()): the queue never exceeds the
+// limit, and may lease less, when the jobs that wait are in shards whose share is full.
 #pragma once
 
 #include <algorithm>
@@ -102,12 +110,15 @@ class queue_base {
         });
     }
 
-    /// Removes a waiting or leased job. False if `id` is not queued.
+    /// Removes a waiting or leased job. False if `id` is not queued. With limits, the cancel of a
+    /// leased job wakes the takes that the limits hold back, in every process.
     bool cancel(std::string_view id) {
         front.id(id);
-        const std::array<std::string_view, 1> args{id};
         return guarded([&] {
-            return script_client::integer(client_.eval(client_.shard_of(id), s_cancel, args)) == 1;
+            const std::size_t s = client_.shard_of(id);
+            const long long gone = client_.cancel(s, id);
+            if (gone == 2) room_.hint(s);
+            return gone != 0;
         });
     }
 
@@ -280,6 +291,28 @@ class queue_base {
     /// io_timeout.
     bool paused() { return pause_every_shard(""); }
 
+    /// The queue's figures (delayq::queue_stats), by the server's clock: `waiting` (queued and not
+    /// leased, a job whose lease ended included), `due_now` (those of them that are due), `leased`
+    /// (their lease not ended), `dead` (dead_size()) and `lag` (how long the oldest due job has
+    /// been due; a job whose lease ended is due since its lease end). One script call per shard,
+    /// O(log n) each, never a scan; a sharded queue sums its shards (lag: the largest), each read
+    /// at its own moment. Jobs leased by a client of a version before this call existed are
+    /// counted as waiting, not due, until their lease ends (scripts.hpp, "Leases").
+    queue_stats stats() {
+        return guarded([&] {
+            queue_stats all;
+            for (std::size_t s = 0; s < client_.shards(); ++s) {
+                const queue_stats one = client_.stats(s);
+                all.waiting += one.waiting;
+                all.due_now += one.due_now;
+                all.leased += one.leased;
+                all.dead += one.dead;
+                all.lag = std::max(all.lag, one.lag);
+            }
+            return all;
+        });
+    }
+
     /// Jobs queued: waiting plus leased.
     std::size_t size() {
         return guarded([&] {
@@ -321,6 +354,15 @@ class queue_base {
         check(o.keep_dead >= milliseconds::zero(), "options.keep_dead must be >= 0");
         check(o.port > 0 && o.port <= 65535, "options.port is out of range");
         check(shards > 0 && shards <= slot_count, "the number of shards must be in 1..16384");
+        who.limits(o.limits);
+        // Each shard leases within its share of a limit (script_client::share()): a share of 0
+        // would hold that shard's jobs for ever, so no limit may be smaller than the shard count.
+        check(o.limits.max_leased == 0 || o.limits.max_leased >= shards,
+              "options.limits.max_leased must be 0 or at least the number of shards (each shard "
+              "leases within its own share of it)");
+        check(o.limits.rate == 0 || o.limits.rate >= shards,
+              "options.limits.rate must be 0 or at least the number of shards (each shard leases "
+              "within its own share of it)");
         return o;
     }
 
@@ -445,7 +487,13 @@ class delay_queue : public detail::queue_base {
 /// dead() merges the shards' dead letters into one order, and purge_dead() purges every shard.
 /// Deadline order holds within a shard; across shards a take picks the shard whose next job is due
 /// first by what the object knows, so a job may come out before an earlier one of another shard
-/// that fell due at about the same time (see docs/redis.md, "Sharded queue").
+/// that fell due at about the same time (see docs/redis.md, "Sharded queue"). stats() sums the
+/// shards. Limits (options.limits) are split into shares, one per shard, that add up to each
+/// limit (n / shards, one more for the first n % shards): a shard's script sees its own keys
+/// only, so each shard keeps its share, the queue never goes beyond the limit, and a take may be
+/// held back while the shard of the due jobs is full and another is not. A limit below the
+/// number of shards is refused (std::invalid_argument): a share of 0 would never hand out its
+/// shard's jobs.
 ///
 /// A shard that fails (its master down, a failover) is set aside, 100 ms doubling to 2 s, while
 /// take() goes on with the others; take() throws only when no shard can serve it. Fencing tokens

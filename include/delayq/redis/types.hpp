@@ -23,7 +23,8 @@ namespace delayq::redis {
 
 /// The options of delay_queue and sharded_delay_queue. Bad values (an empty `name`, a name with
 /// `{` or `}`, `lease` or `io_timeout` <= 0, `max_block` < 2 ms, `reclaim_batch` 0, `keep_dead`
-/// < 0) make the queue's constructor throw std::invalid_argument.
+/// < 0, `limits` that are not a set of limits) make the queue's constructor throw
+/// std::invalid_argument.
 struct options {
     std::string host = "127.0.0.1";  ///< a server, or any node of a Redis Cluster
     int port = 6379;                 ///< its port
@@ -48,6 +49,13 @@ struct options {
     /// when `password` is empty too. docs/redis.md lists the permissions the user needs.
     std::string user;
     std::string password;  ///< its password (or the server's requirepass, with no user)
+    /// Limits on the queue's leases, kept in Redis across every process (delayq::job_limits): a
+    /// rate needs a period > 0 and a period a rate, else std::invalid_argument. A
+    /// sharded_delay_queue gives each shard its share (the shares add up to each limit, and a
+    /// take leases from a shard only within that shard's share), so a limit that is not 0 must
+    /// be at least the number of shards, else std::invalid_argument: a shard with a share of 0
+    /// would never hand out its jobs.
+    delayq::job_limits limits{};
 };
 
 /// One delivery of a job, as take() hands it out (delayq::job, the type every backend shares).

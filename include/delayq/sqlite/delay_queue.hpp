@@ -49,6 +49,13 @@
 // (no other connection committed) the answer stands, so only a take after another connection's
 // commit reads the row (one lookup by key in a one-page table, in the transaction it runs anyway).
 //
+// Limits (options::limits). A take of an object with limits counts the queue's leases in its own
+// write transaction and leases what they leave (detail/transitions.hpp, "Limits"); every commit
+// of that object tells the taker, as its next event, the later of the file's next event and the
+// time a place may free: so a take that a limit holds back sleeps until then, woken sooner by
+// this object's ack (whose commit says "due now" again) or, within foreign_changes, by another
+// connection's commit, and never asks the file in a loop.
+//
 // Time. Due times and lease ends are milliseconds on std::chrono::system_clock, so that they mean
 // the same after a reboot and in every process. A job is due once the system clock, rounded down
 // to the ms, reaches its due time; delays are added to the clock rounded up: never early by the
@@ -132,6 +139,16 @@ struct options {
     /// that grow older than keep_dead after the last death stay until the next one, and a
     /// backlog goes 100 per death: purge_dead(keep_dead) removes them at once.
     std::chrono::milliseconds keep_dead{0};
+    /// Limits on the queue's leases, kept by the file across every object and process (see
+    /// delayq::job_limits): a take of this object leases nothing while max_leased jobs of the
+    /// queue are leased, or while `rate` leases were made in the last `period`, and waits (never
+    /// fails) until the earliest of those leases ends or the period turns; an ack, nack, bury,
+    /// cancel or shorter extend through this object wakes it at once, one through another object
+    /// or process within foreign_changes. Each take (and each commit of this object) then counts,
+    /// in its transaction: the leases not ended, up to max_leased, through an index; the grants of
+    /// the period, one row per ms in which leases were made. A rate without a period > 0, or a
+    /// period without a rate, is std::invalid_argument. None by default.
+    job_limits limits{};
 };
 
 /// A durable delay queue in one SQLite file; see docs/sqlite.md. Every member may be called from
@@ -148,8 +165,9 @@ class delay_queue {
         : opt_(checked(std::move(o))),
           db_(opt_.path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE),
           where_(set_up(db_, opt_)),
-          machine_(db_, where_,
-                   {opt_.lease, opt_.max_attempts, opt_.reclaim_batch, opt_.keep_dead}),
+          machine_(
+              db_, where_,
+              {opt_.lease, opt_.max_attempts, opt_.reclaim_batch, opt_.keep_dead, opt_.limits}),
           insert_sql_(where_(detail::transitions::insert_sql)),
           cancel_sql_(where_(detail::transitions::cancel_sql)),
           file_name_(sqlite3_db_filename(db_.get(), "main")) {
@@ -422,6 +440,27 @@ class delay_queue {
         return machine_.paused();
     }
 
+    /// The queue's figures, of one moment (one read transaction): `waiting`, the queued jobs
+    /// whose lease has not begun or has ended (a job whose lease ran out is due again, since its
+    /// end, until a take reclaims it); `due_now`, those of them that are due; `leased`, the
+    /// leases not ended; `dead`, the dead letters; `lag`, how long the earliest due of them has
+    /// been due (0 when none is). The cost: the counts of jobs and dead letters are rows of the
+    /// file kept by its triggers (one lookup each); leased and the ended leases are ranges of the
+    /// index of the leases (O(leased), bounded by the consumers); the lag is one seek into the
+    /// index of the due times; due_now steps the due and the later part of that index side by side
+    /// until one ends, so it costs twice the smaller of the two: nothing more at a million jobs
+    /// than at ten thousand when nearly all are due or nearly all later, and most when half of
+    /// them are due (docs/performance.md has the figures). It holds this object's
+    /// connection meanwhile, not the file (a read transaction blocks no writer in WAL mode): an
+    /// exporter that reads the stats of a large queue often may want an object of its own.
+    queue_stats stats() {
+        std::lock_guard g(db_m_);
+        detail::write_transaction t = machine_.begin_read();
+        const queue_stats s = machine_.stats(now_ms());
+        t.commit();
+        return s;
+    }
+
     /// Jobs queued: waiting plus leased. Counts the file's rows: O(n).
     std::size_t size() {
         std::lock_guard g(db_m_);
@@ -477,6 +516,7 @@ class delay_queue {
         check(o.reclaim_batch > 0, "options.reclaim_batch must be > 0");
         check(o.commit_batch > 0, "options.commit_batch must be > 0");
         check(o.keep_dead >= milliseconds::zero(), "options.keep_dead must be >= 0");
+        front.limits(o.limits);
         return o;
     }
 
@@ -686,7 +726,13 @@ class delay_queue {
                 if (o.kind == op::pause || o.kind == op::resume) paused = o.kind == op::pause;
             }
         // Paused, nothing is due until a resume: the takes wait for that, not for a due time.
-        const long long next = paused.value_or(false) ? never : machine_.next_event();
+        long long next = paused.value_or(false) ? never : machine_.next_event();
+        // Held back by a limit, nothing is due for this object's takes until a place may free:
+        // they sleep until then (or a wake: this commit tells them of an ack at once), and never
+        // spin on due jobs that they may not lease. Read by every commit of the object, so that
+        // a put's does not say "due now" while the limit holds, nor an ack's "held" once it freed
+        // a place.
+        if (next != never && machine_.limited()) next = std::max(next, machine_.held_until(now));
         pause_seen_.reset();  // what this transaction knows holds once it has committed
         t.commit();
         data_version_ = version.value_or(0);

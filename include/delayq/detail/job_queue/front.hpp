@@ -3,8 +3,9 @@
 // type holds one `front` that names it ("delayq::sqlite::delay_queue"), so that its messages say
 // whose call was refused: `front.id(id)` before every call that names a job, `front.not_negative(d,
 // "a lease")` for a duration a call must not get negative, `front.option(ok, "options.lease must be
-// > 0")` for each option, `front::take_count(n)` for the jobs a take_many() may lease. The rules
-// are public (delayq/job.hpp): max_id_size, max_take_many.
+// > 0")` for each option, `front.limits(options.limits)` for the limits, `front::take_count(n)` for
+// the jobs a take_many() may lease. The rules are public (delayq/job.hpp): max_id_size,
+// max_take_many.
 #pragma once
 
 #include <algorithm>
@@ -41,6 +42,17 @@ class front {
     /// Throws std::invalid_argument saying `what` (an option's rule) unless `ok`.
     void option(bool ok, std::string_view what) const {
         if (!ok) refuse(what);
+    }
+
+    /// Throws std::invalid_argument unless `l` (options.limits) is a set of limits: a rate has a
+    /// period > 0, and a period has a rate.
+    void limits(const job_limits& l) const {
+        option(l.period >= std::chrono::milliseconds::zero(),
+               "options.limits.period must not be negative");
+        option(l.rate == 0 || l.period > std::chrono::milliseconds::zero(),
+               "options.limits.period must be > 0 when options.limits.rate is set");
+        option(l.rate > 0 || l.period == std::chrono::milliseconds::zero(),
+               "options.limits.rate must be > 0 when options.limits.period is set");
     }
 
     /// Throws std::invalid_argument saying `what`, after the queue type's name.

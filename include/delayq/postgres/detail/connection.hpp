@@ -331,6 +331,25 @@ class connection {
         return finish(deadline, doing);
     }
 
+#ifdef LIBPQ_HAS_PIPELINING
+    // Enters pipeline mode and queues `first` with `p1` and `second` with `p2`, each ended by a
+    // sync point of its own (`apart`: two transactions) or both by one (one transaction).
+    void send_pipelined(const char* first, const params& p1, const char* second, const params& p2,
+                        bool apart, const char* doing) {
+        const auto v1 = p1.pointers();
+        const auto v2 = p2.pointers();
+        PGconn* c = conn_.get();
+        if (!PQenterPipelineMode(c) ||
+            !PQsendQueryPrepared(c, first, p1.count(), v1.values.data(), v1.lengths.data(),
+                                 v1.formats.data(), 1) ||
+            (apart && !PQpipelineSync(c)) ||
+            !PQsendQueryPrepared(c, second, p2.count(), v2.values.data(), v2.lengths.data(),
+                                 v2.formats.data(), 1) ||
+            !PQpipelineSync(c))
+            lost(doing);
+    }
+#endif
+
     /// Runs the prepared statement `first` with `p1`, then `second` with `p2`, each in a
     /// transaction of its own, in one round trip (libpq's pipeline mode; two round trips with a
     /// libpq older than 14): `second` starts after `first` committed, whether `first` failed or
@@ -340,17 +359,8 @@ class connection {
 #ifdef LIBPQ_HAS_PIPELINING
         fence(doing);
         const auto deadline = deadline_;
-        const auto v1 = p1.pointers();
-        const auto v2 = p2.pointers();
         PGconn* c = conn_.get();
-        if (!PQenterPipelineMode(c) ||
-            !PQsendQueryPrepared(c, first, p1.count(), v1.values.data(), v1.lengths.data(),
-                                 v1.formats.data(), 1) ||
-            !PQpipelineSync(c) ||
-            !PQsendQueryPrepared(c, second, p2.count(), v2.values.data(), v2.lengths.data(),
-                                 v2.formats.data(), 1) ||
-            !PQpipelineSync(c))
-            lost(doing);
+        send_pipelined(first, p1, second, p2, true, doing);
         flush(deadline, doing);
         answer a1 = read_answer(deadline, doing, true);
         answer a2;
@@ -375,6 +385,39 @@ class connection {
             throw;
         }
         return {std::move(r1), exec(second, p2, doing)};
+#endif
+    }
+
+    /// Runs the prepared statement `first` with `p1`, then `second` with `p2`, in one transaction
+    /// (one implicit transaction, ended by one sync point, in libpq's pipeline mode; BEGIN and
+    /// COMMIT around them with a libpq older than 14): `second` starts after `first` returned, so
+    /// it sees what committed while `first` waited (a lock). Returns `second`'s result; throws
+    /// `first`'s error (`second` is then skipped, and nothing of either applied), else `second`'s.
+    result exec_together(const char* first, const params& p1, const char* second, const params& p2,
+                         const char* doing) {
+#ifdef LIBPQ_HAS_PIPELINING
+        fence(doing);
+        const auto deadline = deadline_;
+        PGconn* c = conn_.get();
+        send_pipelined(first, p1, second, p2, false, doing);
+        flush(deadline, doing);
+        answer a1 = read_answer(deadline, doing, false);
+        answer a2 = read_answer(deadline, doing, true);
+        if (!PQexitPipelineMode(c)) lost(doing);
+        check(a1, doing);
+        check(a2, doing);
+        return std::move(a2.last);
+#else
+        (void)exec_simple("BEGIN", doing);
+        try {
+            (void)exec(first, p1, doing);
+            result r = exec(second, p2, doing);
+            (void)exec_simple("COMMIT", doing);
+            return r;
+        } catch (...) {
+            if (!broken()) (void)exec_simple("ROLLBACK", doing);
+            throw;
+        }
 #endif
     }
 

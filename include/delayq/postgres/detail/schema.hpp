@@ -21,6 +21,12 @@
 //   tokens a sequence: the fencing tokens
 //   paused queue text PRIMARY KEY, since bigint: the queues whose takes are paused (pause()),
 //          since when (ms); a row per paused queue, so a handful of rows at most
+//   jobs_leased ON jobs(queue, at) WHERE token <> 0
+//                                        -- the leases alone: max_leased counts those not ended
+//                                        -- and finds the first to end, stats() counts them
+//   grants queue text, at bigint, n integer: the leases that objects with a rate made (n at
+//          `at`, ms), trimmed of those older than the period by the claims that read them
+//   grants_at ON grants(queue, at)
 // clang-format on
 //
 // Why one `at` column for both states: a take claims every row whose `at` has passed, in order
@@ -60,6 +66,16 @@
 // never waits for a pause, nor a pause for the takes), and a pause must be one row, whatever the
 // queue holds. An older delayq neither reads nor minds it: its takes go on while the queue is
 // paused (docs/postgres.md, "Pausing").
+//
+// jobs_leased and grants are additions too, for options::limits, made the same way (the index needs
+// ownership of jobs, the table CREATE on the schema). Why a partial index and not a counter row:
+// every lease, ack and nack of every object would update the one row of its queue, and the
+// queue's writers would queue behind each other for it; the partial index holds one entry per
+// lease, which the lease writes anyway (its `at` moves), and a count of the leases not ended is a
+// range of it, as long as the consumers hold leases, however many jobs wait. The grants are a table
+// of their own, not columns of the jobs: a lease's grant must outlive its job (an ack within the
+// period still counts), and a claim reads the window, at most `rate` rows, not the jobs. An older
+// delayq neither reads nor minds them (it keeps no limits).
 #pragma once
 
 #include <cstddef>
@@ -102,6 +118,19 @@ inline std::string paused_table_sql(const std::string& s) {
            ".paused(queue text PRIMARY KEY, since bigint NOT NULL)";
 }
 
+// The partial index of the leases (see "The layout" above), for create_sql and upgrade_sql.
+inline std::string leased_index_sql(const std::string& s) {
+    return "CREATE INDEX IF NOT EXISTS jobs_leased ON " + s + ".jobs(queue, at) WHERE token <> 0";
+}
+
+// The grants table and its index, for create_sql and upgrade_sql.
+inline std::string grants_table_sql(const std::string& s) {
+    return "CREATE TABLE IF NOT EXISTS " + s +
+           ".grants(queue text NOT NULL, at bigint NOT NULL, n integer NOT NULL);"
+           "CREATE INDEX IF NOT EXISTS grants_at ON " +
+           s + ".grants(queue, at)";
+}
+
 // The SQL that creates version 1 in schema `s` (quoted), and the schema itself unless
 // `schema_exists` (CREATE SCHEMA needs CREATE on the database even when the schema is there).
 inline std::string create_sql(const std::string& s, bool schema_exists) {
@@ -119,8 +148,9 @@ inline std::string create_sql(const std::string& s, bool schema_exists) {
            " PRIMARY KEY (queue, id));" +
            "CREATE INDEX IF NOT EXISTS dead_died ON " + s + ".dead(queue, died, id);" +
            "CREATE SEQUENCE IF NOT EXISTS " + s + ".tokens;" + paused_table_sql(s) + ";" +
-           "INSERT INTO " + s + ".meta(name, value) VALUES ('version', " +
-           std::to_string(schema_version) + ") ON CONFLICT (name) DO NOTHING;";
+           leased_index_sql(s) + ";" + grants_table_sql(s) + ";" + "INSERT INTO " + s +
+           ".meta(name, value) VALUES ('version', " + std::to_string(schema_version) +
+           ") ON CONFLICT (name) DO NOTHING;";
 }
 
 // The version in schema `schema`'s meta table (0: a meta table without one, not ours). Throws
@@ -138,7 +168,9 @@ inline long long read_version(connection& c, const std::string& schema) {
 struct missing_additions {
     bool last_errors = false;  // a last_error column, or the dead_died index
     bool paused = false;       // the paused table
-    bool any() const noexcept { return last_errors || paused; }
+    bool leased = false;       // the jobs_leased index
+    bool grants = false;       // the grants table
+    bool any() const noexcept { return last_errors || paused || leased || grants; }
 };
 inline missing_additions lacks_additions(connection& c, const std::string& schema) {
     // `schema` holds only letters, digits and `_`: it needs no escaping in a literal.
@@ -148,12 +180,17 @@ inline missing_additions lacks_additions(connection& c, const std::string& schem
         "a.attname = 'last_error' AND NOT a.attisdropped) = 2 AND EXISTS (SELECT 1 FROM "
         "pg_catalog.pg_class i WHERE i.relnamespace = n.oid AND i.relname = 'dead_died'), "
         "EXISTS (SELECT 1 FROM pg_catalog.pg_class p WHERE p.relnamespace = n.oid AND p.relname "
-        "= 'paused') FROM pg_catalog.pg_namespace n WHERE n.nspname = '" +
+        "= 'paused'), EXISTS (SELECT 1 FROM pg_catalog.pg_class l WHERE l.relnamespace = n.oid "
+        "AND l.relname = 'jobs_leased'), EXISTS (SELECT 1 FROM pg_catalog.pg_class g WHERE "
+        "g.relnamespace = n.oid AND g.relname = 'grants') FROM pg_catalog.pg_namespace n WHERE "
+        "n.nspname = '" +
             schema + "'",
         "reading the catalogs");
     missing_additions m;
     m.last_errors = r.rows() == 0 || r.bytes(0, 0) != "t";  // simple protocol: text
     m.paused = r.rows() == 0 || r.bytes(0, 1) != "t";
+    m.leased = r.rows() == 0 || r.bytes(0, 2) != "t";
+    m.grants = r.rows() == 0 || r.bytes(0, 3) != "t";
     return m;
 }
 
@@ -165,26 +202,34 @@ inline missing_additions lacks_additions(connection& c, const std::string& schem
 // built under a SHARE lock on `dead`, which holds back the moves to the dead letters meanwhile
 // (docs/postgres.md says how to build it ahead, CONCURRENTLY, for a large dead table).
 //
-// The paused table, when it is made here, gets the privileges that the jobs table has (its ACL,
-// or its owner's default): a role that was granted the use of the tables before this upgrade may
-// still take, which reads it, and pause. Granted by the role that makes it, its owner.
+// The paused and grants tables, when they are made here, get the privileges that the jobs table
+// has (its ACL, or its owner's default): a role that was granted the use of the tables before this
+// upgrade may still take, which reads them, pause, and lease under a rate. Granted by the role
+// that makes them, their owner. The jobs_leased index is built under a SHARE lock on `jobs`, a
+// read of every job once, which holds back the queue's writes meanwhile (docs/postgres.md says
+// how to build it ahead, CONCURRENTLY, for a large queue).
 inline std::string upgrade_sql(const std::string& s) {
     const auto lacks_column = [&](const char* table) {
         return "IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = '" + s + "." +
                table + "'::regclass AND attname = 'last_error' AND NOT attisdropped) THEN " +
                "ALTER TABLE " + s + "." + table + " ADD COLUMN last_error bytea; END IF; ";
     };
+    const auto grant_as_jobs = [&](const char* table) {
+        return "FOR g IN SELECT a.grantee, a.privilege_type FROM pg_catalog.pg_class c, "
+               "aclexplode(coalesce(c.relacl, acldefault('r', c.relowner))) a WHERE c.oid = '" +
+               s + ".jobs'::regclass AND a.grantee <> (SELECT oid FROM pg_catalog.pg_roles WHERE " +
+               "rolname = current_user) LOOP EXECUTE format('GRANT %s ON " + s + "." + table +
+               " TO %s', g.privilege_type, CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE " +
+               "quote_ident(pg_catalog.pg_get_userbyid(g.grantee)) END); END LOOP; ";
+    };
     return "DO $dq$DECLARE g record; BEGIN PERFORM pg_advisory_xact_lock(" +
            std::to_string(schema_lock_key) + "); " + lacks_column("jobs") + lacks_column("dead") +
            "IF to_regclass('" + s + ".dead_died') IS NULL THEN CREATE INDEX dead_died ON " + s +
            ".dead(queue, died, id); END IF; IF to_regclass('" + s + ".paused') IS NULL THEN " +
-           paused_table_sql(s) +
-           "; FOR g IN SELECT a.grantee, a.privilege_type FROM pg_catalog.pg_class c, "
-           "aclexplode(coalesce(c.relacl, acldefault('r', c.relowner))) a WHERE c.oid = '" +
-           s + ".jobs'::regclass AND a.grantee <> (SELECT oid FROM pg_catalog.pg_roles WHERE " +
-           "rolname = current_user) LOOP EXECUTE format('GRANT %s ON " + s +
-           ".paused TO %s', g.privilege_type, CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE " +
-           "quote_ident(pg_catalog.pg_get_userbyid(g.grantee)) END); END LOOP; END IF; END$dq$";
+           paused_table_sql(s) + "; " + grant_as_jobs("paused") + "END IF; IF to_regclass('" + s +
+           ".jobs_leased') IS NULL THEN " + leased_index_sql(s) + "; END IF; IF to_regclass('" + s +
+           ".grants') IS NULL THEN " + grants_table_sql(s) + "; " + grant_as_jobs("grants") +
+           "END IF; END$dq$";
 }
 
 // What the catalogs say of schema `schema` and its meta table, and what the role may do with
@@ -256,17 +301,19 @@ inline void ensure_schema(connection& c, const std::string& schema) {
     const missing_additions m = lacks_additions(c, schema);
     if (m.any()) {
         // What the upgrade adds, and the privileges it needs: named in its error.
-        const std::string create = "CREATE on schema " + s;
-        const std::string what = m.last_errors && m.paused
-                                     ? "the last_error columns, the dead_died index and the table "
-                                       "paused"
-                                 : m.last_errors ? "the last_error columns and the dead_died index"
-                                                 : "the table paused";
-        const std::string needs = m.last_errors && m.paused
-                                      ? "ownership of the tables and " + create
-                                  : m.last_errors ? std::string("ownership of the tables")
-                                                  : create;
-        const std::string doing = "adding " + what + " to the queue's tables (needs " + needs +
+        std::vector<std::string> what;
+        if (m.last_errors) what.emplace_back("the last_error columns and the dead_died index");
+        if (m.paused) what.emplace_back("the table paused");
+        if (m.leased) what.emplace_back("the index jobs_leased");
+        if (m.grants) what.emplace_back("the table grants");
+        const bool own = m.last_errors || m.leased, create = m.paused || m.grants;
+        const std::string needs = std::string(own ? "ownership of the tables" : "") +
+                                  (own && create ? " and " : "") +
+                                  (create ? "CREATE on schema " + s : "");
+        std::string list;
+        for (std::size_t i = 0; i < what.size(); ++i)
+            list += (i == 0 ? "" : i + 1 == what.size() ? " and " : ", ") + what[i];
+        const std::string doing = "adding " + list + " to the queue's tables (needs " + needs +
                                   "; see \"The tables, and upgrading\" in docs/postgres.md)";
         c.exec_simple(upgrade_sql(s), doing.c_str());
     }
@@ -332,6 +379,27 @@ inline std::string lease_now_cte(bool durable) {
 
 inline std::string max_ms_sql() {
     return "99999999999999";  // delayq::detail::max_ms
+}
+
+// An object's options::limits as its statements are built for them, and the channel that its
+// settles NOTIFY. The numbers are constants of the statements' text, as keep_dead's are: they are
+// the object's own for its life, and a statement that reads only the limits it has costs an
+// object without limits nothing.
+struct limit_settings {
+    long long max_leased = 0;  // 0: none
+    long long rate = 0;        // 0: none
+    long long period = 0;      // ms, > 0 with a rate
+    std::string channel;       // the queue's (a plain identifier: a literal as it is)
+    bool any() const noexcept { return max_leased > 0 || rate > 0; }
+};
+
+// The NOTIFY that a settle by an object with limits sends, once, when CTE `from` has a row: a
+// place under max_leased may have come free, and takes that a limit holds back, in every process,
+// claim again at its commit. Empty without limits. `n` names the CTE, which the statement's
+// answer must read (a CTE that nothing reads is not run).
+inline std::string settle_notify_sql(const limit_settings& l, const std::string& from) {
+    if (!l.any()) return "";
+    return ", n AS (SELECT pg_notify('" + l.channel + "', '') FROM " + from + " LIMIT 1)";
 }
 
 // The insert of one job: $1 queue (text; or `queue`, an expression of $1), $2 id, $3 payload, $4
@@ -404,8 +472,15 @@ inline std::string wake_sql(const std::string& s) {
            "w.id < b.id)))";
 }
 
-// cancel: $1 queue, $2 id.
-inline std::string cancel_sql(const std::string& s) {
+// cancel: $1 queue, $2 id. With limits (`l`), it NOTIFYs when the job was leased, its lease not
+// ended (settle_notify_sql), and returns (removed, notified); else its command tag counts the
+// rows removed.
+inline std::string cancel_sql(const std::string& s, const limit_settings& l = {}) {
+    if (l.any())
+        return "WITH " + std::string(now_cte) + ", a AS (DELETE FROM " + s +
+               ".jobs j WHERE j.queue = $1 AND j.id = $2 RETURNING j.token, j.at)" +
+               settle_notify_sql(l, "a, t WHERE a.token <> 0 AND a.at > t.now") +
+               " SELECT (SELECT count(*) FROM a), (SELECT count(*) FROM n)";
     return "DELETE FROM " + s + ".jobs WHERE queue = $1 AND id = $2";
 }
 
@@ -479,6 +554,16 @@ inline std::string token_sql(const std::string& s) {
     return "nextval('" + s + ".tokens') * 65536 + floor(random() * 65536)::bigint";
 }
 
+// The lock that serializes the claims of objects with limits on one queue: $1 the queue's key
+// (a hash of the schema and the name, delay_queue::lock_key_), a transaction-level advisory lock
+// that the claim's commit releases. Its own statement, before the claim in the same transaction
+// (connection::exec_together): a statement sees what committed before it started, so a lock taken
+// inside the claim would not refresh what the claim counts; taken by the statement before it,
+// the claim starts after the last limited claim of the queue committed, and counts its leases.
+inline std::string limit_lock_sql() {
+    return "SELECT pg_advisory_xact_lock($1)";
+}
+
 // claim: $1 queue, $2 at most this many jobs, $3 lease (ms), and with `bury` (max_attempts > 0)
 // $4 max_attempts. Claims the rows whose `at` passed, earliest first, skipping rows another
 // transaction holds: a waiting job that came due, or a lease that ended (redelivered, or buried
@@ -494,15 +579,46 @@ inline std::string token_sql(const std::string& s) {
 // next `at` is NULL: the consumers sleep until a notification, which the resume sends, not until
 // the next due row, which would have them claim again and again while the queue stays paused.
 // The test is a constant of the statement (a One-Time Filter): a paused claim reads no job.
-inline std::string claim_sql(const std::string& s, bool durable, bool bury, long long keep) {
+//
+// With limits (`l`, an object's options::limits), the claim runs after limit_lock_sql in its
+// transaction, and leases at most the places left: max_leased less the queue's leases not ended
+// (`lk`: a range of jobs_leased, as long as the leases), and rate less the leases granted in the
+// last period (`lw`: a range of grants_at, at most `rate` rows); it records its own grant (`gi`,
+// at t.up, the time its leases start) and trims the grants older than the period (`gd`). When a
+// limit has no place left after it, the next `at` is no earlier than the time a place may come
+// free (`f`): the first end of a lease (those not ended, and the ones just granted) under
+// max_leased, the oldest grant of the window plus the period under a rate; a due row that a limit
+// holds back is not due for the consumers until then (a time in the past would have them claim
+// again and again). A settle of a lease sooner NOTIFYs (settle_notify_sql). And since the leases
+// just granted are then in the answer, the next `at` also counts their ends (the caller does not
+// add them, as it does without limits).
+inline std::string claim_sql(const std::string& s, bool durable, bool bury, long long keep,
+                             const limit_settings& l = {}) {
     const std::string dead = bury ? "j.token <> 0 AND j.attempts >= $4" : "false";
+    const std::string lease_end = "least(t.up + $3, " + max_ms_sql() + ")";
+    std::string limited, places = "$2";
+    if (l.any()) {
+        const std::string window = "(SELECT now FROM t) - " + std::to_string(l.period);
+        limited = ", lk AS (SELECT count(*) AS leased, min(x.at) AS ends FROM " + s +
+                  ".jobs x WHERE " + (l.max_leased > 0 ? "" : "false AND ") +
+                  "x.queue = $1 AND x.token <> 0 AND x.at > (SELECT now FROM t)), lw AS (SELECT "
+                  "coalesce(sum(g.n), 0) AS used, min(g.at) AS oldest FROM " +
+                  s + ".grants g WHERE " + (l.rate > 0 ? "" : "false AND ") +
+                  "g.queue = $1 AND g.at > " + window + ")";
+        places = "greatest(least($2";
+        if (l.max_leased > 0)
+            places += ", " + std::to_string(l.max_leased) + " - (SELECT leased FROM lk)";
+        if (l.rate > 0) places += ", " + std::to_string(l.rate) + " - (SELECT used FROM lw)";
+        places += "), 0)";
+    }
     std::string sql =
         "WITH " + lease_now_cte(durable) + ", z AS (SELECT EXISTS (SELECT 1 FROM " + s +
-        ".paused x WHERE x.queue = $1) AS paused), p AS (SELECT j.ctid AS r, j.id, j.at, " + dead +
-        " AS dead FROM " + s +
+        ".paused x WHERE x.queue = $1) AS paused)" + limited +
+        ", p AS (SELECT j.ctid AS r, j.id, j.at, " + dead + " AS dead FROM " + s +
         ".jobs j WHERE j.queue = $1 AND j.at <= (SELECT now FROM t) AND NOT (SELECT paused FROM "
-        "z) ORDER BY j.at LIMIT $2 FOR UPDATE SKIP LOCKED), c AS (UPDATE " +
-        s + ".jobs j SET at = least(t.up + $3, " + max_ms_sql() + "), token = " + token_sql(s) +
+        "z) ORDER BY j.at LIMIT " +
+        places + " FOR UPDATE SKIP LOCKED), c AS (UPDATE " + s + ".jobs j SET at = " + lease_end +
+        ", token = " + token_sql(s) +
         ", attempts = j.attempts + 1 FROM p, t WHERE j.ctid = p.r AND NOT p.dead RETURNING j.id, "
         "j.payload, p.at AS due, j.attempts, j.token, j.at)";
     if (bury)
@@ -511,45 +627,87 @@ inline std::string claim_sql(const std::string& s, bool durable, bool bury, long
                "j.attempts, " +
                lease_ended_sql() + " AS last_error), d AS (" + bury_sql(s, "b") + ")" +
                keep_dead_sql(s, keep);
+    if (l.rate > 0)
+        sql += ", gi AS (INSERT INTO " + s +
+               ".grants(queue, at, n) SELECT $1, t.up, m.n FROM t, (SELECT count(*) AS n FROM c) "
+               "m WHERE m.n > 0), gd AS (DELETE FROM " +
+               s + ".grants g WHERE g.queue = $1 AND g.at <= (SELECT now FROM t) - " +
+               std::to_string(l.period) + ")";
+    std::string next = "(SELECT j.at FROM " + s +
+                       ".jobs j WHERE j.queue = $1 AND j.at >= coalesce((SELECT max(at) FROM p), "
+                       "-1) AND j.id NOT IN (SELECT id FROM p) ORDER BY j.at LIMIT 1)";
+    if (l.any()) {
+        // The claimed (`m`), the next event with the ends of their leases (`e`), and the time a
+        // place comes free under each limit that has none left (`f`; NULL: one is left).
+        sql += ", m AS (SELECT count(*) AS n, min(at) AS ends FROM c), e AS (SELECT least(" + next +
+               ", (SELECT ends FROM m)) AS at), f AS (SELECT greatest(";
+        if (l.max_leased > 0)
+            sql += "CASE WHEN " + std::to_string(l.max_leased) +
+                   " - lk.leased - m.n <= 0 THEN least(lk.ends, m.ends) END";
+        if (l.max_leased > 0 && l.rate > 0) sql += ", ";
+        if (l.rate > 0)
+            sql +=
+                "CASE WHEN " + std::to_string(l.rate) +
+                " - lw.used - m.n <= 0 THEN least(lw.oldest, CASE WHEN m.n > 0 THEN t.up END) + " +
+                std::to_string(l.period) + " END";
+        sql += ") AS at FROM lk, lw, m, t)";
+        next = "(SELECT CASE WHEN e.at IS NULL THEN NULL ELSE greatest(e.at, f.at) END FROM e, f)";
+    }
     return sql +
            " SELECT c.id, c.payload, c.due, c.attempts::bigint, c.token, c.at FROM c UNION ALL "
-           "SELECT NULL, NULL, CASE WHEN (SELECT paused FROM z) THEN NULL ELSE (SELECT j.at FROM " +
-           s +
-           ".jobs j WHERE j.queue = $1 AND j.at >= coalesce((SELECT max(at) FROM p), -1) AND "
-           "j.id NOT IN (SELECT id FROM p) ORDER BY j.at LIMIT 1) END, " +
-           (bury ? "(SELECT count(*) FROM b)" : "0") + ", NULL, t.now FROM t";
+           "SELECT NULL, NULL, CASE WHEN (SELECT paused FROM z) THEN NULL ELSE " +
+           next + " END, " + (bury ? "(SELECT count(*) FROM b)" : "0") + ", NULL, t.now FROM t";
 }
 
 // The fence of ack, nack, extend and bury, over row j and now_cte's t: $1 queue, $2 id, $3 the
-// holder's token, and the lease not ended.
+// holder's token, and the lease not ended. The token is tested as `$3 <> 0`, not `j.token <> 0`
+// (the same, given j.token = $3): a test of the row's token would let the planner read the
+// queue's leases through jobs_leased, whose condition it matches, and filter them by id, a walk of
+// every lease for each ack, where the key finds the one row.
 inline constexpr const char* held_sql =
-    "j.queue = $1 AND j.id = $2 AND j.token = $3 AND j.token <> 0 AND j.at > t.now";
+    "j.queue = $1 AND j.id = $2 AND j.token = $3 AND $3 <> 0 AND j.at > t.now";
 
-// ack: $1 queue, $2 id, $3 token.
-inline std::string ack_sql(const std::string& s, bool durable) {
+// ack: $1 queue, $2 id, $3 token. With limits (`l`), it NOTIFYs when the lease held
+// (settle_notify_sql) and returns (acked, notified); else its command tag counts the rows
+// acked.
+inline std::string ack_sql(const std::string& s, bool durable, const limit_settings& l = {}) {
+    if (l.any())
+        return "WITH " + lease_now_cte(durable) + ", a AS (DELETE FROM " + s +
+               ".jobs j USING t WHERE " + held_sql + " RETURNING 1)" + settle_notify_sql(l, "a") +
+               " SELECT (SELECT count(*) FROM a), (SELECT count(*) FROM n)";
     return "WITH " + lease_now_cte(durable) + " DELETE FROM " + s + ".jobs j USING t WHERE " +
            held_sql;
 }
 
 // ack_many: $1 queue, $2 ids, $3 tokens. Returns the 1-based positions of the jobs acked. Each
 // lease is found by its key and deleted where it lies; a row that changed in between (a new
-// version, elsewhere) is not deleted: its lease had changed hands.
-inline std::string ack_many_sql(const std::string& s, bool durable) {
-    return "WITH " + lease_now_cte(durable) +
-           ", m AS (SELECT u.ord, x.r FROM unnest($2::bytea[], $3::bigint[]) WITH ORDINALITY AS "
-           "u(id, token, ord), LATERAL (SELECT j.ctid AS r FROM " +
-           s +
-           ".jobs j WHERE j.queue = $1 AND j.id = u.id AND j.token = u.token AND j.token <> 0 "
-           "AND j.at > (SELECT now FROM t) LIMIT 1) x) DELETE FROM " +
-           s + ".jobs j USING m WHERE j.ctid = m.r RETURNING m.ord";
+// version, elsewhere) is not deleted: its lease had changed hands. With limits (`l`), it NOTIFYs
+// once when it acked any (settle_notify_sql).
+inline std::string ack_many_sql(const std::string& s, bool durable, const limit_settings& l = {}) {
+    const std::string found =
+        "WITH " + lease_now_cte(durable) +
+        ", m AS (SELECT u.ord, x.r FROM unnest($2::bytea[], $3::bigint[]) WITH ORDINALITY AS "
+        "u(id, token, ord), LATERAL (SELECT j.ctid AS r FROM " +
+        s +
+        ".jobs j WHERE j.queue = $1 AND j.id = u.id AND j.token = u.token AND u.token <> 0 "
+        "AND j.at > (SELECT now FROM t) LIMIT 1) x)";
+    const std::string del =
+        "DELETE FROM " + s + ".jobs j USING m WHERE j.ctid = m.r RETURNING m.ord";
+    if (l.any())  // the test reads `n`, which notifies when `a` acked any: true either way
+        return found + ", a AS (" + del + ")" + settle_notify_sql(l, "a") +
+               " SELECT a.ord FROM a WHERE (SELECT count(*) FROM n) >= 0";
+    return found + " " + del;
 }
 
 // nack: $1 queue, $2 id, $3 token, $4 retry after (ms), $5 max_attempts, $6 the reason, $7
 // whether it was given (else the last error stays). Back to waiting, or to the dead letters after
 // the max_attempts-th delivery, with that last error; the wake-up follows (wake_sql). With `keep`
 // (ms, options::keep_dead), a move to the dead letters also removes old ones (keep_dead_sql).
-// Returns whether the lease held.
-inline std::string nack_sql(const std::string& s, bool durable, long long keep) {
+// Returns whether the lease held. With limits (`l`), it also NOTIFYs when the lease held
+// (settle_notify_sql), at its commit, which wakes the consumers for the job too: the caller sends
+// no wake-up after it.
+inline std::string nack_sql(const std::string& s, bool durable, long long keep,
+                            const limit_settings& l = {}) {
     const std::string error = new_error_sql("$6", "$7");
     return "WITH " + lease_now_cte(durable) + ", r AS (UPDATE " + s +
            ".jobs j SET at = least(t.up + $4, " + max_ms_sql() +
@@ -558,7 +716,9 @@ inline std::string nack_sql(const std::string& s, bool durable, long long keep) 
            ".jobs j USING t WHERE " + held_sql +
            " AND $5 > 0 AND j.attempts >= $5 RETURNING j.id, j.payload, j.attempts, " + error +
            " AS last_error), d AS (" + bury_sql(s, "b") + ")" + keep_dead_sql(s, keep) +
-           " SELECT (SELECT count(*) FROM r) + (SELECT count(*) FROM b)";
+           settle_notify_sql(l, "(SELECT 1 FROM r UNION ALL SELECT 1 FROM b) s") +
+           " SELECT (SELECT count(*) FROM r) + (SELECT count(*) FROM b)" +
+           (l.any() ? ", (SELECT count(*) FROM n)" : "");
 }
 
 // extend: $1 queue, $2 id, $3 token, $4 lease (ms), $5 the channel. The lease ends $4 from now,
@@ -578,12 +738,15 @@ inline std::string extend_sql(const std::string& s, bool durable) {
 // bury: $1 queue, $2 id, $3 token, $4 the reason, $5 whether it was given (else the last error
 // stays). To the dead letters at once, as a nack of the max_attempts-th delivery; the next event
 // can only come later, so no wake-up. With `keep` (ms, options::keep_dead), it also removes old
-// dead letters (keep_dead_sql). Returns whether the lease held.
-inline std::string bury_now_sql(const std::string& s, bool durable, long long keep) {
+// dead letters (keep_dead_sql). Returns whether the lease held. With limits (`l`), it NOTIFYs
+// when the lease held (settle_notify_sql): a place under max_leased came free.
+inline std::string bury_now_sql(const std::string& s, bool durable, long long keep,
+                                const limit_settings& l = {}) {
     return "WITH " + lease_now_cte(durable) + ", b AS (DELETE FROM " + s +
            ".jobs j USING t WHERE " + held_sql + " RETURNING j.id, j.payload, j.attempts, " +
            new_error_sql("$4", "$5") + " AS last_error), d AS (" + bury_sql(s, "b") + ")" +
-           keep_dead_sql(s, keep) + " SELECT count(*) FROM b";
+           keep_dead_sql(s, keep) + settle_notify_sql(l, "b") + " SELECT (SELECT count(*) FROM b)" +
+           (l.any() ? ", (SELECT count(*) FROM n)" : "");
 }
 
 inline std::string size_sql(const std::string& s) {
@@ -591,6 +754,27 @@ inline std::string size_sql(const std::string& s) {
 }
 inline std::string dead_size_sql(const std::string& s) {
     return "SELECT count(*) FROM " + s + ".dead WHERE queue = $1";
+}
+
+// stats: $1 queue. One statement, so one snapshot, and the server's clock read once (now_cte):
+// (waiting, due, leased, dead, lag in ms). The jobs are counted in one pass over the queue's range
+// of jobs_at, an index-only scan (a job's `at` says whether it is due: a lease not ended lies
+// after now, a lease that ended is due since it ended); the leases not ended, a range of
+// jobs_leased, as long as the leases; the dead letters, a range of dead_died. The lag is now less
+// the first `at`, when that one is due. Counts, not a counter row: every put, take and ack would
+// update it, one row that the queue's writers would queue for, to make a rare call cheap; and
+// due_now changes with the clock, which no counter follows. The cost is a read of the queue's
+// range of jobs_at once per call (see "The layout" for jobs_leased).
+inline std::string stats_sql(const std::string& s) {
+    return "WITH " + std::string(now_cte) +
+           ", a AS (SELECT count(*) AS n, count(*) FILTER (WHERE j.at <= (SELECT now FROM t)) AS "
+           "due, min(j.at) AS first FROM " +
+           s + ".jobs j WHERE j.queue = $1), l AS (SELECT count(*) AS n FROM " + s +
+           ".jobs x WHERE x.queue = $1 AND x.token <> 0 AND x.at > (SELECT now FROM t)) SELECT "
+           "a.n - l.n, a.due, l.n, (SELECT count(*) FROM " +
+           s +
+           ".dead d WHERE d.queue = $1), CASE WHEN a.first <= t.now THEN t.now - a.first ELSE 0 "
+           "END FROM a, l, t";
 }
 
 // The columns of a job as get() and dead() read it (id, state, at, attempts, payload,
@@ -721,6 +905,8 @@ enum statement_index : unsigned char {
     st_pause,
     st_resume,
     st_paused,
+    st_limit_lock,
+    st_stats,
     st_count
 };
 
@@ -731,23 +917,24 @@ struct prepared_statement {
 };
 
 // The statements of a queue in schema `s` (quoted), with its options' durable_leases, whether it
-// has a max_attempts (`bury`), and its keep_dead in ms (`keep`; 0: dead letters kept for ever).
+// has a max_attempts (`bury`), its keep_dead in ms (`keep`; 0: dead letters kept for ever), and its
+// limits (`l`: the claim counts them, the settles notify).
 inline std::vector<prepared_statement> statements(const std::string& s, bool durable, bool bury,
-                                                  long long keep) {
+                                                  long long keep, const limit_settings& l = {}) {
     std::vector<prepared_statement> v{
         {"dq0", put_sql(s), {text_oid, bytea_oid, bytea_oid, int8_oid, bool_oid}},
         {"dq1", put_many_sql(s), {text_oid, bytea_array_oid, bytea_array_oid, int8_array_oid}},
-        {"dq2", cancel_sql(s), {text_oid, bytea_oid}},
+        {"dq2", cancel_sql(s, l), {text_oid, bytea_oid}},
         {"dq3", reschedule_sql(s), {text_oid, bytea_oid, int8_oid}},
-        {"dq4", claim_sql(s, durable, bury, keep), {text_oid, int8_oid, int8_oid, int8_oid}},
-        {"dq5", ack_sql(s, durable), {text_oid, bytea_oid, int8_oid}},
-        {"dq6", ack_many_sql(s, durable), {text_oid, bytea_array_oid, int8_array_oid}},
+        {"dq4", claim_sql(s, durable, bury, keep, l), {text_oid, int8_oid, int8_oid, int8_oid}},
+        {"dq5", ack_sql(s, durable, l), {text_oid, bytea_oid, int8_oid}},
+        {"dq6", ack_many_sql(s, durable, l), {text_oid, bytea_array_oid, int8_array_oid}},
         {"dq7",
-         nack_sql(s, durable, keep),
+         nack_sql(s, durable, keep, l),
          {text_oid, bytea_oid, int8_oid, int8_oid, int8_oid, bytea_oid, bool_oid}},
         {"dq8", extend_sql(s, durable), {text_oid, bytea_oid, int8_oid, int8_oid, text_oid}},
         {"dq9",
-         bury_now_sql(s, durable, keep),
+         bury_now_sql(s, durable, keep, l),
          {text_oid, bytea_oid, int8_oid, bytea_oid, bool_oid}},
         {"dq10", size_sql(s), {text_oid}},
         {"dq11", dead_size_sql(s), {text_oid}},
@@ -759,6 +946,8 @@ inline std::vector<prepared_statement> statements(const std::string& s, bool dur
         {"dq17", pause_sql(s), {text_oid}},
         {"dq18", resume_sql(s), {text_oid, text_oid}},
         {"dq19", paused_sql(s), {text_oid}},
+        {"dq20", limit_lock_sql(), {int8_oid}},
+        {"dq21", stats_sql(s), {text_oid}},
     };
     return v;
 }

@@ -125,16 +125,22 @@ class script_client {
             for (std::size_t k = 0; k < k_count; ++k)
                 s.keys[k] = "dq:" + v + ":" + s.tag + ":" + key_names[k];
             s.slot = slot_of(s.keys[0]);
+            s.max_leased = std::to_string(share(opt_.limits.max_leased, shards, i));
+            s.rate = std::to_string(share(opt_.limits.rate, shards, i));
         }
+        limited_ = opt_.limits.max_leased > 0 || opt_.limits.rate > 0;
+        period_ = std::to_string(clamp_delay(opt_.limits.period));
         lease_ms_ = std::to_string(opt_.lease.count());
         max_attempts_ = std::to_string(opt_.max_attempts);
         reclaim_batch_ = std::to_string(opt_.reclaim_batch);
         keep_dead_ = std::to_string(clamp_delay(opt_.keep_dead));
         // Objects merge their calls when every word of those calls, and where and how they go,
-        // is the same (keep_dead too: a merged consume sweeps by its sender's).
+        // is the same (keep_dead too: a merged consume sweeps by its sender's; and the limits:
+        // it leases within its sender's).
         for (const std::string& part :
              {opt_.host, std::to_string(opt_.port), opt_.user, opt_.password, channel_, lease_ms_,
-              max_attempts_, reclaim_batch_, keep_dead_, std::to_string(opt_.io_timeout.count())})
+              max_attempts_, reclaim_batch_, keep_dead_, std::to_string(opt_.io_timeout.count()),
+              std::to_string(opt_.limits.max_leased), std::to_string(opt_.limits.rate), period_})
             merge_key_.append(part).push_back('\0');
         const unsigned generation = fork_generation();
         for (shard& at : shards_) {
@@ -148,6 +154,14 @@ class script_client {
     const options& get_options() const noexcept { return opt_; }
     std::size_t shards() const noexcept { return shards_.size(); }
     const std::string& channel() const noexcept { return channel_; }
+    bool limited() const noexcept { return limited_; }
+
+    // Shard `i`'s share of a limit `n` over `shards` shards: n / shards, one more for the first
+    // n % shards, so that the shares add up to n (queue.hpp refuses 0 < n < shards: a share of 0
+    // is no limit to the script).
+    static std::size_t share(std::size_t n, std::size_t shards, std::size_t i) noexcept {
+        return n / shards + (i < n % shards ? 1 : 0);
+    }
     std::uint16_t slot(std::size_t s) const noexcept { return shards_[s].slot; }
     router& route() noexcept { return router_; }
 
@@ -188,8 +202,8 @@ class script_client {
         if (!at.layout_checked.load(std::memory_order_acquire)) check_layout(at, patient, b);
         std::vector<std::string_view> argv;
         argv.reserve(5 + k_count + args.size());
-        argv.insert(argv.end(), {"EVALSHA", sha(at, id, patient, b), "7"});
-        static_assert(k_count == 7);
+        argv.insert(argv.end(), {"EVALSHA", sha(at, id, patient, b), "9"});
+        static_assert(k_count == 9);
         argv.insert(argv.end(), at.keys.begin(), at.keys.end());
         argv.insert(argv.end(), {std::string_view(channel_), std::string_view(at.index)});
         argv.insert(argv.end(), args.begin(), args.end());
@@ -298,6 +312,32 @@ class script_client {
     // Jobs queued in shard `s`, waiting plus leased.
     std::size_t size(std::size_t s) {
         return static_cast<std::size_t>(integer(eval(s, s_size, {})));
+    }
+
+    // The cancel script on shard `s`: 0 `id` was not queued; 1 it is gone; 2 it is gone, and a
+    // place under this object's limits freed while a due job waits (scripts.hpp).
+    long long cancel(std::size_t s, std::string_view id) {
+        const std::array<std::string_view, 2> args{id, limited_ ? "1" : "0"};
+        return integer(eval(s, s_cancel, args));
+    }
+
+    // The stats script on shard `s`: its figures (scripts.hpp, "Stats").
+    queue_stats stats(std::size_t s) {
+        auto r = eval(s, s_stats, {});
+        if (r->type != REDIS_REPLY_ARRAY || r->elements != 5) bad_reply("stats", r.get());
+        std::array<long long, 5> n{};
+        for (std::size_t i = 0; i < n.size(); ++i) {
+            if (r->element[i]->type != REDIS_REPLY_INTEGER || r->element[i]->integer < 0)
+                bad_reply("stats", r.get());
+            n[i] = r->element[i]->integer;
+        }
+        queue_stats q;
+        q.waiting = static_cast<std::size_t>(n[0]);
+        q.due_now = static_cast<std::size_t>(n[1]);
+        q.leased = static_cast<std::size_t>(n[2]);
+        q.dead = static_cast<std::size_t>(n[3]);
+        q.lag = milliseconds(n[4]);
+        return q;
     }
 
     // The get script: job `id` of shard `s` as the store holds it (a queued one before a dead
@@ -583,11 +623,13 @@ class script_client {
     consumed consume_now(std::size_t s, std::span<const std::string_view> settle, std::size_t take,
                          bool patient, const budget& b) {
         std::vector<std::string_view> args;
-        args.reserve(5 + settle.size());
+        args.reserve(8 + settle.size());
         const std::string count = std::to_string(take);
+        const shard& at = shards_[s];
         args.insert(args.end(), {std::string_view(lease_ms_), std::string_view(max_attempts_),
                                  std::string_view(reclaim_batch_), std::string_view(count),
-                                 std::string_view(keep_dead_)});
+                                 std::string_view(keep_dead_), std::string_view(at.max_leased),
+                                 std::string_view(at.rate), std::string_view(period_)});
         args.insert(args.end(), settle.begin(), settle.end());
         auto r = eval(s, s_consume, args, patient, b);
         const std::size_t k = settle.size() / 3;
@@ -617,6 +659,7 @@ class script_client {
         std::string tag;                        // its hash tag, braces included
         std::array<std::string, k_count> keys;  // KEYS, in scripts.hpp's order
         std::uint16_t slot = 0;
+        std::string max_leased, rate;  // its share of the object's limits (share())
         std::atomic<bool> layout_checked{false};
         // Shared with other objects (see "Merging"); replaced in a child process (combiners()).
         std::shared_ptr<shard_combiners> merge;
@@ -699,6 +742,8 @@ class script_client {
     router router_;
     std::vector<shard> shards_;
     std::string channel_, lease_ms_, max_attempts_, reclaim_batch_, keep_dead_;
+    std::string period_;     // of the limits' rate, in ms ("0": none)
+    bool limited_ = false;   // whether the object has limits
     std::string merge_key_;  // what objects that share combiners have in common (see "Merging")
     std::mutex merge_m_;     // a child's first calls replace the parent's combiners
     std::mutex sha_m_;

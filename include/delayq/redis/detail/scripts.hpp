@@ -31,10 +31,13 @@
 // | dead    | gone    | purge dead: those that died before a cutoff, oldest first; and with  |
 // |         |         | keep_dead, each death in consume sweeps a few that died too long ago |
 // | any     | (same)  | get: reads the job, queued or dead (a queued one first)              |
+// | any     | (same)  | stats: counts the jobs of each state                                 |
 // | dead    | (same)  | dead page: reads the dead letters in the order they died             |
 // clang-format on
 //
-// Beside the jobs, a shard is paused or not (see "Pausing"): no job changes state by that.
+// Beside the jobs, a shard is paused or not (see "Pausing"): no job changes state by that. And it
+// keeps its leases by end (`leases`) and the leases that objects with a rate made (`grants`),
+// which the limits count (see "Limits").
 //
 // ack, nack, bury, extend and release need the job's current token while its lease holds (lease
 // end > now), so a holder whose lease ended, or whose job was cancelled or delivered again, is
@@ -59,7 +62,7 @@
 // per job".)
 //
 // Keys of a queue shard with hash tag T (`{name}`, or `{name#i}` for a sharded queue) are
-// `dq:v3:T:<part>`. Every script gets the same seven KEYS, in this order:
+// `dq:v3:T:<part>`. Every script gets the same nine KEYS, in this order:
 //
 // clang-format off
 //   KEYS[1] events      zset  id -> due time or lease end (server ms)   every queued job
@@ -72,6 +75,8 @@
 //   KEYS[5] dead:order  zset  "died:id" -> 0 (died: 14 digits, ms)      dead letters by age
 //   KEYS[6] dead:info   hash  id -> "attempts:died/last error"          (died as in dead:order)
 //   KEYS[7] paused      hash  "since" -> server ms of the pause         only while paused
+//   KEYS[8] leases      zset  id -> lease end (server ms)               jobs leased by a take
+//   KEYS[9] grants      zset  token -> server ms of the lease           leases made under a rate
 // clang-format on
 //
 // and ARGV[1] = the wake-up channel, ARGV[2] = the shard's number; the rest is each script's own.
@@ -135,17 +140,55 @@
 // them in one script on redis-server 7.0.15, against the 20 us or more of a whole consume call);
 // the other scripts read the key only where they would publish (below).
 //
+// Leases. `leases` holds the lease end of every job a take leased, beside its score in `events`
+// (the same number): the take adds it (ZADD, which moves the score of a job leased again), an
+// extend moves it, and everything that ends a lease removes it (ZREM, nothing when absent): ack,
+// nack, release, bury, the burial of a job whose last lease ended, cancel, requeue dead. A lease
+// that ran out stays, its score <= now, until its job is leased again or settled: so the jobs
+// leased now are ZCOUNT(leases, (now, +inf)), O(log n), and the ended leases cost nothing to
+// keep. That count is what max_leased and stats() read; events alone cannot tell a lease end from
+// a due time in O(log n). A queue written before this key existed has none (an empty set to every
+// command): its jobs leased by a client of that version are not in it, so they are not counted
+// as leased (stats() counts them as waiting, not due, until their lease ends; max_leased lets
+// that many more be leased), which ends with those leases. Nothing else reads the key, so no
+// older data is misread. A client of that version running beside this one does not remove what
+// it settles: such an entry counts until its lease end, then lies in the past like any ended one.
+//
+// Limits (delayq::job_limits, options.limits). The consume script of an object with limits gets
+// its shard's share of them (max_leased, rate and period, queue.hpp: the shares of a sharded
+// queue add up to the object's limits) and, after its settlements, leases at most the room they
+// leave: max_leased - ZCOUNT(leases, (now, +inf)), and rate - ZCARD(grants) once the grants of
+// more than a period ago are trimmed (ZREMRANGEBYSCORE); each lease under a rate adds one grant,
+// its fencing token (unique in the shard) scored by now, and a release takes it back. Due jobs
+// that find no room are held back, and the answer for the next event is then the time a place
+// frees, never "now" (the taker trusts a "due now" and would ask again at once): the lease end
+// after which fewer than max_leased leases hold, the grant time + period after which fewer than
+// rate grants stay in the window, the later of the two when both are full. A place that frees
+// sooner frees by a settlement, so the settlements of an object with limits publish while a due
+// job waits: an ack, nack, release or burial (or an extend that shortened a lease) publishes the
+// shard's next event after it, "now" if it left room, else the time a place frees; a cancel that
+// ended a lease that held publishes "now" (it does not count the room: a take that finds none is
+// told the time again). The objects that wait, in every process, look then. An object without
+// limits leases whatever is due, and its settlements publish nothing for the limits: give every
+// object of a queue the same limits (delayq/job.hpp).
+//
+// Stats. The stats script counts a shard in O(log n) from what the other scripts keep: leased =
+// ZCOUNT(leases, (now, +inf)); waiting = ZCARD(events) - leased (a leased job is in both);
+// due_now = ZCOUNT(events, -inf, now), the waiting jobs due and the jobs whose lease ended, which
+// are due again (a job whose lease holds has its lease end, > now, as its score); lag = now - the
+// head's score when the head is due, else 0; dead = HLEN(dead).
+//
 // Wake-ups. Consumers wait on the pub/sub channel. A script that may make the shard's next event
 // (the head of `events`: the earliest due time or lease end) earlier publishes "<shard> <ms until
 // then>": put, reschedule and requeue dead when the job comes before the head, consume when a
 // nack, a release or an extend (to a shorter lease) makes the head earlier than it was. Nothing
 // else can make it earlier (acks, cancels and burials remove events, purges touch none; a take
-// leases a job that was due, so its
-// lease ends after the event it replaces; a lease that ends is due at that same moment). So a
-// consumer that knows a time before which nothing is due (from its last script) and hears every
-// message since never sleeps past a due job. While the shard is paused nobody takes, so a script
-// publishes nothing (publish() looks at the key first: one EXISTS, only where it would publish);
-// the resume publishes instead.
+// leases a job that was due, so its lease ends after the event it replaces; a lease that ends is
+// due at that same moment; the limits hold due jobs back, and publish of their own, see
+// "Limits"). So a consumer that knows a time before which nothing is due (from its last script)
+// and hears every message since never sleeps past a due job. While the shard is paused nobody
+// takes, so a script publishes nothing (publish() looks at the key first: one EXISTS, only where it
+// would publish); the resume publishes instead.
 #pragma once
 
 #include <array>
@@ -165,10 +208,12 @@ enum key_id : std::size_t {
     k_dead_order,
     k_dead_info,
     k_paused,
+    k_leases,
+    k_grants,
     k_count
 };
 inline constexpr std::array<const char*, k_count> key_names{
-    "events", "data", "seq", "dead", "dead:order", "dead:info", "paused"};
+    "events", "data", "seq", "dead", "dead:order", "dead:info", "paused", "leases", "grants"};
 
 // The layout version, in every key's name; and the older layouts' keys that say a queue was
 // written in one of them (script_client.hpp refuses such a queue).
@@ -187,6 +232,7 @@ enum script_id : std::size_t {
     s_requeue_dead,
     s_purge_dead,
     s_pause,
+    s_stats,
     s_count
 };
 
@@ -253,7 +299,7 @@ consteval lua_text<N + 2> quoted(std::string_view s) {
 // The scripts' common opening; see "Time" and "Wake-ups" above. Its first line is max_ms, in
 // the constant's own digits. Each redis.call costs about as much as the rest of a small script,
 // so the scripts make as few as they can (one put: TIME, ZRANGE, HSETNX, ZADD; a take of one
-// job: TIME, EXISTS, ZRANGE, HMGET, INCRBY, HSET, ZADD).
+// job: TIME, EXISTS, ZRANGE, HMGET, INCRBY, HSET, ZADD to `events` and to `leases`).
 inline constexpr auto prelude = lua("local max_ms = ") + decimal<max_ms>() + lua(R"lua(
 local t = redis.call('TIME')
 local sec, usec = tonumber(t[1]), tonumber(t[2])
@@ -261,6 +307,7 @@ local now = sec * 1000 + math.floor(usec / 1000)
 local later = sec * 1000 + math.ceil(usec / 1000)
 local events, data, seq, dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local dead_order, dead_info, paused = KEYS[5], KEYS[6], KEYS[7]
+local leases, grants = KEYS[8], KEYS[9]
 local function due_at(ms) return math.min(later + ms, max_ms) end
 local function bucket(id)
   local h = #id
@@ -365,7 +412,8 @@ local function sweep(cutoff, limit)
 end
 )lua");
 
-// ARGV channel shard lease_ms max_attempts reclaim_batch take_count keep_dead (how id token)*
+// ARGV channel shard lease_ms max_attempts reclaim_batch take_count keep_dead max_leased rate
+// period (how id token)*
 // Settles the listed leases (how: 'a' ack, 'n<ms>' nack due ms from now, 'd' bury: to the dead
 // letters now, 'e<ms>' extend: the lease ends ms from now instead, 'r<ms>' release: due again at
 // ms, the due time the job was leased at, its attempt taken back; for the jobs a merged take
@@ -378,22 +426,28 @@ end
 // (0), so it cannot settle again. With keep_dead > 0 (ms), the call ends by sweeping up to 10
 // dead letters that died more than keep_dead ago per death it made (at most max_sweep): so a
 // stream of deaths keeps the dead letters bounded, at one ZRANGEBYLEX per call that buries when
-// nothing is that old.
+// nothing is that old. max_leased, rate and period (ms) are the shard's share of the object's
+// limits, 0 for none (see "Limits"): the takes lease at most the room they leave.
 // While the shard is paused (see "Pausing") it settles as ever and leases nothing, and looks at
 // no due job (none is buried for its ended lease either: that waits for a take after the resume).
 // Returns {next, ok*, n, (id, payload, due, attempts, token, lease_end)*n}: next is the ms until
 // the next event after all that (0: more is due now; -1: nothing is queued, or the shard is
-// paused, so that no take looks again before a message); one ok (1 settled or extended, 0 the
-// lease was lost) per settlement.
+// paused, so that no take looks again before a message; held back by a limit: until a place
+// frees, > 0); one ok (1 settled or extended, 0 the lease was lost) per settlement.
 inline constexpr auto consume_lua = prelude + last_error_lua + lease_ended_lua + sweep_lua +
                                     lua("local max_sweep = ") + decimal<max_sweep>() + lua(R"lua(
 local lease_ms, max_attempts, keep_dead = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[7])
-local out, before, deaths = {0}, false, 0
+local max_leased, rate, period = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
+local limited = max_leased > 0 or rate > 0
+local now_s = string.format('%d', now)
+-- freed: a settlement ended a lease; shortened: an extend moved a lease end earlier.
+local out, before, deaths, freed, shortened = {0}, false, 0, false, false
 -- To the dead letters, after `a` attempts, its last error `tail` ("/" and the reason, or '').
 -- The place of an earlier dead letter of the same id goes: one place per dead letter.
 local function bury(id, b, payload, a, tail)
   deaths = deaths + 1
   redis.call('ZREM', events, id)
+  redis.call('ZREM', leases, id)
   redis.call('HSET', dead, id, payload or '')
   redis.call('HDEL', b, 'p' .. id, 'm' .. id)
   local old = redis.call('HGET', dead_info, id)
@@ -407,7 +461,7 @@ local function requeue(id, at)
   if before == false then before = head() end
   redis.call('ZADD', events, string.format('%d', at), id)
 end
-for i = 8, #ARGV, 3 do
+for i = 11, #ARGV, 3 do
   local id, ok = ARGV[i + 1], 0
   local b = bucket(id)
   local m = redis.call('HGET', b, 'm' .. id)
@@ -423,30 +477,41 @@ for i = 8, #ARGV, 3 do
     local tail = cut and string.sub(ARGV[i], cut) or tail_of(m)
     if tail == '/' then tail = '' end
     local ms = tonumber(string.sub(ARGV[i], 2, (cut or 0) - 1))
-    if how == 'a' then
-      redis.call('ZREM', events, id)
-      redis.call('HDEL', b, 'p' .. id, 'm' .. id)
-    elseif how == 'e' then
+    if how == 'e' then
       -- Extended (or shortened): the same lease, its end moved; a shorter one may make the
       -- next event earlier, hence requeue's look at the head first.
       local ends = due_at(ms)
       redis.call('HSET', b, 'm' .. id, string.format('%d:%s:%d', a, token, ends) .. tail)
       requeue(id, ends)
-    elseif how == 'd' then
-      bury(id, b, redis.call('HGET', b, 'p' .. id), a, tail)
-    elseif how == 'r' then
-      -- Leased for a take that gave up: as before that take, its attempt not counted.
-      if a > 1 or tail ~= '' then
-        redis.call('HSET', b, 'm' .. id, string.format('%d:0:0', a - 1) .. tail)
-      else
-        redis.call('HDEL', b, 'm' .. id)
-      end
-      requeue(id, math.min(ms, max_ms))
-    elseif max_attempts > 0 and a >= max_attempts then
-      bury(id, b, redis.call('HGET', b, 'p' .. id), a, tail)
+      redis.call('ZADD', leases, string.format('%d', ends), id)
+      if ends < tonumber(lease_end) then shortened = true end
     else
-      redis.call('HSET', b, 'm' .. id, string.format('%d:0:0', a) .. tail)
-      requeue(id, due_at(ms))
+      -- The lease ends (bury() removes it from `leases` itself).
+      freed = true
+      if how == 'a' then
+        redis.call('ZREM', events, id)
+        redis.call('ZREM', leases, id)
+        redis.call('HDEL', b, 'p' .. id, 'm' .. id)
+      elseif how == 'd' then
+        bury(id, b, redis.call('HGET', b, 'p' .. id), a, tail)
+      elseif how == 'r' then
+        -- Leased for a take that gave up: as before that take, its attempt not counted, nor
+        -- its grant.
+        if a > 1 or tail ~= '' then
+          redis.call('HSET', b, 'm' .. id, string.format('%d:0:0', a - 1) .. tail)
+        else
+          redis.call('HDEL', b, 'm' .. id)
+        end
+        redis.call('ZREM', leases, id)
+        if rate > 0 then redis.call('ZREM', grants, token) end
+        requeue(id, math.min(ms, max_ms))
+      elseif max_attempts > 0 and a >= max_attempts then
+        bury(id, b, redis.call('HGET', b, 'p' .. id), a, tail)
+      else
+        redis.call('HSET', b, 'm' .. id, string.format('%d:0:0', a) .. tail)
+        redis.call('ZREM', leases, id)
+        requeue(id, due_at(ms))
+      end
     end
   end
   out[#out + 1] = ok
@@ -457,10 +522,27 @@ end
 local want, budget = tonumber(ARGV[6]), tonumber(ARGV[5])
 local n, rows, next_due = 0, {}, nil
 local hold = on_hold()
+-- The room the limits leave (nil: no limit, or paused): leases held now, grants in the window.
+local room, active, granted = nil, 0, 0
+if limited and not hold then
+  room = max_ms
+  if max_leased > 0 then
+    active = redis.call('ZCOUNT', leases, '(' .. now_s, '+inf')
+    room = max_leased - active
+  end
+  if rate > 0 then
+    redis.call('ZREMRANGEBYSCORE', grants, '-inf', string.format('%d', now - period))
+    granted = redis.call('ZCARD', grants)
+    room = math.min(room, rate - granted)
+  end
+  room = math.max(room, 0)
+  want = math.min(want, room)
+end
+local want_s = string.format('%d', want)
 -- Paused: nothing to lease, and the due jobs are not looked at (see "Pausing").
 if not hold then
   repeat
-    local heads = redis.call('ZRANGE', events, n == 0 and '0' or string.format('%d', n), ARGV[6], 'WITHSCORES')
+    local heads = redis.call('ZRANGE', events, n == 0 and '0' or string.format('%d', n), want_s, 'WITHSCORES')
     local buried, k = false, 0
     while heads[2 * k + 2] do
       local at = tonumber(heads[2 * k + 2])
@@ -488,12 +570,13 @@ out[#out + 1] = n
 local lease_end = math.min(now + lease_ms, max_ms)
 if n > 0 then
   local token = redis.call('INCRBY', seq, string.format('%d', n)) - n
-  local leases, lease_s = {}, string.format('%d', lease_end)
+  local ends, given, lease_s = {}, {}, string.format('%d', lease_end)
   for k = 1, n do
     local r = rows[k]
     token = token + 1
     redis.call('HSET', r[2], 'm' .. r[1], string.format('%d:%d:%d', r[5], token, lease_end) .. r[6])
-    leases[2 * k - 1], leases[2 * k] = lease_s, r[1]
+    ends[2 * k - 1], ends[2 * k] = lease_s, r[1]
+    given[2 * k - 1], given[2 * k] = now_s, string.format('%d', token)
     out[#out + 1] = r[1]
     out[#out + 1] = r[3]
     out[#out + 1] = r[4]
@@ -501,22 +584,59 @@ if n > 0 then
     out[#out + 1] = token
     out[#out + 1] = lease_end
   end
-  redis.call('ZADD', events, unpack(leases))
+  redis.call('ZADD', events, unpack(ends))
+  redis.call('ZADD', leases, unpack(ends))
+  if rate > 0 then redis.call('ZADD', grants, unpack(given)) end
 end
 local after = next_due
 if n > 0 and (not after or lease_end < after) then after = lease_end end
-if before ~= false and after and (not before or after < before) then publish(after) end
+local told = before ~= false and after and (not before or after < before)
+if told then publish(after) end
+-- Held back: a due job waits and the limits leave no room. Its next event is when a place
+-- frees: the lease end (the grant time + period) after which fewer than max_leased leases
+-- (rate grants) are left, the later of the two when both are full.
+local due_waits = next_due and next_due <= now
+if room and due_waits and room - n <= 0 then
+  local free = nil
+  if max_leased > 0 and active + n >= max_leased then
+    local rank = redis.call('ZCOUNT', leases, '-inf', now_s) + active + n - max_leased
+    local e = redis.call('ZRANGE', leases, string.format('%d', rank), string.format('%d', rank), 'WITHSCORES')
+    free = tonumber(e[2]) or lease_end
+  end
+  if rate > 0 and granted + n >= rate then
+    local rank = string.format('%d', granted + n - rate)
+    local g = redis.call('ZRANGE', grants, rank, rank, 'WITHSCORES')
+    local t = (tonumber(g[2]) or now) + period
+    if not free or t > free then free = t end
+  end
+  after = math.max(free, now + 1)
+end
+-- Room freed while due jobs wait (a place, or the time one frees, moved earlier): the takes that
+-- a limit holds back, in every process, look again.
+if room and not told and due_waits and (freed or shortened) then publish(after) end
 out[1] = (after and not hold) and math.max(after - now, 0) or -1
 if deaths > 0 and keep_dead > 0 then sweep(now - keep_dead, math.min(10 * deaths, max_sweep)) end
 return out
 )lua");
 
-// ARGV channel shard id. Returns 1 if the job was queued (waiting or leased) and is gone now.
+// ARGV channel shard id limited. Returns 1 if the job was queued (waiting or leased) and is gone
+// now; 2 if so, and it was leased, limited is '1' (the object has limits) and a due job waits:
+// then a place under max_leased freed, and the script published "now" so that the takes that a
+// limit holds back look again (see "Limits"; the caller tells its own takes).
 inline constexpr auto cancel_lua = prelude + lua(R"lua(
 local id = ARGV[3]
 if redis.call('HDEL', bucket(id), 'p' .. id, 'm' .. id) == 0 then return 0 end
 redis.call('ZREM', events, id)
-return 1
+if ARGV[4] ~= '1' then
+  redis.call('ZREM', leases, id)
+  return 1
+end
+local ends = tonumber(redis.call('ZSCORE', leases, id) or '0')
+redis.call('ZREM', leases, id)
+local at = head()
+if ends <= now or not at or at > now then return 1 end
+publish(now)
+return 2
 )lua");
 
 // ARGV channel shard id delay_ms. Returns 1 if the job was waiting and is due delay_ms from now.
@@ -613,6 +733,8 @@ local payload = redis.call('HGET', dead, id)
 if not payload then return 0 end
 local info = redis.call('HGET', dead_info, id)
 redis.call('HDEL', dead, id)
+-- (Buried by this version, it has no lease; by hand or by an older one, it may: it has none now.)
+redis.call('ZREM', leases, id)
 if info then
   redis.call('HDEL', dead_info, id)
   redis.call('ZREM', dead_order, place_of(id, info))
@@ -668,12 +790,26 @@ inline constexpr auto size_lua = lua(R"lua(
 return redis.call('ZCARD', KEYS[1])
 )lua");
 
+// ARGV channel shard. Returns {waiting, due_now, leased, dead, lag ms} of the shard (see
+// "Stats"), six commands whatever it holds, changing nothing. A count of `leases` above what
+// `events` can hold (entries that a client of an earlier version left behind, "Leases") is cut
+// so that waiting >= due_now and waiting + leased = the queued jobs.
+inline constexpr auto stats_lua = prelude + lua(R"lua(
+local now_s = string.format('%d', now)
+local queued = redis.call('ZCARD', events)
+local due = redis.call('ZCOUNT', events, '-inf', now_s)
+local leased = math.min(redis.call('ZCOUNT', leases, '(' .. now_s, '+inf'), queued - due)
+local at = head()
+local lag = (at and at <= now) and now - at or 0
+return {queued - leased, due, leased, redis.call('HLEN', dead), lag}
+)lua");
+
 inline constexpr std::array<std::string_view, s_count> scripts{
     put_lua.view(),        consume_lua.view(), cancel_lua.view(),    reschedule_lua.view(),
     size_lua.view(),       get_lua.view(),     dead_page_lua.view(), requeue_dead_lua.view(),
-    purge_dead_lua.view(), pause_lua.view()};
+    purge_dead_lua.view(), pause_lua.view(),   stats_lua.view()};
 inline constexpr std::array<const char*, s_count> script_names{
-    "put", "consume",   "cancel",       "reschedule", "size",
-    "get", "dead page", "requeue dead", "purge dead", "pause"};
+    "put",       "consume",      "cancel",     "reschedule", "size", "get",
+    "dead page", "requeue dead", "purge dead", "pause",      "stats"};
 
 }  // namespace delayq::redis::detail

@@ -187,6 +187,10 @@ class waiting_room {
         });
     }
 
+    // Shard `s` may have a job for a take now (a place under the limits freed, and the script
+    // that freed it did not answer the taker: a cancel).
+    void hint(std::size_t s) { taker_.hint(s, taker_store::clock::now()); }
+
   private:
     script_client& client_;
     taker_store store_;
