@@ -67,9 +67,8 @@
 // Why triggers keep the counts, not the statements of the transitions: every writer of the file
 // counts then, whatever it is: put_in_transaction() and cancel_in_transaction() on the
 // application's connection, a version of delayq without stats(), an operator's DELETE. They cost
-// each insert or delete of a row one update of a meta row: about 0.7 us of CPU on a 2-core VM,
-// 12 % of a put's in put_many()s of 500 without fsync (durable_puts false; less with it), 7 % of
-// a job's take_many() and ack_many() (one trigger, the ack's delete). The dead count
+// each insert or delete of a row one update of a meta row (docs/performance.md has the
+// figures). The dead count
 // is taken before the insert because the move to the dead letters is an INSERT OR REPLACE (an id
 // that died before dies again), whose replaced row fires no delete trigger (SQLite's
 // recursive_triggers is off, on every connection of delayq).

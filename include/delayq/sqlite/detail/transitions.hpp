@@ -83,11 +83,10 @@
 // waiting jobs that are due, counted by stepping two ranges of {jobs}_due at once, the due ones
 // (due <= now) and the later ones, until one ends: the count is that range's, or the other's
 // from the waiting rows (queued less the rows with a lease). So it costs twice the smaller of
-// the due and the later jobs: nothing when a queue is all backlog or all future (0.01 ms at a
-// million jobs as at ten thousand), about 0.55 us a step when it is mixed (an index entry and
-// its row: SQLite 3.40 does not use a partial index as covering), 0.55 s at worst, for a million
-// jobs half due (3 ms at ten thousand; a 2-core VM). Nothing cheaper counts a range of a
-// b-tree, and due-ness moves with the clock, so no count kept by the writes could say it.
+// the due and the later jobs: little when a queue is nearly all backlog or nearly all future,
+// most when it is half due, each step an index entry and its row (SQLite 3.40 does not use a
+// partial index as covering; docs/performance.md has the figures). Nothing cheaper counts a range
+// of a b-tree, and due-ness moves with the clock, so no count kept by the writes could say it.
 //
 // Why a file of its own. delay_queue.hpp is the front and the glue: the calls users make, the two
 // group commits that merge concurrent calls into one transaction, the wait of the takes. None of
