@@ -12,6 +12,8 @@
 //   purge --older-than D           removes the dead letters that died more than D ago
 //   pause | resume                 stops and restarts the takes of every process
 //   put ID PAYLOAD [--in D]        queues a job due D from now (0)
+//   put ID PAYLOAD --every D       queues a series: a run every D, the first D from now
+//   put ID PAYLOAD --cron EXPR     queues a series: a run each time EXPR (5 fields, UTC) matches
 //   cancel ID                      removes a waiting or leased job
 // A duration D is a number with a unit: ms, s, m, h, d ("30s", "15m"). Output is for people;
 // --json prints one JSON object (dead: an array) for scripts. --timeout bounds each call to the
@@ -62,7 +64,8 @@ const char* const usage_text =
     "  URL: redis://[USER:PASSWORD@]HOST[:PORT]/NAME | sqlite:PATH |\n"
     "       postgresql://...?queue=NAME[&schema=S]\n"
     "  COMMAND: stats | get ID | dead [--max N] [--after ID] | requeue ID [--in D] |\n"
-    "           purge --older-than D | pause | resume | put ID PAYLOAD [--in D] | cancel ID\n"
+    "           purge --older-than D | pause | resume | cancel ID |\n"
+    "           put ID PAYLOAD [--in D | --every D | --cron 'M H DOM MON DOW']\n"
     "  D: a duration such as 500ms, 30s, 15m, 2h, 1d\n";
 
 milliseconds parse_duration(std::string_view s) {
@@ -95,14 +98,14 @@ struct command_line {
         const auto v = option(name);
         return v ? parse_duration(*v) : milliseconds::zero();
     }
-    void expect(std::size_t words_needed, std::initializer_list<const char*> allowed) const {
+    void expect(std::size_t words_needed, std::initializer_list<std::string_view> allowed) const {
         if (words.size() != words_needed)
             throw usage_error(command + " takes " + std::to_string(words_needed) +
                               (words_needed == 1 ? " argument" : " arguments"));
-        for (const auto& [name, value] : options)
-            if (std::find_if(allowed.begin(), allowed.end(),
-                             [&](const char* a) { return name == a; }) == allowed.end())
-                throw usage_error(command + " has no option " + name);
+        for (const auto& option : options)
+            if (std::find(allowed.begin(), allowed.end(), std::string_view(option.first)) ==
+                allowed.end())
+                throw usage_error(command + " has no option " + option.first);
     }
 };
 
@@ -308,9 +311,17 @@ int run(Q& q, const command_line& c) {
         return answer(c, true, cmd == "pause" ? "paused" : "resumed", "");
     }
     if (cmd == "put") {
-        c.expect(2, {"--in"});
-        return answer(c, q.put_after(c.words[0], c.words[1], c.duration("--in")), "queued",
-                      "already queued: " + printable(c.words[0]));
+        c.expect(2, {"--in", "--every", "--cron"});
+        if (c.options.size() > 1) throw usage_error("put takes one of --in, --every and --cron");
+        bool ok = false;
+        if (const auto e = c.option("--every")) {
+            ok = q.put_every(c.words[0], c.words[1], parse_duration(*e));
+        } else if (const auto cron = c.option("--cron")) {
+            ok = q.put_cron(c.words[0], c.words[1], *cron);
+        } else {
+            ok = q.put_after(c.words[0], c.words[1], c.duration("--in"));
+        }
+        return answer(c, ok, "queued", "already queued: " + printable(c.words[0]));
     }
     if (cmd == "cancel") {
         c.expect(1, {});

@@ -39,6 +39,13 @@
 //   paused, a take leases nothing and waits (up to its max_wait, or until a stop request) for a
 //   resume(), which wakes it; every other call works as before (puts, acks, nacks, extends,
 //   cancels, lookups; a lease that ends still ends). Both are idempotent; paused() tells.
+// - put_every(id, payload, period) and put_cron(id, payload, expression) queue a series: each
+//   run is an ordinary job with the series' id (the first due one period from now, or at the
+//   first minute the five-field UTC expression matches), and the step that acks a run, or moves
+//   it to the dead letters, queues the next in the same atomic step (detail/job_queue/repeat.hpp:
+//   the next slot after now, so a series that fell behind makes one catch-up run). Like put(),
+//   false when the id is queued. A period <= 0 or a bad expression is std::invalid_argument.
+//   cancel(id) ends the series.
 // - cancel() removes a waiting or leased job; reschedule() moves a waiting job only.
 // - With max_attempts N > 0, a job whose N-th delivery is nacked or whose N-th lease ends moves to
 //   the dead letters (dead_size()) instead of waiting again.
@@ -127,6 +134,8 @@ concept job_queue = requires {
     { q.put(s, s, tp) } -> std::same_as<bool>;
     { q.put_after(s, s, d) } -> std::same_as<bool>;
     { q.put_many(ps) } -> std::same_as<std::vector<bool>>;
+    { q.put_every(s, s, d) } -> std::same_as<bool>;
+    { q.put_cron(s, s, s) } -> std::same_as<bool>;
     { q.cancel(s) } -> std::same_as<bool>;
     { q.reschedule(s, d) } -> std::same_as<bool>;
     { q.take(d) } -> std::same_as<std::optional<job_type_t<Q>>>;

@@ -206,6 +206,81 @@ void over_limit(const Jobs& jobs, long long limit, report& r, Add& add) {
     r.counts["most leases surely held at once (limit " + std::to_string(limit) + ")"] = most;
 }
 
+/// A put_every() of the chaos: its begin and end lines, and whether it returned true.
+struct series_calls {
+    const event* begin = nullptr;
+    const event* end = nullptr;
+    long long period_ms = 0;
+    bool ok = false;
+};
+
+/// The repeatable jobs (ids that begin with 'S'), whose runs share the series' id: each run is
+/// one series' slot, first delivered with attempts 1. Judged: no run handed out before its due
+/// time (the store's clock); two runs of one series never due less than a period apart (each
+/// run's next is queued once, by the step that ends it, at a slot after it); a series that the
+/// producer made (put_every returned true) and nobody cancelled before the drain is still there at
+/// the drain (a run of it is handed to the drainer, which cancels it): a run's ack, death or
+/// lease's end never ended it.
+template <class Add>
+void judge_series(const std::map<std::string, series_calls>& series,
+                  const std::map<std::string, history>& runs,
+                  const std::map<int, std::string>& process_of, const event* drain_end, report& r,
+                  Add& add) {
+    constexpr long long store_ms = 1'000'000;
+    const auto by_drainer = [&](const event* e) {
+        const auto p = process_of.find(e->file);
+        return p != process_of.end() && p->second.rfind("drainer", 0) == 0;
+    };
+    for (const auto& [id, h] : runs) {
+        const auto s = series.find(id);
+        if (s == series.end() || s->second.begin == nullptr) {
+            if (!h.deliveries.empty())
+                add("phantom", id, "a series' run that no process made",
+                    {h.deliveries[0].begin, h.deliveries[0].line});
+            continue;
+        }
+        const long long period = s->second.period_ms * 1'000'000LL;
+        if (s->second.ok) r.counts["series made"]++;
+        std::map<long long, const delivery*> first_of_run;  // a run's slot -> its attempt 1
+        for (const auto& d : h.deliveries) {
+            r.counts["series runs handed out"]++;
+            if (d.line->real < d.deadline)
+                add("early", id,
+                    "a series' run handed out " +
+                        std::to_string((d.deadline - d.line->real) / 1000) +
+                        " us before its due time (the store's clock)",
+                    {d.begin, d.line});
+            // A run's first delivery is its attempt 1, due at the run's slot (a retry is due at
+            // its retry_after, a redelivery at the lease's end: not another run).
+            if (d.attempts == 1) first_of_run.emplace(d.deadline, &d);
+        }
+        const delivery* before = nullptr;
+        for (const auto& [due, d] : first_of_run) {
+            if (before != nullptr && due - before->deadline < period - store_ms)
+                add("series-two-runs", id,
+                    "two runs of a series due " +
+                        std::to_string((due - before->deadline) / 1'000'000) +
+                        " ms apart, less than its period of " +
+                        std::to_string(s->second.period_ms) + " ms",
+                    {before->begin, before->line, d->begin, d->line});
+            before = d;
+        }
+        // Still there at the drain, unless a cancel (but the drainer's) may have ended it.
+        bool cancelled = false;
+        for (const call& c : h.cancels)
+            cancelled |= !by_drainer(c.begin) && (c.ok() || c.open() || c.failed);
+        const bool drained = drain_end != nullptr && drain_end->at(0) == "1";
+        const bool at_drain = std::any_of(h.deliveries.begin(), h.deliveries.end(),
+                                          [&](const delivery& d) { return by_drainer(d.line); });
+        if (s->second.ok && drained && !cancelled && !at_drain) {
+            std::vector<const event*> ev{s->second.begin, s->second.end};
+            for (const auto& d : h.deliveries) ev.insert(ev.end(), {d.begin, d.line});
+            add("series-ended", id,
+                "a series that nobody cancelled had no run left when the queue was drained", ev);
+        }
+    }
+}
+
 }  // namespace detail
 
 /// Judges `logs` (logs[i] are the events of the process whose name is names[i]) and `end`.
@@ -215,6 +290,7 @@ inline report check(const std::vector<std::vector<event>>& logs, const final_sta
     report r;
     std::map<std::string, detail::history> jobs;
     std::map<int, std::string> process_of;  // log -> its process ("role index incarnation")
+    std::map<std::string, detail::series_calls> series;  // put_every calls, by the series' id
     long long open_takes = 0;  // takes a process died in, or that threw: deliveries nobody logged
     const event* drain_end = nullptr;  // the drainer's "drain-end 1 DEAD"
     std::vector<const event*> crashes, failures;
@@ -345,6 +421,13 @@ inline report check(const std::vector<std::vector<event>>& logs, const final_sta
                 // SIGKILL): deliveries that no line names, as from a take it died in.
                 ++open_takes;
                 job_lines_due = 0;
+            }
+            if (k == "series-begin") {
+                series[e.at(0)].begin = &e;
+                series[e.at(0)].period_ms = e.num(1);
+            } else if (k == "series-end" || k == "series-fail") {
+                series[e.at(0)].end = &e;
+                series[e.at(0)].ok = k == "series-end" && e.at(1) == "1";
             }
             if (k == "put-begin") {
                 auto& h = jobs[e.at(0)];
@@ -516,6 +599,18 @@ inline report check(const std::vector<std::vector<event>>& logs, const final_sta
             "the store's inspection found " + std::to_string(end.dead.size()) +
                 " dead letters, the queue's dead_size() said " + drain_end->at(1),
             {drain_end});
+
+    // Every lease counts against the limit, a series' runs' too; then a series is judged apart
+    // (its runs share its id), and the rules of one job per id see the others.
+    if (cs.max_leased > 0) detail::over_limit(jobs, cs.max_leased, r, add);
+    std::map<std::string, detail::history> runs;
+    for (auto it = jobs.begin(); it != jobs.end();)
+        if (!it->first.empty() && it->first[0] == 'S') {
+            runs.insert(jobs.extract(it++));
+        } else {
+            ++it;
+        }
+    detail::judge_series(series, runs, process_of, drain_end, r, add);
 
     const unsigned max = cs.max_attempts;
     for (auto& [id, h] : jobs) {
@@ -878,7 +973,6 @@ inline report check(const std::vector<std::vector<event>>& logs, const final_sta
                 all);
         if (h.poison && dead) r.counts["poison jobs dead"]++;
     }
-    if (cs.max_leased > 0) detail::over_limit(jobs, cs.max_leased, r, add);
     return r;
 }
 

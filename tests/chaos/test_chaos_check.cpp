@@ -683,3 +683,34 @@ TEST_CASE("chaos check: more jobs surely leased at once than the limit") {
         CHECK(kinds({producer("a"), producer("b"), x1, x2}, queued("a"), 3, 1) == none);
     }
 }
+
+TEST_CASE("chaos check: a series' runs, one a period, still there at the drain") {
+    log_builder p(0), c(1), d(2);
+    p(0, "start producer 0 0 4242 10000")(0, "series-begin Sp0 300")(5, "series-end Sp0 1");
+    // Two runs, due at 300 and 600 ms, each taken and acked.
+    c(0, "start consumer 0 0 4243 10000")(300, "take-begin 0 1 100")(310, "take-end 0 1")(
+        310, job(0, "Sp0", 1, 7, 300, 1310))(320, "ack-begin Sp0 7")(330, "ack-end Sp0 7 1")(
+        600, "take-begin 1 1 100")(610, "take-end 1 1")(610, job(1, "Sp0", 1, 9, 600, 1610))(
+        620, "ack-begin Sp0 9")(630, "ack-end Sp0 9 1");
+    d(0, "start drainer 0 0 4244 10000")(900, "take-begin 0 50 200")(910, "take-end 0 1")(
+        910, job(0, "Sp0", 1, 11, 900, 1910))(920, "cancel-begin Sp0")(930, "cancel-end Sp0 1")(
+        5000, "drain-end 1 0");
+    CHECK(kinds({p, c, d}, empty_end()) == none);
+    SECTION("a run's retry, due sooner than a period after it, is the same run") {
+        log_builder c2(3);
+        c2(0, "start consumer 1 0 4245 10000")(400, "take-begin 0 1 100")(410, "take-end 0 1")(
+            410, job(0, "Sp0", 2, 8, 400, 1410))(420, "ack-begin Sp0 8")(430, "ack-end Sp0 8 1");
+        CHECK(kinds({p, c, c2, d}, empty_end()) == none);
+    }
+    SECTION("two runs less than a period apart") {
+        log_builder c2(3);
+        c2(0, "start consumer 1 0 4245 10000")(400, "take-begin 0 1 100")(410, "take-end 0 1")(
+            410, job(0, "Sp0", 1, 8, 400, 1410))(420, "ack-begin Sp0 8")(430, "ack-end Sp0 8 1");
+        CHECK(kinds({p, c, c2, d}, empty_end()) == std::multiset<std::string>{"series-two-runs"});
+    }
+    SECTION("gone before the drain, though nobody cancelled it") {
+        log_builder d2(2);
+        d2(0, "start drainer 0 0 4244 10000")(5000, "drain-end 1 0");
+        CHECK(kinds({p, c, d2}, empty_end()) == std::multiset<std::string>{"series-ended"});
+    }
+}

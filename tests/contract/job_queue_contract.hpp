@@ -1381,3 +1381,158 @@ TEMPLATE_LIST_TEST_CASE("contract: stats counts a job whose lease ran out as due
     CHECK(s.lag >= 200ms);  // due again since its lease ended
     CHECK(s.lag < 60s);
 }
+
+TEMPLATE_LIST_TEST_CASE("contract: put_every runs a series, one run at a time, until cancel",
+                        "[contract][repeat]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    TestType f;
+    auto q = f.make({});
+    const auto before = std::chrono::system_clock::now();
+    REQUIRE(q->put_every("tick", "p", 300ms));
+    CHECK_FALSE(q->put_every("tick", "other", 300ms));  // queued: nothing changes
+    CHECK_FALSE(q->put("tick", "other", past));
+    CHECK(q->size() == 1);
+    auto first = q->take(60s);
+    REQUIRE(first.has_value());
+    CHECK(first->id == "tick");
+    CHECK(first->payload == "p");
+    CHECK(first->attempts == 1);
+    CHECK(first->deadline >= before + 300ms - 2ms);  // one period after the call, not before
+    CHECK(q->size() == 1);
+    CHECK(q->ack(*first));
+    CHECK_FALSE(q->ack(*first));
+    // The next run, queued by the ack: one period after the first, or the next slot after now.
+    auto info = q->get("tick");
+    REQUIRE(info.has_value());
+    CHECK(info->state == delayq::job_state::waiting);
+    CHECK(info->attempts == 0);
+    CHECK(info->time > first->deadline);
+    CHECK((info->time - first->deadline) % 300ms == 0ms);
+    auto second = q->take(60s);
+    REQUIRE(second.has_value());
+    CHECK(second->deadline == info->time);
+    CHECK(second->attempts == 1);
+    CHECK(second->payload == "p");
+    CHECK(q->cancel("tick"));  // a leased run: the series ends
+    CHECK_FALSE(q->ack(*second));
+    CHECK(q->size() == 0);
+    CHECK_FALSE(q->take(1s).has_value());
+    CHECK_FALSE(q->get("tick").has_value());
+}
+
+TEMPLATE_LIST_TEST_CASE("contract: a run that dies queues the next run, and the dead letter stays",
+                        "[contract][repeat]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    TestType f;
+    auto q = f.make({.lease = 300ms, .max_attempts = 1});
+    REQUIRE(q->put_every("s", "p", 200ms));
+    auto run = q->take(60s);
+    REQUIRE(run.has_value());
+    CHECK(q->bury(*run, "broken"));
+    CHECK(q->dead_size() == 1);
+    CHECK(q->size() == 1);  // the next run
+    auto next = q->take(60s);
+    REQUIRE(next.has_value());
+    CHECK(next->deadline > run->deadline);
+    // Its last lease ends unsettled (max_attempts 1): it dies, and the run after it is queued.
+    std::this_thread::sleep_for(600ms);
+    auto third = q->take(60s);
+    REQUIRE(third.has_value());
+    CHECK(third->id == "s");
+    CHECK(third->deadline > next->deadline);
+    CHECK(third->attempts == 1);
+    CHECK(q->dead_size() == 1);         // the id's dead letter: the latest death
+    CHECK(q->nack(*third, 0ms, "no"));  // the last attempt, nacked: dies, the next is queued
+    CHECK(q->size() == 1);
+    auto info = q->get("s");
+    REQUIRE(info.has_value());
+    CHECK(info->state == delayq::job_state::waiting);
+    CHECK(q->cancel("s"));
+    CHECK(q->size() == 0);
+}
+
+TEMPLATE_LIST_TEST_CASE("contract: a series whose runs fell behind makes one catch-up run",
+                        "[contract][repeat]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    TestType f;
+    auto q = f.make({});
+    REQUIRE(q->put_every("behind", "p", 100ms));
+    std::this_thread::sleep_for(1200ms);  // about 11 periods with no consumer
+    auto run = q->take(60s);
+    REQUIRE(run.has_value());
+    CHECK(q->ack(*run));
+    auto info = q->get("behind");
+    REQUIRE(info.has_value());
+    CHECK(info->time > std::chrono::system_clock::now() - 5ms);  // the next slot, not a backlog
+    CHECK(info->time - run->deadline >= 1s);                     // the missed slots were skipped
+    CHECK(q->size() == 1);
+}
+
+TEMPLATE_LIST_TEST_CASE("contract: put_cron is due at the next matching minute, in UTC",
+                        "[contract][repeat]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    using namespace std::chrono;
+    TestType f;
+    auto q = f.make({});
+    const auto now = system_clock::now();
+    REQUIRE(q->put_cron("nightly", "p", "0 3 * * *"));
+    auto info = q->get("nightly");
+    REQUIRE(info.has_value());
+    const auto day = floor<days>(now);
+    const auto want = day + hours(3) > now ? day + hours(3) : day + days(1) + hours(3);
+    CHECK(info->time == want);
+    CHECK_FALSE(q->put_cron("nightly", "p", "0 4 * * *"));
+    CHECK_THROWS_AS(q->put_cron("bad", "p", "0 25 * * *"), std::invalid_argument);
+    CHECK_THROWS_AS(q->put_cron("bad", "p", "* * *"), std::invalid_argument);
+    CHECK_THROWS_AS(q->put_every("bad", "p", 0ms), std::invalid_argument);
+    CHECK_THROWS_AS(q->put_every("bad", "p", -1s), std::invalid_argument);
+    CHECK_FALSE(q->get("bad").has_value());
+}
+
+TEMPLATE_LIST_TEST_CASE("contract: a worker runs a series again and again, once a period",
+                        "[contract][repeat][worker]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    TestType f;
+    auto q = f.make({});
+    auto other = f.make({});
+    REQUIRE(q->put_every("heartbeat", "p", 100ms));
+    std::mutex m;
+    std::vector<std::chrono::system_clock::time_point> runs;
+    const auto handler = [&](const delayq::job& j) {
+        std::lock_guard lk(m);
+        runs.push_back(j.deadline);
+    };
+    {
+        delayq::worker a(*q, handler, {.threads = 2});
+        delayq::worker b(*other, handler, {.threads = 2});
+        CHECK(eventually([&] {
+            std::lock_guard lk(m);
+            return runs.size() >= 5;
+        }));
+        CHECK(q->cancel("heartbeat"));
+    }
+    std::lock_guard lk(m);
+    std::sort(runs.begin(), runs.end());
+    // Never two runs of one slot: each run is due at least a period after the one before.
+    for (std::size_t i = 1; i < runs.size(); ++i) CHECK(runs[i] - runs[i - 1] >= 100ms);
+}
+
+TEMPLATE_LIST_TEST_CASE("contract: a run's retry does not move its series' phase",
+                        "[contract][repeat]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    TestType f;
+    auto q = f.make({});
+    REQUIRE(q->put_every("phase", "p", 1s));
+    auto run = q->take(60s);
+    REQUIRE(run.has_value());
+    const auto slot = run->deadline;
+    CHECK(q->nack(*run, 150ms, "again"));  // retried 150 ms later: the same run
+    auto retry = q->take(60s);
+    REQUIRE(retry.has_value());
+    CHECK(retry->attempts == 2);
+    CHECK(q->ack(*retry));
+    auto info = q->get("phase");
+    REQUIRE(info.has_value());
+    CHECK((info->time - slot) % 1s == 0ms);  // a whole number of periods after the first slot
+    CHECK(info->time > slot);
+}

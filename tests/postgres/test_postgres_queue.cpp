@@ -10,16 +10,21 @@
 // paused table added to older tables with their grants), limits (takes of two objects racing
 // under max_leased, the claim's lock in the claim's transaction, takes held back that do not claim
 // again and again, a cancel that frees a place, the index and table added to older tables) and
-// stats (at a million jobs), and the names of the prepared statements.
+// stats (at a million jobs), the names of the prepared statements, and repeatable jobs (the
+// server's next run against the C++ one, racing settles of one run, the wake-up of a next run,
+// the columns and function added to older tables).
 #include <libpq-fe.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <delayq/detail/job_queue/repeat.hpp>
 #include <delayq/postgres/delay_queue.hpp>
 #include <fstream>
+#include <latch>
 #include <optional>
+#include <random>
 #include <set>
 #include <span>
 #include <sstream>
@@ -1646,6 +1651,7 @@ TEST_CASE("postgres: the prepared statements are named dq0 to dqN in the order o
     CHECK(std::string(st[pg::detail::st_claim].name) == "dq4");
     CHECK(std::string(st[pg::detail::st_limit_lock].name) == "dq20");
     CHECK(std::string(st[pg::detail::st_stats].name) == "dq21");
+    CHECK(std::string(st[pg::detail::st_put_repeat].name) == "dq22");
 }
 
 TEST_CASE(
@@ -1838,4 +1844,332 @@ TEST_CASE("postgres: stats at a million jobs", "[.][postgres][stats][perf]") {
         CHECK(took < 1s);
     }
     server().exec("DELETE FROM delayq.jobs WHERE queue = '" + name + "'");
+}
+
+TEST_CASE("postgres: the server's next run is the C++ next_run, for many schedules and times",
+          "[postgres][repeat]") {
+    using delayq::detail::job_queue::cron_text;
+    using delayq::detail::job_queue::next_run;
+    { pg::delay_queue q(opts(fresh_name("next-run"))); }  // schema delayq, with the function
+    std::vector<std::string> texts;
+    for (const char* e :
+         {"* * * * *",     "0 3 * * *",         "*/15 * * * *",
+          "0 0 29 2 *",    "0 9 1 * MON",       "30 23 31 * *",
+          "0 0 * * 0",     "5 4 * * SUN",       "0 12 13 * FRI",
+          "59 23 31 12 *", "0 0 1 1 *",         "*/7 */5 */3 */2 *",
+          "0 0 29 2 1",    "0 0 30 * *",        "15,45 8-18/2 * JAN-MAR,OCT mon-fri",
+          "0 0 * * 7",     "1-59/2 0 1,15 * *", "0 0 29 2 */2",
+          "0 22 * * 1-5",  "59 23 * 2 *",       "0 0 31 * 2",
+          "0 12 * 2,3 *"})
+        texts.push_back(cron_text(e));
+    // Texts that no put writes, which the server must read as C++ reads them: refused, or masks
+    // made by hand (bits past a mask's width, the day bits that mean nothing, huge numbers).
+    for (const char* t : {"",
+                          "c",
+                          "x12",
+                          "c1:2:3",
+                          "c::::::",
+                          "c1:0:1:2:2:0:1",
+                          "c1:0:1:0:4:1:2",
+                          "c1:0:1:0:4:2:2",
+                          "c1:0:1:1073741824:4:2:0",
+                          "c10995116277769:0:1:4294967294:8190:127:3",
+                          "c10995116277770:0:1:4294967294:8190:127:3",
+                          "c0:1:1:4294967295:8191:255:3",
+                          "c1:0:1:4294967294:8190:127:3x",
+                          "c99999999999999999999999:0:1:2:4:0:3",
+                          "e",
+                          "e0",
+                          "e12a",
+                          "e0005",
+                          "e300",
+                          "e86400000",
+                          "e86400000000"})
+        texts.emplace_back(t);
+    std::vector<long long> times = {0,
+                                    59'999,
+                                    60'000,
+                                    951'782'400'000,     // 2000-02-29
+                                    1'709'164'799'999,   // 2024-02-28T23:59:59.999
+                                    1'709'164'800'000,   // 2024-02-29
+                                    1'735'689'599'999,   // 2024-12-31T23:59:59.999
+                                    4'035'398'400'000,   // 2097-11-15
+                                    4'102'444'799'999};  // 2099-12-31T23:59:59.999
+    std::mt19937_64 rng(20261207);
+    for (int i = 0; i < 30; ++i) times.push_back(static_cast<long long>(rng() % 4'102'444'800'000));
+    // One query for every case: (its number, text, due, now), due before now and after it.
+    std::string values;
+    std::vector<std::string> want;
+    for (const auto& t : texts)
+        for (const long long now : times)
+            for (const long long due : {now - 12'345, now + 777}) {
+                values += (values.empty() ? "(" : ", (") + std::to_string(want.size()) + ", '" + t +
+                          "', " + std::to_string(due) + "::bigint, " + std::to_string(now) +
+                          "::bigint)";
+                const auto n = next_run(t, due, now);
+                want.push_back(n ? std::to_string(*n) : "-");
+            }
+    const std::string got = server().query(
+        "SELECT string_agg(coalesce(delayq.next_run(x.t, x.d, x.n)::text, '-'), ',' ORDER BY "
+        "x.i) FROM (VALUES " +
+        values + ") x(i, t, d, n)");
+    std::vector<std::string> gots;
+    std::stringstream in(got);
+    for (std::string v; std::getline(in, v, ',');) gots.push_back(v);
+    REQUIRE(gots.size() == want.size());
+    std::vector<std::size_t> differ;
+    for (std::size_t i = 0; i < want.size(); ++i)
+        if (gots[i] != want[i]) differ.push_back(i);
+    INFO(differ.size() << " cases differ; the first: case " << (differ.empty() ? 0 : differ[0]));
+    CHECK(differ.empty());
+
+    // Through put_cron: the first run is the C++ next run after the server's now, which lies
+    // between the client's clock before the call and after it (one machine, one clock).
+    pg::delay_queue q(opts(fresh_name("first-run")));
+    const auto ms = [] {
+        return std::chrono::duration_cast<std::chrono::milliseconds>(
+                   std::chrono::system_clock::now().time_since_epoch())
+            .count();
+    };
+    int k = 0;
+    for (const char* e : {"* * * * *", "0 3 * * *", "0 0 29 2 *", "0 9 1 * MON", "*/7 */5 * * *",
+                          "59 23 31 12 *"}) {
+        const std::string id = "cron" + std::to_string(++k);
+        const long long before = ms();
+        REQUIRE(q.put_cron(id, "p", e));
+        const long long after = ms();
+        const auto i = q.get(id);
+        REQUIRE(i);
+        const long long at =
+            std::chrono::duration_cast<std::chrono::milliseconds>(i->time.time_since_epoch())
+                .count();
+        INFO(e);
+        CHECK(at >= *next_run(cron_text(e), 0, before - 1));
+        CHECK(at <= *next_run(cron_text(e), 0, after + 1));
+        CHECK(at % 60'000 == 0);
+    }
+}
+
+TEST_CASE("postgres: racing settles of one run, on two objects, queue one next run",
+          "[postgres][repeat][stress]") {
+    const std::string name = fresh_name("repeat-race");
+    pg::delay_queue a(opts(name)), b(opts(name));
+    REQUIRE(a.put_every("r", "p", 20ms));
+    std::size_t dead = 0;
+    for (int i = 0; i < 30; ++i) {
+        auto run = a.take(10s);
+        REQUIRE(run);
+        CHECK(run->id == "r");
+        // Both settle the same lease at once: ack and ack, ack and ack_many, ack and bury.
+        const int how = i % 3;
+        std::latch go(2);
+        std::atomic<int> held{0}, errors{0}, buried{0};
+        const auto settle = [&](pg::delay_queue& q, int kind) {
+            go.arrive_and_wait();
+            try {
+                bool ok = false;
+                if (kind == 0) ok = q.ack(*run);
+                if (kind == 1) ok = q.ack_many(std::span<const delayq::job>(&*run, 1)).at(0);
+                if (kind == 2) ok = q.bury(*run, "raced");
+                if (ok) ++held;
+                if (ok && kind == 2) ++buried;
+            } catch (const std::exception&) {
+                ++errors;
+            }
+        };
+        std::thread t1([&] { settle(a, 0); });
+        std::thread t2([&] { settle(b, how); });
+        t1.join();
+        t2.join();
+        CHECK(errors == 0);
+        CHECK(held == 1);
+        dead += static_cast<std::size_t>(buried.load());
+        // One next run, waiting, from attempt 0, whichever settle held.
+        CHECK(a.size() == 1);
+        const auto info = a.get("r");
+        REQUIRE(info);
+        CHECK(info->state == delayq::job_state::waiting);
+        CHECK(info->attempts == 0);
+        CHECK(info->time > run->deadline);
+        CHECK(info->payload == "p");
+    }
+    CHECK(a.dead_size() == (dead > 0 ? 1u : 0u));  // the id's dead letter: the latest death
+    CHECK(a.cancel("r"));
+    CHECK(a.size() == 0);
+}
+
+TEST_CASE("postgres: a cancel racing the ack of a run ends the series",
+          "[postgres][repeat][stress]") {
+    // The ack makes the run its next run in place: a cancel that waited for the ack finds the next
+    // run, never a row that is gone while a new one goes on.
+    const std::string name = fresh_name("repeat-cancel");
+    pg::delay_queue a(opts(name)), b(opts(name));
+    for (int i = 0; i < 20; ++i) {
+        const std::string id = "c" + std::to_string(i);
+        REQUIRE(a.put_every(id, "p", 10ms));
+        auto run = a.take(10s);
+        REQUIRE(run);
+        std::latch go(2);
+        std::atomic<int> cancelled{0}, errors{0};
+        std::thread acker([&] {
+            go.arrive_and_wait();
+            try {
+                (void)a.ack(*run);
+            } catch (const std::exception&) {
+                ++errors;
+            }
+        });
+        std::thread canceller([&] {
+            go.arrive_and_wait();
+            try {
+                if (b.cancel(id)) ++cancelled;
+            } catch (const std::exception&) {
+                ++errors;
+            }
+        });
+        acker.join();
+        canceller.join();
+        CHECK(errors == 0);
+        CHECK(cancelled == 1);
+        CHECK_FALSE(a.get(id).has_value());
+    }
+    CHECK(a.size() == 0);
+}
+
+TEST_CASE(
+    "postgres: the next run that an ack, ack_many or bury queues wakes a take waiting on another "
+    "object",
+    "[postgres][repeat][idle]") {
+    // The other object's take saw only the run's lease, which ends in a minute, and sleeps until
+    // then: only the next run's wake-up makes it take that run within its 10 s.
+    for (int how = 0; how < 3; ++how) {
+        auto o = opts(fresh_name("repeat-wake"));
+        o.lease = 60s;
+        pg::delay_queue a(o), b(o);
+        REQUIRE(a.put_every("w", "p", 200ms));
+        auto run = a.take(10s);
+        REQUIRE(run);
+        std::optional<delayq::job> got;
+        std::atomic<bool> failed{false};
+        std::thread t([&] {
+            try {
+                got = b.take(10s);
+            } catch (const std::exception&) {
+                failed = true;
+            }
+        });
+        std::this_thread::sleep_for(500ms);  // b claims, and sleeps until the lease ends
+        bool ok = false;
+        if (how == 0) ok = a.ack(*run);
+        if (how == 1) ok = a.ack_many(std::span<const delayq::job>(&*run, 1)).at(0);
+        if (how == 2) ok = a.bury(*run, "why");
+        t.join();
+        INFO("settled by " << (how == 0 ? "ack" : how == 1 ? "ack_many" : "bury"));
+        CHECK(ok);
+        CHECK_FALSE(failed);
+        REQUIRE(got);
+        CHECK(got->id == "w");
+        CHECK(got->deadline > run->deadline);
+    }
+}
+
+namespace {
+
+// The schema `schema` as a delayq made before repeatable jobs left it: no repeat and due columns,
+// no function next_run.
+void make_unrepeatable_layout(const std::string& schema) {
+    server().exec("ALTER TABLE " + schema + ".jobs DROP COLUMN repeat, DROP COLUMN due; " +
+                  "DROP FUNCTION " + schema + ".next_run(text, bigint, bigint)");
+}
+
+// Whether schema `schema` has the repeat and due columns and the function next_run.
+bool has_repeat_layout(const std::string& schema) {
+    return server().query(
+               "SELECT (SELECT count(*) FROM information_schema.columns WHERE "
+               "table_schema = '" +
+               schema +
+               "' AND table_name = 'jobs' AND column_name IN ('repeat', 'due')) = 2 "
+               "AND to_regprocedure('" +
+               schema + ".next_run(text, bigint, bigint)') IS NOT NULL") == "t";
+}
+
+// While it lives, the functions that role postgres creates are not executable by PUBLIC (as a
+// database whose administrator took that default away).
+struct no_public_execute {
+    no_public_execute() {
+        server().exec(
+            "ALTER DEFAULT PRIVILEGES FOR ROLE postgres REVOKE EXECUTE ON FUNCTIONS FROM "
+            "PUBLIC");
+    }
+    ~no_public_execute() {
+        try {
+            server().exec(
+                "ALTER DEFAULT PRIVILEGES FOR ROLE postgres GRANT EXECUTE ON FUNCTIONS TO PUBLIC");
+        } catch (...) {
+        }
+    }
+    no_public_execute(const no_public_execute&) = delete;
+    no_public_execute& operator=(const no_public_execute&) = delete;
+};
+
+}  // namespace
+
+TEST_CASE(
+    "postgres: tables made before repeatable jobs get the repeat columns and next_run when a "
+    "queue opens, with EXECUTE for the roles of the jobs table",
+    "[postgres][repeat][upgrade]") {
+    const std::string role = "repeater_" + std::to_string(::getpid());
+    const std::string schema = "uprep_" + std::to_string(::getpid());
+    server().exec("CREATE ROLE " + role + " LOGIN");
+    auto o = opts(fresh_name("upgrade-repeat"));
+    o.schema = schema;
+    {
+        pg::delay_queue q(o);  // the tables, the superuser's
+        REQUIRE(q.put_after("kept", "p", 0ms));
+    }
+    server().exec("GRANT USAGE ON SCHEMA " + schema + " TO " + role + "; GRANT ALL ON ALL " +
+                  "TABLES IN SCHEMA " + schema + " TO " + role + "; GRANT ALL ON ALL SEQUENCES " +
+                  "IN SCHEMA " + schema + " TO " + role);
+    make_unrepeatable_layout(schema);
+    REQUIRE_FALSE(has_repeat_layout(schema));
+
+    // A role that may use the tables, but neither owns them nor may create in the schema: told
+    // what it lacks, and nothing of it applied.
+    auto as_role = o;
+    as_role.conninfo = server().conninfo(role);
+    const auto m = message_of<pg::permission_error>([&] { pg::delay_queue q(as_role); });
+    INFO(m);
+    CHECK(contains(m, "repeat"));
+    CHECK(contains(m, "next_run"));
+    CHECK(contains(m, "ownership"));
+    CHECK(contains(m, "CREATE on schema"));
+    CHECK_FALSE(contains(m, "paused"));  // there: not asked for
+    CHECK_FALSE(has_repeat_layout(schema));
+
+    {
+        // The owner upgrades, in a database where PUBLIC does not get EXECUTE on new functions:
+        // the role that uses the jobs table gets it, or its acks would fail.
+        const no_public_execute guard;
+        pg::delay_queue q(o);
+        CHECK(has_repeat_layout(schema));
+        CHECK(q.size() == 1);
+    }
+    CHECK(server().query("SELECT has_function_privilege('" + role + "', '" + schema +
+                         ".next_run(text, bigint, bigint)', 'EXECUTE')") == "t");
+    pg::delay_queue q(as_role);
+    auto j = q.take(5s);
+    REQUIRE(j);
+    CHECK(j->id == "kept");  // the job made before the upgrade: a job of its own
+    CHECK(q.ack(*j));
+    CHECK(q.size() == 0);
+    REQUIRE(q.put_every("series", "p", 100ms));
+    j = q.take(5s);
+    REQUIRE(j);
+    CHECK(j->id == "series");
+    CHECK(q.ack(*j));
+    const auto next = q.get("series");
+    REQUIRE(next);
+    CHECK(next->state == delayq::job_state::waiting);
+    CHECK(next->time > j->deadline);
+    server().exec("DROP SCHEMA " + schema + " CASCADE");
 }

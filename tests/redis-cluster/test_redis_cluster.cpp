@@ -504,3 +504,38 @@ TEST_CASE(
     CHECK(s.leased == 0);
     CHECK(s.waiting == 52);
 }
+
+TEST_CASE("a series on a sharded queue on a cluster: each next run on its shard's master",
+          "[repeat]") {
+    redis_cluster c;
+    auto o = cluster_options(c, "series");
+    sharded_delay_queue q(o, 6), other(o, 6);
+    std::vector<std::string> ids;
+    for (int i = 0; i < 12; ++i) ids.push_back("s" + std::to_string(i));
+    for (const auto& id : ids) REQUIRE(q.put_every(id, "p", 100ms));
+    const auto events_of = [](const std::string& id) {
+        return "dq:v3:{series#" + std::to_string(delayq::redis::detail::fnv1a(id) % 6) + "}:events";
+    };
+    // Two runs of each series, acked by either object: every next run is on its shard's master.
+    std::map<std::string, int> acked;
+    const auto done = [&] {
+        if (acked.size() < ids.size()) return false;
+        for (const auto& a : acked)
+            if (a.second < 2) return false;
+        return true;
+    };
+    for (int turn = 0; !done(); ++turn) {
+        REQUIRE(turn < 200);
+        sharded_delay_queue& taker = turn % 2 == 0 ? q : other;
+        sharded_delay_queue& acker = turn % 2 == 0 ? other : q;
+        auto run = taker.take(10s);
+        REQUIRE(run);
+        REQUIRE(acker.ack(*run));
+        ++acked[run->id];
+        const std::string key = events_of(run->id);
+        CHECK(c.at_port(c.master_of_key(key)).text({"ZSCORE", key, run->id}) != "");
+    }
+    CHECK(q.size() == ids.size());
+    for (const auto& id : ids) CHECK(other.cancel(id));
+    CHECK(q.size() == 0);
+}

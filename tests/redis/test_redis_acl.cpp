@@ -196,6 +196,26 @@ TEST_CASE("an ACL user with exactly the documented permissions can use every cal
     sh.resume();
     CHECK_FALSE(sh.paused());
 
+    // Series (put_every, put_cron), on a queue of their own: an ack and a burial that queue the
+    // next run, a cancel.
+    auto series_options = o;
+    series_options.name = "series";
+    delay_queue series(series_options);
+    REQUIRE(series.put_every("every", "", 100ms));
+    REQUIRE(series.put_cron("cron", "", "0 0 1 1 *"));
+    auto run = series.take(10s);
+    REQUIRE(run);
+    CHECK(run->id == "every");
+    CHECK(series.ack(*run));
+    run = series.take(10s);
+    REQUIRE(run);
+    CHECK(series.bury(*run, "x"));
+    CHECK(series.size() == 2);
+    CHECK(series.cancel("every"));
+    CHECK(series.cancel("cron"));
+    CHECK(series.size() == 0);
+    CHECK(series.dead_size() == 1);
+
     CHECK(q.size() == 0);
     CHECK(sh.size() == 0);
     CHECK(q.dead_size() == 1);

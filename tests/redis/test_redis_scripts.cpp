@@ -4,15 +4,22 @@
 // dead letter are kept (beside the dead-letter hash that every version reads), and how dead
 // letters are put back and removed: in bounded batches, by a purge or by keep_dead; the `leases`
 // set that every script keeps (and a queue written before it existed), and the `grants` and the
-// waits of the limits.
+// waits of the limits; and the series of repeatable jobs: the scripts' Lua next run against the
+// C++ one that defines it, where a run's schedule is kept, and one next run per run however the
+// acks race or merge.
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <delayq/redis/delay_queue.hpp>
 #include <functional>
 #include <future>
 #include <map>
+#include <random>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "catch.hpp"
@@ -903,4 +910,345 @@ TEST_CASE("stats: one script call per shard, whatever the queue holds", "[script
     // Each command the script ran is O(log n) or O(1): nothing went through the jobs.
     for (const char* cmd : {"zrangebyscore", "zrangebylex", "hgetall", "hmget", "scan", "keys"})
         CHECK(srv.info_field("commandstats", std::string("cmdstat_") + cmd + ":calls=").empty());
+}
+
+// Repeatable jobs (scripts.hpp, "Repeatable jobs"): the Lua next run against the C++ one that
+// defines it, where the schedule rides, and the next run made once by racing or merged acks.
+namespace {
+
+using delayq::detail::job_queue::cron_text;
+using delayq::detail::job_queue::every_text;
+
+// The Lua next_run (scripts.hpp's repeat_lua, the very text the scripts run) on the server, for
+// `schedule` and each (slot, now) of `at`: the due times it gives, -1 for none. The text reads no
+// key and no clock, so EVAL runs it with times of the test's choosing.
+std::vector<long long> lua_next_runs(const redis_server& srv, const std::string& schedule,
+                                     const std::vector<std::pair<long long, long long>>& at) {
+    std::string script(delayq::redis::detail::repeat_lua.view());
+    script +=
+        "local out = {}\n"
+        "for i = 2, #ARGV, 2 do\n"
+        "  local r = next_run(ARGV[1], tonumber(ARGV[i]), tonumber(ARGV[i + 1]))\n"
+        "  out[#out + 1] = r and string.format('%d', r) or '-1'\n"
+        "end\n"
+        "return out\n";
+    std::vector<std::string> args{"EVAL", script, "0", schedule};
+    for (const auto& p : at) {
+        args.push_back(std::to_string(p.first));
+        args.push_back(std::to_string(p.second));
+    }
+    std::vector<long long> out;
+    for (const auto& s : srv.list(args)) out.push_back(std::stoll(s));
+    return out;
+}
+
+long long ms_of(std::chrono::system_clock::time_point t) {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
+}
+
+long long ms_of(int y, unsigned mo, unsigned d, int h = 0, int mi = 0, int s = 0) {
+    using namespace std::chrono;
+    return ms_of(sys_days(year(y) / month(mo) / day(d)) + hours(h) + minutes(mi) + seconds(s));
+}
+
+// The "r" entry of job `id` in queue `q`'s buckets (its schedule), or "".
+std::string schedule_of(const redis_server& srv, const std::string& id) {
+    for (const auto& bucket : srv.keys("dq:v3:{q}:data:*")) {
+        const std::string r = srv.text({"HGET", bucket, "r" + id});
+        if (!r.empty()) return r;
+    }
+    return "";
+}
+
+}  // namespace
+
+TEST_CASE("repeat: the scripts' Lua next run is the C++ next_run, for cron and every schedules",
+          "[scripts][repeat]") {
+    redis_server srv;
+    // Times around the edges a calendar walk can get wrong (ends of months and years, 29
+    // February in leap years and in 2100, which is none, the epoch, the last minute of a day),
+    // then many at random from 1970 to 2200.
+    std::vector<long long> times{0,
+                                 59'999,
+                                 60'000,
+                                 ms_of(1999, 12, 31, 23, 59, 59),
+                                 ms_of(2000, 2, 28, 23, 59),
+                                 ms_of(2000, 2, 29, 12),
+                                 ms_of(2024, 2, 29, 0, 0),
+                                 ms_of(2026, 12, 7, 10, 7, 30),
+                                 ms_of(2027, 1, 31, 23, 59, 59),
+                                 ms_of(2096, 3, 1),
+                                 ms_of(2100, 2, 28, 23, 59, 59),
+                                 ms_of(2100, 3, 1)};
+    std::mt19937_64 rng(20261207);
+    std::uniform_int_distribution<long long> any_time(0, ms_of(2200, 1, 1));
+    for (int i = 0; i < 60; ++i) times.push_back(any_time(rng));
+    for (int i = 0; i < 8; ++i) {  // exactly on a minute, and just before one
+        const long long t = any_time(rng) / 60'000 * 60'000;
+        times.push_back(t);
+        times.push_back(t - 1);
+    }
+    std::vector<std::string> schedules;
+    for (const char* e : {"* * * * *",         "*/15 * * * *", "0 3 * * *",
+                          "0 9 1 * MON",       "0 0 29 2 *",   "30 23 31 12 *",
+                          "0 0 * * 0",         "0 0 * * 7",    "5-10/2 8-18 * JAN,JUL SAT,SUN",
+                          "0 12 15 * *",       "0 0 1 1 *",    "59 23 * * *",
+                          "0 0 */2 * *",       "0 0 * */3 *",  "0 0 13 * FRI",
+                          "0 0 31 * *",        "45 4 1-7 * 1", "0,30 * * 2 *",
+                          "29,30,59 22 * * *", "0 0 29 2 MON", "0 0 */5 * 1-5",
+                          "0 0 * * */2",       "7 7 7 7 *",    "0 0 30 * *"})
+        schedules.push_back(cron_text(e));
+    // Masks no expression makes: bits above each field's range (ignored), and none at all.
+    for (const char* c : {"c4294967295:4294967295:4294967295:4294967295:4294967295:127:3",
+                          "c1:0:1:4294967294:8190:0:2", "c0:0:0:0:0:0:0", "c1:0:1:2:4:1:0"})
+        schedules.emplace_back(c);
+    for (long long p : {1LL, 7LL, 1000LL, 60'000LL, 3'600'000LL, 86'400'000LL + 1})
+        schedules.push_back(every_text(std::chrono::milliseconds(p)));
+    // What no version writes: no next run, from either.
+    for (const char* bad : {"", "e", "e0", "e-5", "x100", "c1:2", "eabc"})
+        schedules.emplace_back(bad);
+
+    std::uniform_int_distribution<long long> offset(-10'000'000, 10'000'000);
+    for (const auto& s : schedules) {
+        std::vector<std::pair<long long, long long>> at;
+        for (long long now : times) {
+            const long long slot = std::max(0LL, now + offset(rng));  // now and then after now
+            at.emplace_back(slot, now);
+        }
+        const auto lua = lua_next_runs(srv, s, at);
+        REQUIRE(lua.size() == at.size());
+        for (std::size_t i = 0; i < at.size(); ++i) {
+            INFO(s << " slot " << at[i].first << " now " << at[i].second);
+            const auto want = delayq::detail::job_queue::next_run(s, at[i].first, at[i].second);
+            CHECK(lua[i] == want.value_or(-1));
+        }
+    }
+}
+
+TEST_CASE("repeat: put_cron's first run is the C++ next run after the server's now",
+          "[scripts][repeat]") {
+    redis_server srv;
+    delay_queue q(opts(srv));
+    int n = 0;
+    for (const char* e : {"* * * * *", "*/2 * * * *", "0 * * * *", "0 3 * * *", "0 9 1 * MON",
+                          "0 0 29 2 *", "5-10/2 8-18 * JAN,JUL SAT,SUN", "59 23 31 12 *"}) {
+        const std::string id = "c" + std::to_string(n++);
+        const std::string text = cron_text(e);
+        const long long before = srv.time_ms();
+        REQUIRE(q.put_cron(id, "p", e));
+        const long long after = srv.time_ms();
+        const auto info = q.get(id);
+        REQUIRE(info);
+        INFO(e);
+        // The server's now lies between the two reads: the C++ next run after one of them.
+        const long long got = ms_of(info->time);
+        const auto first = delayq::detail::job_queue::next_run(text, 0, before);
+        const auto last = delayq::detail::job_queue::next_run(text, 0, after);
+        CHECK((got == first || got == last));
+        CHECK(schedule_of(srv, id) == std::to_string(got) + " " + text);
+    }
+    const std::string cron_error = delayq::test::message_of<std::invalid_argument>(
+        [&] { q.put_cron("bad", "p", "0 25 * *"); });
+    CHECK(contains(cron_error, "delayq::redis::delay_queue"));
+    CHECK(contains(cron_error, "5 fields"));
+    const std::string hour_error = delayq::test::message_of<std::invalid_argument>(
+        [&] { q.put_cron("bad", "p", "0 25 * * *"); });
+    CHECK(contains(hour_error, "hour"));
+    CHECK(contains(
+        delayq::test::message_of<std::invalid_argument>([&] { q.put_every("bad", "p", 0ms); }),
+        "period"));
+    CHECK_FALSE(q.get("bad"));
+}
+
+TEST_CASE("repeat: the schedule rides in the job's bucket, moves with each run and goes with it",
+          "[scripts][repeat]") {
+    redis_server srv;
+    auto o = opts(srv);
+    o.max_attempts = 2;
+    delay_queue q(o);
+    const long long before = srv.time_ms();
+    REQUIRE(q.put_every("s", "p", 100ms));
+    const std::string first = schedule_of(srv, "s");
+    REQUIRE(first.ends_with(" e100"));
+    const long long slot = std::stoll(first);
+    CHECK(slot >= before + 100);
+    CHECK(slot == ms_of(q.get("s")->time));
+
+    // A nack before the last attempt retries the run: the same slot, its attempt counted.
+    auto run = q.take(10s);
+    REQUIRE(run);
+    CHECK(ms_of(run->deadline) == slot);
+    REQUIRE(q.nack(*run, 0ms, "once"));
+    CHECK(schedule_of(srv, "s") == first);
+    run = q.take(10s);
+    REQUIRE(run);
+    CHECK(run->attempts == 2);
+    // Its ack: the next run, in phase, with no attempts and no last error left ("m" gone).
+    REQUIRE(q.ack(*run));
+    const std::string second = schedule_of(srv, "s");
+    const long long next = std::stoll(second);
+    CHECK(second == std::to_string(next) + " e100");
+    CHECK(next > slot);
+    CHECK((next - slot) % 100 == 0);
+    CHECK(meta_of(srv, "s").empty());
+    const auto info = q.get("s");
+    REQUIRE(info);
+    CHECK(info->attempts == 0);
+    CHECK(info->last_error.empty());
+    CHECK(ms_of(info->time) == next);
+    // A reschedule moves the run, not its slot: the series stays in phase.
+    REQUIRE(q.reschedule("s", 0ms));
+    CHECK(schedule_of(srv, "s") == second);
+    run = q.take(10s);
+    REQUIRE(run);
+    REQUIRE(q.ack(*run));
+    CHECK((std::stoll(schedule_of(srv, "s")) - slot) % 100 == 0);
+
+    // A schedule this version cannot read (a later one's) ends the series at the run's end.
+    run = q.take(10s);
+    REQUIRE(run);
+    for (const auto& bucket : srv.keys("dq:v3:{q}:data:*"))
+        if (!srv.text({"HGET", bucket, "rs"}).empty()) srv.command({"HSET", bucket, "rs", "5 z1"});
+    REQUIRE(q.ack(*run));
+    CHECK(q.size() == 0);
+    CHECK(schedule_of(srv, "s").empty());
+    CHECK(srv.keys("dq:v3:{q}:data:*").empty());  // nothing of it left
+
+    // A cancel ends a series and takes its schedule with it.
+    REQUIRE(q.put_cron("c", "p", "0 0 1 1 *"));
+    CHECK_FALSE(schedule_of(srv, "c").empty());
+    REQUIRE(q.cancel("c"));
+    CHECK(schedule_of(srv, "c").empty());
+    CHECK(srv.keys("dq:v3:{q}:data:*").empty());
+    // A plain put on the id after that is a plain job: no next run after its ack.
+    REQUIRE(q.put_after("c", "p", 0ms));
+    run = q.take(10s);
+    REQUIRE(run);
+    REQUIRE(q.ack(*run));
+    CHECK(q.size() == 0);
+}
+
+TEST_CASE("repeat: racing acks of one run from two objects make one next run",
+          "[scripts][repeat]") {
+    redis_server srv;
+    auto o = opts(srv);
+    o.lease = 10s;
+    delay_queue a(o), b(o);
+    REQUIRE(a.put_every("s", "p", 50ms));
+    for (int round = 0; round < 20; ++round) {
+        auto run = a.take(10s);
+        REQUIRE(run);
+        const long long slot = ms_of(run->deadline);
+        const delayq::redis::job copy = *run;
+        auto by_b = std::async(std::launch::async, [&b, &copy] { return b.ack(copy); });
+        const bool by_a = a.ack(*run);
+        const bool other = by_b.get();
+        CHECK(by_a != other);  // one holder's ack holds, the other finds the run gone
+        CHECK(a.size() == 1);
+        const auto info = a.get("s");
+        REQUIRE(info);
+        CHECK(info->state == delayq::job_state::waiting);
+        CHECK(info->attempts == 0);
+        CHECK(ms_of(info->time) > slot);
+        CHECK((ms_of(info->time) - slot) % 50 == 0);
+    }
+}
+
+TEST_CASE("repeat: a run whose lease ended is the next holder's: only that ack makes the next run",
+          "[scripts][repeat]") {
+    redis_server srv;
+    auto o = opts(srv);
+    o.lease = 300ms;
+    delay_queue a(o);
+    o.lease = 10s;
+    delay_queue b(o);
+    REQUIRE(a.put_every("s", "p", 100ms));
+    auto first = a.take(10s);
+    REQUIRE(first);
+    auto second = b.take(10s);  // once the first lease ended
+    REQUIRE(second);
+    CHECK(second->attempts == 2);
+    CHECK_FALSE(a.ack(*first));
+    CHECK(b.size() == 1);
+    CHECK(b.get("s")->state == delayq::job_state::leased);
+    CHECK(b.ack(*second));
+    const auto info = b.get("s");
+    REQUIRE(info);
+    CHECK(info->state == delayq::job_state::waiting);
+    CHECK(info->attempts == 0);
+    CHECK(ms_of(info->time) > ms_of(first->deadline));
+    CHECK((ms_of(info->time) - ms_of(first->deadline)) % 100 == 0);  // the first run's slot
+    CHECK(b.size() == 1);
+}
+
+TEST_CASE("repeat: acks merged into one script call each queue their run's next run",
+          "[scripts][repeat]") {
+    redis_server srv;
+    delay_queue q(opts(srv));
+    constexpr int n = 8;
+    for (int i = 0; i < n; ++i) REQUIRE(q.put_every("s" + std::to_string(i), "p", 100ms));
+    REQUIRE(q.put_after("plain", "p", 0ms));
+    std::vector<delayq::redis::job> runs;
+    while (runs.size() < n + 1) {
+        auto more = q.take_many(n + 1 - runs.size(), 10s);
+        REQUIRE_FALSE(more.empty());
+        runs.insert(runs.end(), more.begin(), more.end());
+    }
+    // The server holds every write while the threads hand their acks in: they go together.
+    std::vector<int> ok(runs.size(), -1);
+    srv.command({"CONFIG", "RESETSTAT"});
+    REQUIRE(srv.command({"CLIENT", "PAUSE", "10000", "WRITE"})->type == REDIS_REPLY_STATUS);
+    std::atomic<std::size_t> ready{0};
+    std::vector<std::thread> ts;
+    for (std::size_t i = 0; i < runs.size(); ++i)
+        ts.emplace_back([&, i] {
+            ++ready;
+            ok[i] = q.ack(runs[i]) ? 1 : 0;
+        });
+    while (ready.load() < runs.size()) std::this_thread::sleep_for(1ms);
+    std::this_thread::sleep_for(300ms);
+    srv.command({"CLIENT", "UNPAUSE"});
+    for (auto& t : ts) t.join();
+    CHECK(script_calls(srv) < static_cast<long long>(runs.size()));  // some went together
+    CHECK(ok == std::vector<int>(runs.size(), 1));
+    CHECK(q.size() == n);  // every series' next run, and the plain job gone
+    CHECK_FALSE(q.get("plain"));
+    for (const auto& r : runs) {
+        if (r.id == "plain") continue;
+        INFO(r.id);
+        const auto info = q.get(r.id);
+        REQUIRE(info);
+        CHECK(info->state == delayq::job_state::waiting);
+        CHECK(info->attempts == 0);
+        CHECK(ms_of(info->time) > ms_of(r.deadline));
+        CHECK((ms_of(info->time) - ms_of(r.deadline)) % 100 == 0);
+    }
+}
+
+TEST_CASE("repeat: the next run wakes a take that waits in another object, unless paused",
+          "[scripts][repeat]") {
+    redis_server srv;
+    auto o = opts(srv);
+    o.max_block = 30s;  // only a message wakes the waiting take in time
+    delay_queue a(o), b(o);
+    REQUIRE(a.put_every("s", "p", 200ms));
+    auto run = a.take(10s);
+    REQUIRE(run);
+    auto waiting = std::async(std::launch::async, [&b] { return b.take(20s); });
+    REQUIRE(eventually([&] { return srv.waiting_objects() >= 1; }));
+    REQUIRE(a.ack(*run));  // the next run comes before the lease end that was the next event
+    REQUIRE(waiting.wait_for(15s) == std::future_status::ready);
+    auto next = waiting.get();
+    REQUIRE(next);
+    CHECK(next->id == "s");
+    CHECK(next->deadline > run->deadline);
+
+    // Paused: the ack queues the next run and publishes nothing; the resume does.
+    a.pause();
+    srv.command({"CONFIG", "RESETSTAT"});
+    REQUIRE(b.ack(*next));
+    CHECK(srv.info_field("commandstats", "cmdstat_publish:calls=").empty());
+    CHECK(a.size() == 1);
+    a.resume();
+    CHECK(srv.info_field("commandstats", "cmdstat_publish:calls=") == "1");
 }

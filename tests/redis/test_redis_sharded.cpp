@@ -567,3 +567,41 @@ TEST_CASE("sharded: stats sums the shards, and the lag is the largest", "[stats]
     CHECK(s.lag > 0ms);
     for (const auto& j : leased) CHECK(q.ack(j));
 }
+
+TEST_CASE("sharded: a series' next run stays on its shard, made once by racing objects",
+          "[repeat]") {
+    redis_server srv;
+    sharded_delay_queue a(opts(srv), 8), b(opts(srv), 8);
+    std::vector<std::string> ids;
+    for (int i = 0; i < 16; ++i) ids.push_back("series-" + std::to_string(i));
+    for (const auto& id : ids) REQUIRE(a.put_every(id, "p", 100ms));
+    for (const auto& id : ids) CHECK_FALSE(b.put_cron(id, "p", "* * * * *"));
+    const auto shard_key = [](const std::string& id) {
+        return "dq:v3:{q#" + std::to_string(delayq::redis::detail::fnv1a(id) % 8) + "}:events";
+    };
+    // Two rounds of runs, each acked by both objects at once: one ack holds, one next run.
+    for (int round = 0; round < 2; ++round) {
+        std::vector<delayq::redis::job> runs;
+        while (runs.size() < ids.size()) {
+            auto j = a.take(10s);
+            REQUIRE(j);
+            runs.push_back(*j);
+        }
+        for (const auto& run : runs) {
+            auto by_b = std::async(std::launch::async, [&b, &run] { return b.ack(run); });
+            const bool by_a = a.ack(run);
+            CHECK(by_a != by_b.get());
+        }
+        CHECK(a.size() == ids.size());
+        for (const auto& run : runs) {
+            INFO(run.id);
+            const auto info = b.get(run.id);
+            REQUIRE(info);
+            CHECK(info->state == delayq::job_state::waiting);
+            CHECK(info->time > run.deadline);
+            CHECK(srv.text({"ZSCORE", shard_key(run.id), run.id}) != "");
+        }
+    }
+    for (const auto& id : ids) CHECK(b.cancel(id));
+    CHECK(a.size() == 0);
+}

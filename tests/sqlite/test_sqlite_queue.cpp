@@ -38,9 +38,12 @@ using namespace std::chrono_literals;
 using delayq::sqlite::delay_queue;
 using delayq::test::contains;
 using delayq::test::message_of;
+using delayq_sqlite_test::channel;
+using delayq_sqlite_test::child;
 using delayq_sqlite_test::integrity;
 using delayq_sqlite_test::opts;
 using delayq_sqlite_test::temp_dir;
+using delayq_sqlite_test::wait_for;
 
 namespace {
 
@@ -1533,4 +1536,206 @@ TEST_CASE("limits: a take held back by a rate sleeps until the period turns, the
     CHECK(leased_at(*got) - leased_at(*first) >= 2s);
     CHECK(begins <= before + 4);  // and one more, when the period turned (a few at worst)
     CHECK(q->ack(*got));
+}
+
+TEST_CASE("series: a file of the layout before series gets the repeat column and runs one") {
+    temp_dir dir;
+    auto o = opts(dir.file());
+    std::string prefix;
+    SECTION("a queue in a file of its own") {}
+    SECTION("a queue beside the application's tables") {
+        o.allow_other_tables = true;
+        prefix = "delayq_";
+    }
+    o.lease = 1h;
+    delayq::job held;
+    {
+        delay_queue q(o);
+        REQUIRE(q.put("held", "ph", past));
+        REQUIRE(q.put("waiting", "pw", std::chrono::system_clock::now() + 1h));
+        auto j = q.take(5s);
+        REQUIRE(j);
+        held = *j;
+    }
+    raw_exec(dir.file(), ("ALTER TABLE " + prefix + "jobs DROP COLUMN repeat").c_str());
+    REQUIRE_FALSE(has_column(dir.file(), prefix + "jobs", "repeat"));
+
+    delay_queue q(o);
+    CHECK(has_column(dir.file(), prefix + "jobs", "repeat"));
+    CHECK(q.size() == 2);
+    // The rows from before are one-off jobs: their ack queues nothing.
+    CHECK(q.ack(held));
+    CHECK(q.size() == 1);
+    CHECK_FALSE(q.get("held"));
+    REQUIRE(q.put_every("series", "ps", 50ms));
+    auto run = q.take(5s);
+    REQUIRE(run);
+    CHECK(run->id == "series");
+    CHECK(q.ack(*run));
+    auto next = q.get("series");
+    REQUIRE(next);
+    CHECK(next->state == delayq::job_state::waiting);
+    CHECK(next->time > run->deadline);
+    CHECK(next->payload == "ps");
+    CHECK(q.size() == 2);
+    // Opened again: nothing left to add, and the series goes on.
+    delay_queue reopened(o);
+    auto again = reopened.take(5s);
+    REQUIRE(again);
+    CHECK(again->id == "series");
+    CHECK(reopened.ack(*again));
+    CHECK(reopened.size() == 2);
+    CHECK(integrity(dir.file()) == "ok");
+}
+
+TEST_CASE("series: the schedule is text in the file, and one this version cannot read ends it") {
+    temp_dir dir;
+    delay_queue q(opts(dir.file()));
+    REQUIRE(q.put_every("every", "x", 1500ms));
+    REQUIRE(q.put_cron("cron", "x", "*/5 * * * *"));
+    REQUIRE(q.put("once", "x", past));
+    // "<slot> <schedule>": the slot is the run's due time until a retry or reschedule moves it.
+    CHECK(raw_text(dir.file(),
+                   "SELECT typeof(repeat) || ' ' || (repeat = due || ' e1500') FROM jobs "
+                   "WHERE id = CAST('every' AS BLOB)") == "text 1");
+    CHECK(raw_text(dir.file(),
+                   "SELECT substr(repeat, instr(repeat, ' ') + 1, 1) FROM jobs WHERE id = "
+                   "CAST('cron' AS BLOB)") == "c");
+    CHECK(raw_text(dir.file(), "SELECT count(*) FROM jobs WHERE repeat IS NULL") == "1");
+    // A later version's schedule: the ack settles the run and queues nothing after it.
+    raw_exec(dir.file(),
+             "UPDATE jobs SET repeat = '0 z1', due = 0 WHERE id = CAST('every' AS BLOB)");
+    auto runs = q.take_many(2, 5s);
+    REQUIRE(runs.size() == 2);
+    for (const auto& j : runs) CHECK(q.ack(j));
+    CHECK(q.size() == 1);  // the cron series, waiting
+    CHECK_FALSE(q.get("every"));
+    CHECK_FALSE(q.get("once"));
+    auto cron = q.get("cron");
+    REQUIRE(cron);
+    CHECK(cron->time.time_since_epoch() % std::chrono::minutes(5) == 0ms);
+}
+
+TEST_CASE("series: the next run's leases have greater tokens than the run before it") {
+    temp_dir dir;
+    delay_queue q(opts(dir.file()));
+    REQUIRE(q.put_every("s", "x", 20ms));
+    std::uint64_t last = 0;
+    for (int i = 0; i < 3; ++i) {
+        auto run = q.take(5s);
+        REQUIRE(run);
+        CHECK(run->token > last);
+        CHECK(run->attempts == 1);
+        last = run->token;
+        CHECK(q.ack(*run));
+        CHECK_FALSE(q.ack(*run));  // the next run is waiting: the old token settles nothing
+        CHECK_FALSE(q.nack(*run, 0ms));
+        CHECK_FALSE(q.bury(*run));
+    }
+    CHECK(q.size() == 1);
+    CHECK(q.dead_size() == 0);
+}
+
+TEST_CASE("series: ack_many of runs of several series queues the next run of each") {
+    temp_dir dir;
+    delay_queue q(opts(dir.file()));
+    const std::vector<std::string> ids{"s0", "s1", "s2", "s3"};
+    for (const auto& id : ids) REQUIRE(q.put_every(id, "p" + id, 50ms));
+    REQUIRE(q.put("once", "x", past));
+    std::this_thread::sleep_for(100ms);
+    auto runs = q.take_many(10, 5s);
+    // The one-off job is due first; the first runs were due at about the same time.
+    while (runs.size() < ids.size() + 1) {
+        auto more = q.take_many(10, 5s);
+        REQUIRE_FALSE(more.empty());
+        runs.insert(runs.end(), more.begin(), more.end());
+    }
+    REQUIRE(runs.size() == ids.size() + 1);
+    const auto acked = q.ack_many(runs);
+    CHECK(std::count(acked.begin(), acked.end(), true) == 5);
+    CHECK(q.size() == ids.size());
+    CHECK_FALSE(q.get("once"));
+    for (const auto& j : runs) {
+        if (j.id == "once") continue;
+        auto next = q.get(j.id);
+        REQUIRE(next);
+        CHECK(next->state == delayq::job_state::waiting);
+        CHECK(next->attempts == 0);
+        CHECK(next->payload == "p" + j.id);
+        CHECK(next->time > j.deadline);
+        CHECK((next->time - j.deadline) % 50ms == 0ms);
+    }
+    // Acked again in one call (a stale batch): refused, nothing more queued.
+    const auto again = q.ack_many(runs);
+    CHECK(std::count(again.begin(), again.end(), true) == 0);
+    CHECK(q.size() == ids.size());
+}
+
+TEST_CASE("series: two processes ack the same run at once: one ack holds, one next run") {
+    temp_dir dir;
+    const std::string path = dir.file();
+    channel up, down;
+    // Started before this process opens the file (fork() holding no connection): it acks the run
+    // whose token it is told, when told, and says whether its ack held.
+    const pid_t peer = child([&] {
+        up.close_read();
+        down.close_write();
+        delay_queue q(opts(path));
+        for (std::string line; !(line = down.hear()).empty();) {
+            delayq::job j;
+            j.id = "s";
+            j.token = std::stoull(line);
+            up.say(q.ack(j) ? "acked" : "refused");
+        }
+        return 0;
+    });
+    up.close_write();
+    down.close_read();
+    {
+        delay_queue q(opts(path));
+        REQUIRE(q.put_every("s", "x", 10ms));
+        int mine = 0, theirs = 0;
+        for (int round = 0; round < 20; ++round) {
+            auto run = q.take(5s);
+            REQUIRE(run);
+            REQUIRE(run->id == "s");
+            down.say(std::to_string(run->token));
+            const bool held = q.ack(*run);
+            const std::string answer = up.hear();
+            REQUIRE((answer == "acked" || answer == "refused"));
+            CHECK(held != (answer == "acked"));  // exactly one of the two
+            mine += held ? 1 : 0;
+            theirs += answer == "acked" ? 1 : 0;
+            CHECK(q.size() == 1);  // one next run, whichever ack held
+            auto next = q.get("s");
+            REQUIRE(next);
+            CHECK(next->state == delayq::job_state::waiting);
+            CHECK(next->attempts == 0);
+        }
+        CHECK(mine + theirs == 20);
+        CHECK(q.dead_size() == 0);
+    }
+    down.close_write();
+    CHECK(wait_for(peer) == 0);
+    CHECK(integrity(path) == "ok");
+}
+
+TEST_CASE("series: a run's next run wakes a take waiting on another object") {
+    temp_dir dir;
+    delay_queue q(opts(dir.file()));
+    delay_queue other(opts(dir.file()));
+    REQUIRE(q.put_every("s", "x", 200ms));
+    auto run = q.take(5s);
+    REQUIRE(run);
+    std::optional<delayq::job> got;
+    std::thread taker([&] { got = other.take(60s); });
+    std::this_thread::sleep_for(100ms);
+    CHECK(q.ack(*run));
+    taker.join();
+    REQUIRE(got);
+    CHECK(got->id == "s");
+    CHECK(got->deadline > run->deadline);
+    CHECK(other.ack(*got));
+    CHECK(q.cancel("s"));
+    CHECK(q.size() == 0);
 }

@@ -188,3 +188,23 @@ TEST_CASE("delayq command: bad command lines and an unreachable store say so") {
     CHECK(has(r, "delayq: "));
     CHECK(r.out.find('\n') == r.out.size() - 1);  // one line
 }
+
+TEST_CASE("delayq command: put --every and --cron queue a series") {
+    store s;
+    const std::string u = quoted(s.url());
+    auto r = delayq_command(u + " put beat p --every 1h");
+    CHECK(r.status == 0);
+    r = delayq_command(u + " put nightly p --cron '0 3 * * *'");
+    CHECK(r.status == 0);
+    CHECK(s.q->size() == 2);
+    auto info = s.q->get("nightly");
+    REQUIRE(info.has_value());
+    CHECK(info->state == delayq::job_state::waiting);
+    CHECK(delayq_command(u + " put beat p --every 1h").status == 1);  // queued already
+    CHECK(delayq_command(u + " put x p --every 0s").status == 2);
+    CHECK(delayq_command(u + " put x p --cron '0 25 * * *'").status == 2);
+    CHECK(delayq_command(u + " put x p --every 1h --in 1s").status == 2);
+    CHECK(delayq_command(u + " cancel beat").status == 0);
+    CHECK(delayq_command(u + " cancel nightly").status == 0);
+    CHECK(s.q->size() == 0);
+}

@@ -57,6 +57,19 @@
 // two-phase commit): its place counts as taken until the takes held back look again, at the
 // lease's end at the latest.
 //
+// Repeatable jobs (put_every, put_cron). A run of a series is a row like any other, with its
+// schedule and the time it was due beside it (detail/schema.hpp, "The layout"). The statement
+// that ends a run, an ack (ack_many), a nack of its last attempt, a bury, or a claim that buries
+// a last lease that ended, makes its row the next run in the same statement (and moves a copy to
+// the dead letters where the run died), due when the server's function next_run says, from the
+// schedule, the run's due time and the server's clock. In place, not a delete and an insert: the
+// series' id never lacks a row, so a cancel that waited for the ack finds the next run and ends
+// the series. The fence is the run's: racing settles of one run (two objects, two processes) make
+// one next run, and no crash can leave a run settled without its next. The next run is woken as a
+// put is: after the commit of an ack, ack_many or bury that made one (and only then: a job of its
+// own costs no second statement), by the wake-up that follows a nack already, and by a NOTIFY
+// inside a claim that made one.
+//
 // Figures (stats()): one statement, counts over indexes, no counter row that every put would
 // update and serialize on (detail/schema.hpp, stats_sql).
 //
@@ -120,6 +133,7 @@
 #include "../detail/epoch_ms.hpp"
 #include "../detail/job_queue/exception_copy.hpp"
 #include "../detail/job_queue/front.hpp"
+#include "../detail/job_queue/repeat.hpp"
 #include "../detail/job_queue/taker.hpp"
 #include "../detail/time.hpp"
 #include "../job.hpp"
@@ -236,6 +250,27 @@ class delay_queue {
     bool put_after(std::string_view id, std::string_view payload, std::chrono::milliseconds delay) {
         front.id(id);
         return run_put(id, payload, delayq::detail::clamp_delay(delay), true);
+    }
+
+    /// Queues the series `id` (see delayq::job_queue, repeatable jobs): its first run due `period`
+    /// from now (the server's clock), and each next run queued by the statement that acks the run
+    /// before it or moves it to the dead letters, due at the first slot of `period` after then, in
+    /// phase with the first run (one catch-up run for a series that fell behind). False if `id`
+    /// is queued; nothing changes then. Each run is an ordinary job of the series' id; cancel(id)
+    /// ends the series. A period <= 0 is std::invalid_argument; one past delayq's end of time is
+    /// that long. Committed when it returns.
+    bool put_every(std::string_view id, std::string_view payload,
+                   std::chrono::milliseconds period) {
+        front.id(id);
+        return run_put_repeat(id, payload, front.every(period), "put_every");
+    }
+
+    /// put_every() on a five-field cron expression, in UTC (delayq/detail/cron.hpp): each run due
+    /// at the first minute after now (the server's clock) that the expression matches. A bad
+    /// expression (or one that never matches) is std::invalid_argument, which says what is wrong.
+    bool put_cron(std::string_view id, std::string_view payload, std::string_view expression) {
+        front.id(id);
+        return run_put_repeat(id, payload, front.cron(expression), "put_cron");
     }
 
     /// put() inside the caller's transaction: `conn` is the application's own connection, inside
@@ -357,13 +392,18 @@ class delay_queue {
     }
 
     /// Done with the job: it is gone for good. False if the lease was lost (ended, or cancelled,
-    /// or the job delivered again).
+    /// or the job delivered again). A run of a series (put_every, put_cron) queues the next run in
+    /// the same statement; a second one, only then, wakes the consumers for it, and its failure
+    /// (a connection_error) leaves the ack applied.
     bool ack(const job& j) {
         front.id(j.id);
         detail::params p;
         p.text(opt_.name).bytes(j.id).int8(token_of(j));
-        const auto r = run(st_ack, p, "ack");
-        return (limited() ? r.integer(0, 0) : r.changed()) == 1;  // (detail/schema.hpp)
+        // A run of a series queued its next run (column 1): woken as a put's.
+        const auto r = run_waking(st_ack, p, "ack", [&](const detail::result& a) {
+            return std::vector<std::string_view>(a.integer(0, 1) > 0 ? 1 : 0, j.id);
+        });
+        return r.integer(0, 0) == 1;
     }
 
     /// ack for many jobs, in one statement; element i is what ack(jobs[i]) would have returned.
@@ -375,14 +415,23 @@ class delay_queue {
         p.text(opt_.name)
             .bytes_array(jobs, [](const job& j) { return std::string_view(j.id); })
             .int8_array(jobs, [](const job& j) { return token_of(j); });
-        const auto r = run(st_ack_many, p, "ack_many");
+        // The rows acked (their positions), each with whether it was a run of a series, whose next
+        // run it queued: those are woken as puts.
+        const auto r = run_waking(st_ack_many, p, "ack_many", [&](const detail::result& a) {
+            std::vector<std::string_view> ids;
+            for (int i = 0; i < a.rows(); ++i)
+                if (a.integer(i, 1) != 0)
+                    ids.push_back(jobs[static_cast<std::size_t>(a.integer(i, 0) - 1)].id);
+            return ids;
+        });
         for (int i = 0; i < r.rows(); ++i)
             out[static_cast<std::size_t>(r.integer(i, 0) - 1)] = true;
         return out;
     }
 
     /// Back to the queue, due `retry_after` from now, or to the dead letters if this was its
-    /// max_attempts-th delivery. False if the lease was lost. The job keeps its last error.
+    /// max_attempts-th delivery (a run of a series: its next run queued, as ack()'s). False if the
+    /// lease was lost. The job keeps its last error.
     bool nack(const job& j, std::chrono::milliseconds retry_after) {
         return run_nack(j, retry_after, {}, false);
     }
@@ -411,7 +460,8 @@ class delay_queue {
     }
 
     /// To the dead letters at once, as a nack of its max_attempts-th delivery: for a job that
-    /// would only fail again. False if the lease was lost. The job keeps its last error.
+    /// would only fail again (a run of a series: its next run queued, as ack()'s). False if the
+    /// lease was lost. The job keeps its last error.
     bool bury(const job& j) { return run_bury(j, {}, false); }
 
     /// bury(j), and the dead letter's last error becomes `reason`, cut to its first
@@ -827,10 +877,41 @@ class delay_queue {
             b);
     }
 
-    // The wake-up's parameters for one job.
+    // Runs statement `st` on a pooled connection and then, on the same one, the wake-up (wake_sql)
+    // for the ids that `woken(its result)` names, if any: after a step that may queue the next run
+    // of a series (ack, ack_many, bury), which is woken as a put is, after the commit, and which
+    // most such steps (no series) do not queue: they pay no second statement, where run_then
+    // would. With limits there is none: the step's own NOTIFY woke the consumers (ack_sql).
+    template <class F>
+    detail::result run_waking(int st, const detail::params& p, const char* doing, F woken) {
+        budget b = call_budget();
+        return with_connection(
+            [&](detail::connection& c) {
+                detail::result r = c.exec(statements_[st].name, p, doing);
+                if (limited()) return r;
+                const std::vector<std::string_view> ids = woken(r);
+                // (detail::st_wake, not st_wake: g++ 12 fails on a using-enum name in a template)
+                if (!ids.empty())
+                    (void)c.exec(statements_[detail::st_wake].name, wake_params(ids), doing);
+                return r;
+            },
+            b);
+    }
+
+    bool run_put_repeat(std::string_view id, std::string_view payload, const std::string& text,
+                        const char* doing) {
+        detail::params p;
+        p.text(opt_.name).bytes(id).bytes(payload).text(text);
+        return run_then(st_put_repeat, p, wake_params(id), doing).changed() == 1;
+    }
+
+    // The wake-up's parameters for one job, or for the jobs `ids`.
     detail::params wake_params(std::string_view id) const {
-        detail::params w;
         const std::array<std::string_view, 1> ids{id};
+        return wake_params(ids);
+    }
+    detail::params wake_params(std::span<const std::string_view> ids) const {
+        detail::params w;
         w.text(opt_.name).bytes_array(ids, [](std::string_view v) { return v; }).text(channel_);
         return w;
     }
@@ -919,7 +1000,10 @@ class delay_queue {
             .int8(token_of(j))
             .bytes(reason.substr(0, max_reason_size))
             .boolean(given);
-        return run(st_bury, p, "bury").integer(0, 0) == 1;
+        // A run of a series queued its next run (column 1): woken as a put's.
+        return run_waking(st_bury, p, "bury", [&](const detail::result& a) {
+                   return std::vector<std::string_view>(a.integer(0, 1) > 0 ? 1 : 0, j.id);
+               }).integer(0, 0) == 1;
     }
 
     // Row `i` of get's or dead's answer (detail/schema.hpp, info_columns_sql).
@@ -956,7 +1040,8 @@ class delay_queue {
         p.text(opt_.name)
             .int8(static_cast<long long>(want))
             .int8(opt_.lease.count())
-            .int8(opt_.max_attempts);
+            .int8(opt_.max_attempts)
+            .text(channel_);  // for a run of a series it buries (detail/schema.hpp, claim_sql)
         // With limits: the queue's lock, then the claim, in one transaction and one round trip.
         detail::params lock;
         lock.int8(lock_key_);

@@ -29,6 +29,11 @@
 // settlement's answer, or a hint). A script sees one shard, so a sharded queue splits each limit
 // into per-shard shares that add up to it (script_client::share()): the queue never exceeds the
 // limit, and may lease less, when the jobs that wait are in shards whose share is full.
+//
+// Series (put_every, put_cron) are the server's too: the put script stores a run's schedule beside
+// its payload, and whichever script ends a run queues the next (scripts.hpp, "Repeatable jobs"),
+// so that the objects of every process that ack or bury runs make each next run once. The next
+// run has the series' id, so it stays on its shard.
 #pragma once
 
 #include <algorithm>
@@ -48,6 +53,7 @@
 #include <vector>
 
 #include "../detail/job_queue/front.hpp"
+#include "../detail/job_queue/repeat.hpp"
 #include "detail/cluster.hpp"
 #include "detail/script_client.hpp"
 #include "detail/scripts.hpp"
@@ -85,6 +91,27 @@ class queue_base {
             const std::array<std::string_view, 4> args{id, payload, "r", ms};
             return client_.put(client_.shard_of(id), args).front();
         });
+    }
+
+    /// Queues the series `id` (delayq/job.hpp): a run every `period`, the first one `period`
+    /// from now by the server's clock; each run's ack, or its move to the dead letters, queues the
+    /// next in the same script, the first slot in phase after the server's now (scripts.hpp,
+    /// "Repeatable jobs"). False, changing nothing, if `id` is queued (a run of it, or any job).
+    /// A period <= 0 is std::invalid_argument.
+    bool put_every(std::string_view id, std::string_view payload,
+                   std::chrono::milliseconds period) {
+        front.id(id);
+        return put_series(id, payload, front.every(period));
+    }
+
+    /// Queues the series `id` whose runs are due at the minutes that the five-field cron
+    /// `expression` matches, in UTC (delayq/detail/cron.hpp): the first at the first after the
+    /// server's now, each next one queued by the step that ends the run before it, at the first
+    /// after that step. False, changing nothing, if `id` is queued. A bad expression (or one that
+    /// never matches) is std::invalid_argument.
+    bool put_cron(std::string_view id, std::string_view payload, std::string_view expression) {
+        front.id(id);
+        return put_series(id, payload, front.cron(expression));
     }
 
     using put_request = delayq::put_request;
@@ -409,6 +436,14 @@ class queue_base {
     }
 
     static constexpr delayq::detail::job_queue::front front{"delayq::redis::delay_queue"};
+
+    // The put script's series mode (scripts.hpp): its first run and its schedule, `schedule`.
+    bool put_series(std::string_view id, std::string_view payload, const std::string& schedule) {
+        return guarded([&]() -> bool {
+            const std::array<std::string_view, 4> args{id, payload, "s", schedule};
+            return client_.put(client_.shard_of(id), args).front();
+        });
+    }
 
     // Settles `j` by the consume script (`how`: see scripts.hpp); false if the lease was lost.
     bool settle(const job& j, std::string_view how) {

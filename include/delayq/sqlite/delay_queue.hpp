@@ -56,6 +56,15 @@
 // this object's ack (whose commit says "due now" again) or, within foreign_changes, by another
 // connection's commit, and never asks the file in a loop.
 //
+// Series (put_every, put_cron). The schedule is a column of the run's row (detail/schema.hpp), in
+// the text every store reads (delayq/detail/job_queue/repeat.hpp), and the next run is a row that
+// the transaction which acks the run, or moves it to the dead letters, inserts
+// (detail/transitions.hpp, "Series"): a group commit's transaction, so the next run is never lost
+// to a crash between the two, and the fencing token that refuses a late ack refuses its second
+// next run too, through any object or process. Its due time reaches the waiting takes as a put's
+// does: the commit that inserted it tells this object's taker the file's next event, and another
+// connection's takes see the commit in data_version.
+//
 // Time. Due times and lease ends are milliseconds on std::chrono::system_clock, so that they mean
 // the same after a reboot and in every process. A job is due once the system clock, rounded down
 // to the ms, reaches its due time; delays are added to the clock rounded up: never early by the
@@ -90,6 +99,7 @@
 #include "../detail/job_queue/combiner.hpp"
 #include "../detail/job_queue/exception_copy.hpp"
 #include "../detail/job_queue/front.hpp"
+#include "../detail/job_queue/repeat.hpp"
 #include "../detail/job_queue/taker.hpp"
 #include "../detail/time.hpp"
 #include "../job.hpp"
@@ -219,6 +229,52 @@ class delay_queue {
         return run_all(ops);
     }
 
+    /// Starts a series: `id` runs every `period`, its first run due `period` from now (the clock
+    /// rounded up, as put_after()). Each run is an ordinary job with the series' id and `payload`
+    /// (take, ack, nack, get, ...); the ack of a run, or its move to the dead letters (the nack of
+    /// its max_attempts-th delivery, a bury, its last lease ending), queues the next run in the
+    /// same transaction: due a whole number of periods after the slot of the run before it (where
+    /// the schedule put it, whatever a retry or a reschedule did), the first such time after
+    /// that step, so a series whose consumers were away makes one catch-up run, then goes on in
+    /// phase with its first run. Many objects and processes never make two next runs of one run,
+    /// nor none: an ack that lost the run's lease is refused, as ever. A plain nack retries the
+    /// run. cancel(id) ends the series (it removes the queued run); reschedule(id, ...) moves the
+    /// waiting run only. False, and nothing changes, if `id` is queued (waiting or leased). A
+    /// period <= 0 is std::invalid_argument. Durable, and if it throws applied or not, as put(). An
+    /// object of an earlier delayq version on the file settles a run without queuing the next: the
+    /// series ends there.
+    bool put_every(std::string_view id, std::string_view payload,
+                   std::chrono::milliseconds period) {
+        front.id(id);
+        const std::string schedule = front.every(period);
+        op o{op::put, id};
+        o.payload = payload;
+        o.due = due_after(period);
+        const std::string stored = delayq::detail::job_queue::with_slot(o.due, schedule);
+        o.repeat = stored;
+        return run_one(o);
+    }
+
+    /// Starts a series as put_every(), on a five-field cron expression in UTC (minute hour
+    /// day-of-month month day-of-week, delayq/detail/cron.hpp): the first run is due at the first
+    /// whole minute after now that matches, each next run at the first after the step that
+    /// settles the run before (a missed minute is not made up). False if `id` is queued; a bad
+    /// expression (or one that never matches) is std::invalid_argument saying what is wrong.
+    bool put_cron(std::string_view id, std::string_view payload, std::string_view expression) {
+        front.id(id);
+        const std::string schedule = front.cron(expression);
+        const long long now = delayq::detail::to_ms(std::chrono::system_clock::now());
+        const std::optional<long long> due =
+            delayq::detail::job_queue::next_run(schedule, now, now);
+        if (!due) front.refuse("'" + std::string(expression) + "' never matches after now");
+        op o{op::put, id};
+        o.payload = payload;
+        o.due = std::min(*due, max_ms);
+        const std::string stored = delayq::detail::job_queue::with_slot(o.due, schedule);
+        o.repeat = stored;
+        return run_one(o);
+    }
+
     /// put() inside the application's own transaction, on its own connection `conn`, which must
     /// be open on the queue's file (see options::allow_other_tables) with a transaction begun
     /// (`BEGIN`, or inside `SAVEPOINT`). The job exists exactly when that transaction commits:
@@ -244,8 +300,9 @@ class delay_queue {
         return insert_in(conn, id, payload, due_after(delay));
     }
 
-    /// Removes a waiting or leased job (the holder's ack or nack then returns false). False if
-    /// `id` is not queued. Durable when it returns (durable_puts); if it throws, it may have been
+    /// Removes a waiting or leased job (the holder's ack or nack then returns false); the queued
+    /// run of a series (put_every, put_cron) too, which ends the series. False if `id` is not
+    /// queued. Durable when it returns (durable_puts); if it throws, it may have been
     /// applied, as put().
     bool cancel(std::string_view id) {
         front.id(id);
@@ -265,7 +322,8 @@ class delay_queue {
                       [&](sqlite3_stmt* s) { return bind_id(s, id); });
     }
 
-    /// Gives a waiting job a new due time, `delay` from now. False for an unknown or leased id.
+    /// Gives a waiting job a new due time, `delay` from now (a series' waiting run: that run only;
+    /// the one after it is reckoned from the new time). False for an unknown or leased id.
     /// Durable when it returns (durable_puts); if it throws, it may have been applied, as put().
     bool reschedule(std::string_view id, std::chrono::milliseconds delay) {
         front.id(id);
@@ -292,8 +350,9 @@ class delay_queue {
         return taker_.take(front.take_count(max_jobs), max_wait, stop);
     }
 
-    /// Done with the job: it is gone for good. False if the lease was lost (ended, or cancelled,
-    /// or the job delivered again).
+    /// Done with the job: it is gone for good; a run of a series (put_every, put_cron) queues the
+    /// series' next run in the same transaction. False if the lease was lost (ended, or
+    /// cancelled, or the job delivered again): then it queues nothing.
     bool ack(const job& j) {
         front.id(j.id);
         op o{op::ack, j.id};
@@ -301,7 +360,8 @@ class delay_queue {
         return run_one(o);
     }
 
-    /// ack for many jobs, in one transaction; element i is what ack(jobs[i]) would have returned.
+    /// ack for many jobs, in one transaction; element i is what ack(jobs[i]) would have returned
+    /// (and each run of a series acked queues its next run).
     std::vector<bool> ack_many(std::span<const job> jobs) {
         std::vector<op> ops;
         ops.reserve(jobs.size());
@@ -314,7 +374,8 @@ class delay_queue {
     }
 
     /// Back to the queue, due `retry_after` from now, or to the dead letters if this was its
-    /// max_attempts-th delivery. False if the lease was lost. The job's last error stays as it
+    /// max_attempts-th delivery (a run of a series then queues the next run, as an ack does; a
+    /// retry is the same run). False if the lease was lost. The job's last error stays as it
     /// was (see the nack with a reason).
     bool nack(const job& j, std::chrono::milliseconds retry_after) {
         return nack_for(j, retry_after, std::nullopt);
@@ -342,8 +403,9 @@ class delay_queue {
     }
 
     /// To the dead letters at once, as a nack of its max_attempts-th delivery: for a job that
-    /// would only fail again. False if the lease was lost. The dead letter keeps the job's last
-    /// error as it was (see the bury with a reason).
+    /// would only fail again (a run of a series: the series goes on, its next run queued in the
+    /// same transaction; cancel() ends it). False if the lease was lost. The dead letter keeps the
+    /// job's last error as it was (see the bury with a reason).
     bool bury(const job& j) { return bury_for(j, std::nullopt); }
 
     /// bury(j), and the dead letter's last error is `reason` (binary-safe; cut to its first
@@ -382,7 +444,9 @@ class delay_queue {
     /// again: the queued job keeps the id, and the dead letter stays). A waiting take gets it as
     /// it gets a put, through this object or another on the file. Durable when it returns
     /// (durable_puts); if it throws, it may have been applied, as put(). A negative delay is
-    /// std::invalid_argument.
+    /// std::invalid_argument. A dead run of a series comes back as a one-off job (the dead letters
+    /// keep no schedule), and only once its series has ended: while the series goes on, its next
+    /// run holds the id.
     bool requeue_dead(std::string_view id, std::chrono::milliseconds delay) {
         front.id(id);
         front.not_negative(delay, "a delay");

@@ -16,6 +16,8 @@
 #include <string_view>
 
 #include "../../job.hpp"
+#include "../epoch_ms.hpp"
+#include "repeat.hpp"
 
 namespace delayq::detail::job_queue {
 
@@ -53,6 +55,23 @@ class front {
                "options.limits.period must be > 0 when options.limits.rate is set");
         option(l.rate > 0 || l.period == std::chrono::milliseconds::zero(),
                "options.limits.rate must be > 0 when options.limits.period is set");
+    }
+
+    /// The schedule text of put_every(..., period) (repeat.hpp): a period beyond delayq's end of
+    /// time (max_ms) is that long. Throws std::invalid_argument unless period > 0.
+    std::string every(std::chrono::milliseconds period) const {
+        if (period <= std::chrono::milliseconds::zero()) refuse("a period must be > 0");
+        return every_text(std::min(period, std::chrono::milliseconds(max_ms)));
+    }
+
+    /// The schedule text of put_cron(..., expression) (repeat.hpp). Throws std::invalid_argument
+    /// saying what is wrong with the expression, or that it never matches.
+    std::string cron(std::string_view expression) const {
+        try {
+            return cron_text(expression);
+        } catch (const std::invalid_argument& e) {
+            refuse(e.what());
+        }
     }
 
     /// Throws std::invalid_argument saying `what`, after the queue type's name.

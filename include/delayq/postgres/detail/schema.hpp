@@ -12,6 +12,9 @@
 //          leased  (token > 0): `at` is when the lease ends (extend moves it); `token` the
 //                   lease's fencing token
 //          last_error: the last reason a nack or bury gave (NULL: none yet)
+//          repeat text NULL, due bigint NULL: a run of a series (put_every, put_cron): its
+//          schedule (detail/job_queue/repeat.hpp) and the time it was due, which `at` no longer
+//          says once it is leased or retried; NULL for a job of its own
 //   jobs_at ON jobs(queue, at)           -- the next due job, the next ended lease: one seek
 //   dead   queue text, id bytea, payload bytea, attempts integer, died bigint,
 //          last_error bytea NULL,        -- the job's, or lease_ended_reason
@@ -27,6 +30,7 @@
 //   grants queue text, at bigint, n integer: the leases that objects with a rate made (n at
 //          `at`, ms), trimmed of those older than the period by the claims that read them
 //   grants_at ON grants(queue, at)
+//   next_run(text, bigint, bigint) a function: the next run of a series (next_run_sql)
 // clang-format on
 //
 // Why one `at` column for both states: a take claims every row whose `at` has passed, in order
@@ -76,6 +80,18 @@
 // of their own, not columns of the jobs: a lease's grant must outlive its job (an ack within the
 // period still counts), and a claim reads the window, at most `rate` rows, not the jobs. An older
 // delayq neither reads nor minds them (it keeps no limits).
+//
+// The repeat and due columns and the function next_run are additions too, for repeatable jobs,
+// made the same way (the columns need ownership of jobs, the function CREATE on the schema; it
+// gets EXECUTE for the roles that have privileges on jobs, beside PUBLIC's default). The next run
+// of a series is made by the statement that ends the run before it (an ack, ack_many, a nack of
+// the last attempt, a bury, a claim that buries a last lease that ended: next_run_set_sql), so the
+// server computes it there: hence a function in SQL, not the C++ of repeat.hpp, which it matches
+// exactly. Why `due` beside `at`: an every-series stays in phase with its first run, and once a
+// run is leased (or retried by a nack) `at` is its lease's end (or its retry's time). An older
+// delayq neither reads nor writes them: its puts are jobs of their own, and its ack of a run
+// removes it without making the next one (the series ends), so every process of a queue that
+// runs series needs this version.
 #pragma once
 
 #include <cstddef>
@@ -131,6 +147,124 @@ inline std::string grants_table_sql(const std::string& s) {
            s + ".grants(queue, at)";
 }
 
+inline std::string max_ms_sql() {
+    return "99999999999999";  // delayq::detail::max_ms
+}
+
+// The columns of a run of a series (see "The layout"), for create_sql and upgrade_sql.
+inline constexpr const char* repeat_columns_sql =
+    "ADD COLUMN IF NOT EXISTS repeat text, "
+    "ADD COLUMN IF NOT EXISTS due bigint";
+
+// The function next_run(schedule, due, now) of schema `s` (quoted): the ms of the run after one
+// due at `due` that ended at `now`, for a schedule as detail/job_queue/repeat.hpp writes it, or
+// NULL for a text it cannot read (the series ends), exactly as next_run() there says, clamped
+// to delayq's end of time (max_ms_sql). It never fails on any input: it runs inside the acks.
+//
+// "e<ms>": in numeric, so that no text (however many digits) overflows. "c<masks>": the masks
+// are read as cron::from_masks reads them (at most 7 fields of digits, a field's value at most
+// 2^40 * 10 + 9 since it stops reading past 2^40; bits past each mask's width dropped), and the
+// search is cron::next_after's, from the minute after `now`, over the same 366 * 8 days, and first
+// from the minute after 1970-01-01T00:00 (from_masks refuses masks that find nothing there). The
+// calendar is integer arithmetic (the civil date of a day number, Howard Hinnant's), not date
+// and interval, whose conversions read the session's time zone: IMMUTABLE is true of it. The
+// search walks months, not days: a month's matching days are one mask (the days of the month,
+// and the weekdays spread over them from the weekday of its 1st), so a rare day (29 February)
+// costs at most 97 steps, not 2 928. Its search_path is pg_catalog's alone: the caller's own
+// (a function or operator of the same name in a schema it lists) cannot change what it does.
+inline std::string next_run_sql(const std::string& s) {
+    return "CREATE OR REPLACE FUNCTION " + s +
+           R"sql(.next_run(sched text, due_ms bigint, now_ms bigint) RETURNS bigint
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $f$
+DECLARE
+  f text[]; v bigint[] := ARRAY[0, 0, 0, 0, 0, 0, 0]; p numeric;
+  mins bigint; hrs bigint; doms bigint; mons bigint; dows bigint; either boolean;
+  mfirst int; hfirst int; fm bigint; d0 bigint; h0 int; m0 int; hi bigint; res bigint;
+  z bigint; era bigint; doe bigint; yoe bigint; doy bigint; mp bigint; y bigint; mo int;
+  base bigint; dim int; w1 int; p7 bigint; dm bigint; k int;
+BEGIN
+  IF sched IS NULL OR length(sched) < 2 THEN RETURN NULL; END IF;
+  IF left(sched, 1) = 'e' THEN
+    IF due_ms IS NULL OR now_ms IS NULL OR substr(sched, 2) !~ '^[0-9]+$' THEN
+      RETURN NULL;
+    END IF;
+    p := substr(sched, 2)::numeric;
+    IF p = 0 THEN RETURN NULL; END IF;
+    IF due_ms > now_ms THEN RETURN least(due_ms + p, )sql" +
+           max_ms_sql() + R"sql(); END IF;
+    RETURN least(due_ms + (div(now_ms::numeric - due_ms, p) + 1) * p, )sql" +
+           max_ms_sql() + R"sql();
+  END IF;
+  IF sched !~ '^c[0-9]*(:[0-9]*){6}$' OR now_ms IS NULL OR now_ms < 0
+     OR now_ms > )sql" +
+           max_ms_sql() + R"sql( THEN
+    RETURN NULL;
+  END IF;
+  f := string_to_array(substr(sched, 2), ':');
+  FOR i IN 1..7 LOOP
+    IF f[i] <> '' THEN
+      p := f[i]::numeric;
+      IF div(p, 10) > 1099511627776 THEN RETURN NULL; END IF;
+      v[i] := p;
+    END IF;
+  END LOOP;
+  mins := (v[1] & 1073741823) | ((v[2] & 1073741823) << 30);
+  hrs := v[3] & 16777215;
+  doms := v[4] & 4294967294;
+  mons := v[5] & 8190;
+  dows := v[6] & 127;
+  either := (v[7] & 3) = 0;
+  IF mins = 0 OR hrs = 0 THEN RETURN NULL; END IF;
+  mfirst := strpos(reverse(mins::bit(64)::text), '1') - 1;
+  hfirst := strpos(reverse(hrs::bit(64)::text), '1') - 1;
+  FOR pass IN 1..2 LOOP
+    fm := CASE WHEN pass = 1 THEN 1 ELSE now_ms / 60000 + 1 END;
+    d0 := fm / 1440; h0 := (fm % 1440) / 60; m0 := fm % 60;
+    hi := d0 + 2927; res := NULL;
+    z := d0 + 719468; era := z / 146097; doe := z - era * 146097;
+    yoe := (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    doy := doe - (365 * yoe + yoe / 4 - yoe / 100);
+    mp := (5 * doy + 2) / 153;
+    mo := CASE WHEN mp < 10 THEN mp + 3 ELSE mp - 9 END;
+    y := yoe + era * 400 + CASE WHEN mo <= 2 THEN 1 ELSE 0 END;
+    base := d0 - (doy - (153 * mp + 2) / 5);
+    WHILE res IS NULL AND base <= hi LOOP
+      dim := CASE WHEN mo = 2 THEN CASE WHEN y % 4 = 0 AND (y % 100 <> 0 OR y % 400 = 0)
+             THEN 29 ELSE 28 END WHEN mo IN (4, 6, 9, 11) THEN 30 ELSE 31 END;
+      IF (mons >> mo) & 1 = 1 THEN
+        w1 := (base + 4) % 7;
+        p7 := ((dows >> w1) | (dows << (7 - w1))) & 127;
+        dm := (p7 << 1) | (p7 << 8) | (p7 << 15) | (p7 << 22) | (p7 << 29);
+        dm := CASE WHEN either THEN doms | dm ELSE doms & dm END;
+        dm := dm & ((1::bigint << (dim + 1)) - 2);
+        IF d0 > base THEN dm := dm & ~((1::bigint << (d0 - base + 1)::int) - 1); END IF;
+        IF hi < base + dim - 1 THEN dm := dm & ((1::bigint << (hi - base + 2)::int) - 1); END IF;
+        WHILE dm <> 0 LOOP
+          k := strpos(reverse(dm::bit(64)::text), '1') - 1;
+          IF base + k - 1 > d0 THEN
+            res := (base + k - 1) * 1440 + hfirst * 60 + mfirst;
+          ELSIF (hrs >> h0) & 1 = 1 AND mins >> m0 <> 0 THEN
+            res := d0 * 1440 + h0 * 60 + m0
+                   + strpos(reverse((mins >> m0)::bit(64)::text), '1') - 1;
+          ELSIF hrs >> (h0 + 1) <> 0 THEN
+            res := d0 * 1440 + mfirst
+                   + (h0 + strpos(reverse((hrs >> (h0 + 1))::bit(64)::text), '1')) * 60;
+          END IF;
+          EXIT WHEN res IS NOT NULL;
+          dm := dm & (dm - 1);
+        END LOOP;
+      END IF;
+      base := base + dim;
+      IF mo = 12 THEN mo := 1; y := y + 1; ELSE mo := mo + 1; END IF;
+    END LOOP;
+    IF res IS NULL THEN RETURN NULL; END IF;
+  END LOOP;
+  RETURN least(res * 60000, )sql" +
+           max_ms_sql() + R"sql();
+END
+$f$)sql";
+}
+
 // The SQL that creates version 1 in schema `s` (quoted), and the schema itself unless
 // `schema_exists` (CREATE SCHEMA needs CREATE on the database even when the schema is there).
 inline std::string create_sql(const std::string& s, bool schema_exists) {
@@ -140,7 +274,8 @@ inline std::string create_sql(const std::string& s, bool schema_exists) {
            s +
            ".jobs(queue text NOT NULL, id bytea NOT NULL, payload bytea NOT NULL,"
            " at bigint NOT NULL, attempts integer NOT NULL DEFAULT 0,"
-           " token bigint NOT NULL DEFAULT 0, last_error bytea, PRIMARY KEY (queue, id));" +
+           " token bigint NOT NULL DEFAULT 0, last_error bytea, repeat text, due bigint,"
+           " PRIMARY KEY (queue, id));" +
            "CREATE INDEX IF NOT EXISTS jobs_at ON " + s + ".jobs(queue, at);" +
            "CREATE TABLE IF NOT EXISTS " + s +
            ".dead(queue text NOT NULL, id bytea NOT NULL, payload bytea NOT NULL,"
@@ -148,9 +283,9 @@ inline std::string create_sql(const std::string& s, bool schema_exists) {
            " PRIMARY KEY (queue, id));" +
            "CREATE INDEX IF NOT EXISTS dead_died ON " + s + ".dead(queue, died, id);" +
            "CREATE SEQUENCE IF NOT EXISTS " + s + ".tokens;" + paused_table_sql(s) + ";" +
-           leased_index_sql(s) + ";" + grants_table_sql(s) + ";" + "INSERT INTO " + s +
-           ".meta(name, value) VALUES ('version', " + std::to_string(schema_version) +
-           ") ON CONFLICT (name) DO NOTHING;";
+           leased_index_sql(s) + ";" + grants_table_sql(s) + ";" + next_run_sql(s) + ";" +
+           "INSERT INTO " + s + ".meta(name, value) VALUES ('version', " +
+           std::to_string(schema_version) + ") ON CONFLICT (name) DO NOTHING;";
 }
 
 // The version in schema `schema`'s meta table (0: a meta table without one, not ours). Throws
@@ -170,7 +305,11 @@ struct missing_additions {
     bool paused = false;       // the paused table
     bool leased = false;       // the jobs_leased index
     bool grants = false;       // the grants table
-    bool any() const noexcept { return last_errors || paused || leased || grants; }
+    bool repeat = false;       // the repeat and due columns of jobs
+    bool next_run = false;     // the function next_run
+    bool any() const noexcept {
+        return last_errors || paused || leased || grants || repeat || next_run;
+    }
 };
 inline missing_additions lacks_additions(connection& c, const std::string& schema) {
     // `schema` holds only letters, digits and `_`: it needs no escaping in a literal.
@@ -182,7 +321,12 @@ inline missing_additions lacks_additions(connection& c, const std::string& schem
         "EXISTS (SELECT 1 FROM pg_catalog.pg_class p WHERE p.relnamespace = n.oid AND p.relname "
         "= 'paused'), EXISTS (SELECT 1 FROM pg_catalog.pg_class l WHERE l.relnamespace = n.oid "
         "AND l.relname = 'jobs_leased'), EXISTS (SELECT 1 FROM pg_catalog.pg_class g WHERE "
-        "g.relnamespace = n.oid AND g.relname = 'grants') FROM pg_catalog.pg_namespace n WHERE "
+        "g.relnamespace = n.oid AND g.relname = 'grants'), (SELECT count(*) FROM "
+        "pg_catalog.pg_class "
+        "t JOIN pg_catalog.pg_attribute a ON a.attrelid = t.oid WHERE t.relnamespace = n.oid AND "
+        "t.relname = 'jobs' AND a.attname IN ('repeat', 'due') AND NOT a.attisdropped) = 2, EXISTS "
+        "(SELECT 1 FROM pg_catalog.pg_proc f WHERE f.pronamespace = n.oid AND f.proname = "
+        "'next_run') FROM pg_catalog.pg_namespace n WHERE "
         "n.nspname = '" +
             schema + "'",
         "reading the catalogs");
@@ -191,6 +335,8 @@ inline missing_additions lacks_additions(connection& c, const std::string& schem
     m.paused = r.rows() == 0 || r.bytes(0, 1) != "t";
     m.leased = r.rows() == 0 || r.bytes(0, 2) != "t";
     m.grants = r.rows() == 0 || r.bytes(0, 3) != "t";
+    m.repeat = r.rows() == 0 || r.bytes(0, 4) != "t";
+    m.next_run = r.rows() == 0 || r.bytes(0, 5) != "t";
     return m;
 }
 
@@ -208,6 +354,10 @@ inline missing_additions lacks_additions(connection& c, const std::string& schem
 // that makes them, their owner. The jobs_leased index is built under a SHARE lock on `jobs`, a
 // read of every job once, which holds back the queue's writes meanwhile (docs/postgres.md says
 // how to build it ahead, CONCURRENTLY, for a large queue).
+//
+// The repeat and due columns are nullable, without a default: a change of the catalogs only.
+// The function next_run, when it is made here, gets EXECUTE for every role that has a privilege
+// on jobs: PUBLIC has it by default, but not where default privileges took that away.
 inline std::string upgrade_sql(const std::string& s) {
     const auto lacks_column = [&](const char* table) {
         return "IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = '" + s + "." +
@@ -229,7 +379,16 @@ inline std::string upgrade_sql(const std::string& s) {
            paused_table_sql(s) + "; " + grant_as_jobs("paused") + "END IF; IF to_regclass('" + s +
            ".jobs_leased') IS NULL THEN " + leased_index_sql(s) + "; END IF; IF to_regclass('" + s +
            ".grants') IS NULL THEN " + grants_table_sql(s) + "; " + grant_as_jobs("grants") +
-           "END IF; END$dq$";
+           "END IF; IF (SELECT count(*) FROM pg_catalog.pg_attribute WHERE attrelid = '" + s +
+           ".jobs'::regclass AND attname IN ('repeat', 'due') AND NOT attisdropped) < 2 THEN " +
+           "ALTER TABLE " + s + ".jobs " + repeat_columns_sql + "; END IF; IF to_regprocedure('" +
+           s + ".next_run(text, bigint, bigint)') IS NULL THEN " + next_run_sql(s) + "; " +
+           "FOR g IN SELECT DISTINCT a.grantee FROM pg_catalog.pg_class c, aclexplode(coalesce(" +
+           "c.relacl, acldefault('r', c.relowner))) a WHERE c.oid = '" + s +
+           ".jobs'::regclass AND a.grantee <> (SELECT oid FROM pg_catalog.pg_roles WHERE " +
+           "rolname = current_user) LOOP EXECUTE format('GRANT EXECUTE ON FUNCTION " + s +
+           ".next_run(text, bigint, bigint) TO %s', CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE " +
+           "quote_ident(pg_catalog.pg_get_userbyid(g.grantee)) END); END LOOP; END IF; END$dq$";
 }
 
 // What the catalogs say of schema `schema` and its meta table, and what the role may do with
@@ -306,7 +465,10 @@ inline void ensure_schema(connection& c, const std::string& schema) {
         if (m.paused) what.emplace_back("the table paused");
         if (m.leased) what.emplace_back("the index jobs_leased");
         if (m.grants) what.emplace_back("the table grants");
-        const bool own = m.last_errors || m.leased, create = m.paused || m.grants;
+        if (m.repeat) what.emplace_back("the repeat and due columns of jobs");
+        if (m.next_run) what.emplace_back("the function next_run");
+        const bool own = m.last_errors || m.leased || m.repeat,
+                   create = m.paused || m.grants || m.next_run;
         const std::string needs = std::string(own ? "ownership of the tables" : "") +
                                   (own && create ? " and " : "") +
                                   (create ? "CREATE on schema " + s : "");
@@ -377,10 +539,6 @@ inline std::string lease_now_cte(bool durable) {
     return cte;
 }
 
-inline std::string max_ms_sql() {
-    return "99999999999999";  // delayq::detail::max_ms
-}
-
 // An object's options::limits as its statements are built for them, and the channel that its
 // settles NOTIFY. The numbers are constants of the statements' text, as keep_dead's are: they are
 // the object's own for its life, and a statement that reads only the limits it has costs an
@@ -438,6 +596,18 @@ inline std::string put_many_sql(const std::string& s) {
            max_ms_sql() +
            ") FROM t, unnest($2::bytea[], $3::bytea[], $4::bigint[]) WITH ORDINALITY AS u(id, "
            "payload, delay, ord) ORDER BY u.id, u.ord ON CONFLICT DO NOTHING RETURNING id";
+}
+
+// put_every, put_cron: $1 queue, $2 id, $3 payload, $4 the schedule (detail/job_queue/repeat.hpp).
+// The first run, due at next_run($4) from now (rounded up, as a put's delay): a period from now,
+// or the first minute the expression matches. Inserts nothing when the id is queued (or, which
+// the caller's check of the schedule rules out, when next_run cannot read it). The wake-up
+// follows (wake_sql).
+inline std::string put_repeat_sql(const std::string& s) {
+    return "WITH " + std::string(now_cte) + ", n AS MATERIALIZED (SELECT " + s +
+           ".next_run($4, t.up, t.up) AS at FROM t) INSERT INTO " + s +
+           ".jobs(queue, id, payload, at, repeat, due) SELECT $1, $2, $3, n.at, $4, n.at FROM n "
+           "WHERE n.at IS NOT NULL ON CONFLICT DO NOTHING";
 }
 
 // The wake-up that follows a put, put_many, reschedule, nack or requeue_dead, in a transaction of
@@ -508,6 +678,46 @@ inline std::string bury_sql(const std::string& s, const char* from) {
            "excluded.attempts, died = excluded.died, last_error = excluded.last_error RETURNING 1";
 }
 
+// A run of a series that is acked or moves to the dead letters becomes its series' next run: its
+// row is updated in place (next_run_set_sql), not deleted and inserted again, so that the series'
+// id always has a row that a statement waiting for it finds. A cancel (or anything keyed by the
+// id) that waited for an ack of the run then finds the next run, the row's new version, and
+// removes it: a deleted row and a new one would leave it nothing (it would see the old row gone,
+// and not the new one, which its snapshot predates), and the series would go on. The steps that
+// end a run are two CTEs each: a DELETE for the rows that end (run_ends_sql: a job of its own, or a
+// schedule that next_run cannot read, which ends the series), an UPDATE for those that go on
+// (run_goes_on_sql); the UPDATE is skipped (a one-time filter) when the DELETE removed the row, so
+// a job of its own costs no second probe. The same fence in both: racing steps of one run, in any
+// processes, make one next run (the loser finds token 0). `t` is the statement's clock (now_cte).
+//
+// The next run of row j (next_run_sql), for a schedule: due after the run's due time, from now.
+inline std::string next_of_sql(const std::string& s) {
+    return s + ".next_run(j.repeat, coalesce(j.due, (SELECT now FROM t)), (SELECT now FROM t))";
+}
+// Whether row j ends: no schedule (no call of the function), or no next run.
+inline std::string run_ends_sql(const std::string& s) {
+    return "(j.repeat IS NULL OR " + next_of_sql(s) + " IS NULL)";
+}
+// Whether row j goes on as its series' next run.
+inline std::string run_goes_on_sql(const std::string& s) {
+    return "(j.repeat IS NOT NULL AND " + next_of_sql(s) + " IS NOT NULL)";
+}
+// The SET that makes row j its series' next run: a waiting job (token 0, as every waiting row),
+// due at the next run, from attempt 0, with no last error; the same id, payload and schedule. The
+// function is called once (OFFSET 0 keeps the planner from copying the call into each column).
+inline std::string next_run_set_sql(const std::string& s) {
+    return "(at, due) = (SELECT x.n, x.n FROM (SELECT " + next_of_sql(s) +
+           " AS n OFFSET 0) x), token = 0, attempts = 0, last_error = NULL";
+}
+// A column of row j as it was before this statement updated it, by its key ($1 queue, j.id): the
+// statement's snapshot, which does not see the statement's own update. For the dead letter of a
+// run that goes on (its attempts, its last error): the fence held, so the version the snapshot
+// holds has the lease's token, and only a nack or a claim, which change the token, change them.
+inline std::string before_sql(const std::string& s, const char* column) {
+    return std::string("(SELECT o.") + column + " FROM " + s +
+           ".jobs o WHERE o.queue = $1 AND o.id = j.id)";
+}
+
 // How many old dead letters one move to the dead letters removes at most, with
 // options::keep_dead: a bound on the work it adds to a death, which still outpaces the deaths.
 inline constexpr int keep_dead_batch = 100;
@@ -565,15 +775,20 @@ inline std::string limit_lock_sql() {
 }
 
 // claim: $1 queue, $2 at most this many jobs, $3 lease (ms), and with `bury` (max_attempts > 0)
-// $4 max_attempts. Claims the rows whose `at` passed, earliest first, skipping rows another
-// transaction holds: a waiting job that came due, or a lease that ended (redelivered, or buried
-// after its max_attempts-th delivery, its last error lease_ended_reason). The rows claimed are
-// updated where they lie (ctid): a join by key would let the planner scan the queue to find them.
-// Returns one row per job leased (id, payload, due, attempts, token, lease end), then one row with
-// a NULL id: the next `at` among the rows not claimed (NULL: none), the number of jobs buried, and
-// the server's now. The next `at` is looked for from the last row claimed on, or, when none was,
-// from the start: there it may be a due row that another transaction holds. With `keep` (ms,
-// options::keep_dead), a claim that buries also removes old dead letters (keep_dead_sql).
+// $4 max_attempts and $5 the channel. Claims the rows whose `at` passed, earliest first, skipping
+// rows another transaction holds: a waiting job that came due, or a lease that ended (redelivered,
+// or buried after its max_attempts-th delivery, its last error lease_ended_reason). The rows
+// claimed are updated where they lie (ctid): a join by key would let the planner scan the queue to
+// find them. Returns one row per job leased (id, payload, due, attempts, token, lease end), then
+// one row with a NULL id: the next `at` among the rows not claimed (NULL: none), the number of jobs
+// buried, and the server's now. The next `at` is looked for from the last row claimed on, or, when
+// none was, from the start: there it may be a due row that another transaction holds. With `keep`
+// (ms, options::keep_dead), a claim that buries also removes old dead letters (keep_dead_sql). A
+// run of a series that it buries becomes its next run (next_run_set_sql: `b0` deletes, `bs`
+// updates, `b` is both), and the claim NOTIFYs $5 (at its commit; `rn`, which the trailer reads),
+// since its own answer does not see the row it inserted, and the consumers of other objects, asleep
+// until later, would not either: not weighed as a put's wake-up is (wake_sql), a spare one costs a
+// claim, and a run that dies this way is rare.
 //
 // A paused queue (a row of `paused`: `z`, one probe of its key, read once) claims nothing and its
 // next `at` is NULL: the consumers sleep until a notification, which the resume sends, not until
@@ -614,7 +829,8 @@ inline std::string claim_sql(const std::string& s, bool durable, bool bury, long
     std::string sql =
         "WITH " + lease_now_cte(durable) + ", z AS (SELECT EXISTS (SELECT 1 FROM " + s +
         ".paused x WHERE x.queue = $1) AS paused)" + limited +
-        ", p AS (SELECT j.ctid AS r, j.id, j.at, " + dead + " AS dead FROM " + s +
+        ", p AS (SELECT j.ctid AS r, j.id, j.at, j.attempts AS tries, " + dead + " AS dead FROM " +
+        s +
         ".jobs j WHERE j.queue = $1 AND j.at <= (SELECT now FROM t) AND NOT (SELECT paused FROM "
         "z) ORDER BY j.at LIMIT " +
         places + " FOR UPDATE SKIP LOCKED), c AS (UPDATE " + s + ".jobs j SET at = " + lease_end +
@@ -622,11 +838,14 @@ inline std::string claim_sql(const std::string& s, bool durable, bool bury, long
         ", attempts = j.attempts + 1 FROM p, t WHERE j.ctid = p.r AND NOT p.dead RETURNING j.id, "
         "j.payload, p.at AS due, j.attempts, j.token, j.at)";
     if (bury)
-        sql += ", b AS (DELETE FROM " + s +
-               ".jobs j USING p WHERE j.ctid = p.r AND p.dead RETURNING j.id, j.payload, "
-               "j.attempts, " +
-               lease_ended_sql() + " AS last_error), d AS (" + bury_sql(s, "b") + ")" +
-               keep_dead_sql(s, keep);
+        sql += ", b0 AS (DELETE FROM " + s + ".jobs j USING p WHERE j.ctid = p.r AND p.dead AND " +
+               run_ends_sql(s) + " RETURNING j.id, j.payload, j.attempts, " + lease_ended_sql() +
+               " AS last_error), bs AS (UPDATE " + s + ".jobs j SET " + next_run_set_sql(s) +
+               " FROM p WHERE j.ctid = p.r AND p.dead AND " + run_goes_on_sql(s) +
+               " RETURNING j.id, j.payload, p.tries AS attempts, " + lease_ended_sql() +
+               " AS last_error), b AS (SELECT * FROM b0 UNION ALL SELECT * FROM bs), d AS (" +
+               bury_sql(s, "b") + ")" + keep_dead_sql(s, keep) +
+               ", rn AS (SELECT pg_notify($5, '') FROM bs LIMIT 1)";
     if (l.rate > 0)
         sql += ", gi AS (INSERT INTO " + s +
                ".grants(queue, at, n) SELECT $1, t.up, m.n FROM t, (SELECT count(*) AS n FROM c) "
@@ -656,7 +875,8 @@ inline std::string claim_sql(const std::string& s, bool durable, bool bury, long
     return sql +
            " SELECT c.id, c.payload, c.due, c.attempts::bigint, c.token, c.at FROM c UNION ALL "
            "SELECT NULL, NULL, CASE WHEN (SELECT paused FROM z) THEN NULL ELSE " +
-           next + " END, " + (bury ? "(SELECT count(*) FROM b)" : "0") + ", NULL, t.now FROM t";
+           next + " END, " + (bury ? "(SELECT count(*) FROM b)" : "0") + ", NULL, t.now FROM t" +
+           (bury ? " WHERE (SELECT count(*) FROM rn) >= 0" : "");
 }
 
 // The fence of ack, nack, extend and bury, over row j and now_cte's t: $1 queue, $2 id, $3 the
@@ -667,55 +887,74 @@ inline std::string claim_sql(const std::string& s, bool durable, bool bury, long
 inline constexpr const char* held_sql =
     "j.queue = $1 AND j.id = $2 AND j.token = $3 AND $3 <> 0 AND j.at > t.now";
 
-// ack: $1 queue, $2 id, $3 token. With limits (`l`), it NOTIFYs when the lease held
-// (settle_notify_sql) and returns (acked, notified); else its command tag counts the rows
-// acked.
+// ack: $1 queue, $2 id, $3 token. A run of a series becomes its next run (next_run_set_sql).
+// Returns (acked, next runs queued), and with limits (`l`) whether it NOTIFYd, which it does when
+// the lease held (settle_notify_sql). A next run's wake-up is the caller's, after the commit
+// (wake_sql), as a put's; with limits the NOTIFY wakes the consumers already.
 inline std::string ack_sql(const std::string& s, bool durable, const limit_settings& l = {}) {
-    if (l.any())
-        return "WITH " + lease_now_cte(durable) + ", a AS (DELETE FROM " + s +
-               ".jobs j USING t WHERE " + held_sql + " RETURNING 1)" + settle_notify_sql(l, "a") +
-               " SELECT (SELECT count(*) FROM a), (SELECT count(*) FROM n)";
-    return "WITH " + lease_now_cte(durable) + " DELETE FROM " + s + ".jobs j USING t WHERE " +
-           held_sql;
+    return "WITH " + lease_now_cte(durable) + ", a AS (DELETE FROM " + s +
+           ".jobs j USING t WHERE " + held_sql + " AND " + run_ends_sql(s) +
+           " RETURNING 1), u AS (UPDATE " + s + ".jobs j SET " + next_run_set_sql(s) +
+           " FROM t WHERE " + held_sql + " AND " + run_goes_on_sql(s) +
+           " AND NOT EXISTS (SELECT 1 FROM a) RETURNING 1)" +
+           settle_notify_sql(l, "(SELECT 1 FROM a UNION ALL SELECT 1 FROM u) s") +
+           " SELECT (SELECT count(*) FROM a) + (SELECT count(*) FROM u), (SELECT count(*) FROM u)" +
+           (l.any() ? ", (SELECT count(*) FROM n)" : "");
 }
 
-// ack_many: $1 queue, $2 ids, $3 tokens. Returns the 1-based positions of the jobs acked. Each
-// lease is found by its key and deleted where it lies; a row that changed in between (a new
-// version, elsewhere) is not deleted: its lease had changed hands. With limits (`l`), it NOTIFYs
-// once when it acked any (settle_notify_sql).
+// ack_many: $1 queue, $2 ids, $3 tokens. Returns the 1-based positions of the jobs acked, each
+// with whether it was a run of a series, which became its next run (next_run_set_sql; the caller
+// sends their wake-up, as ack's: `m` reads whether the row has a schedule, so that a batch of jobs
+// of their own costs the UPDATE nothing). Each lease is found by its key and deleted where it lies;
+// a row that changed in between (a new version, elsewhere) is not deleted: its lease had changed
+// hands. With limits (`l`), it NOTIFYs once when it acked any (settle_notify_sql).
 inline std::string ack_many_sql(const std::string& s, bool durable, const limit_settings& l = {}) {
     const std::string found =
         "WITH " + lease_now_cte(durable) +
-        ", m AS (SELECT u.ord, x.r FROM unnest($2::bytea[], $3::bigint[]) WITH ORDINALITY AS "
-        "u(id, token, ord), LATERAL (SELECT j.ctid AS r FROM " +
+        ", m AS (SELECT u.ord, x.r, x.s FROM unnest($2::bytea[], $3::bigint[]) WITH ORDINALITY AS "
+        "u(id, token, ord), LATERAL (SELECT j.ctid AS r, j.repeat IS NOT NULL AS s FROM " +
         s +
         ".jobs j WHERE j.queue = $1 AND j.id = u.id AND j.token = u.token AND u.token <> 0 "
         "AND j.at > (SELECT now FROM t) LIMIT 1) x)";
-    const std::string del =
-        "DELETE FROM " + s + ".jobs j USING m WHERE j.ctid = m.r RETURNING m.ord";
-    if (l.any())  // the test reads `n`, which notifies when `a` acked any: true either way
-        return found + ", a AS (" + del + ")" + settle_notify_sql(l, "a") +
-               " SELECT a.ord FROM a WHERE (SELECT count(*) FROM n) >= 0";
-    return found + " " + del;
+    const std::string del = "DELETE FROM " + s + ".jobs j USING m WHERE j.ctid = m.r AND " +
+                            run_ends_sql(s) + " RETURNING m.ord";
+    const std::string upd = "UPDATE " + s + ".jobs j SET " + next_run_set_sql(s) +
+                            " FROM m WHERE m.s AND j.ctid = m.r AND " + run_goes_on_sql(s) +
+                            " RETURNING m.ord";
+    // With limits, the test reads `n`, which notifies when it acked any: true either way.
+    return found + ", a AS (" + del + "), u AS (" + upd + ")" +
+           settle_notify_sql(l, "(SELECT 1 FROM a UNION ALL SELECT 1 FROM u) s") +
+           " SELECT k.ord, k.s FROM (SELECT a.ord, false AS s FROM a UNION ALL SELECT u.ord, true "
+           "FROM u) k" +
+           (l.any() ? " WHERE (SELECT count(*) FROM n) >= 0" : "");
 }
 
 // nack: $1 queue, $2 id, $3 token, $4 retry after (ms), $5 max_attempts, $6 the reason, $7
 // whether it was given (else the last error stays). Back to waiting, or to the dead letters after
-// the max_attempts-th delivery, with that last error; the wake-up follows (wake_sql). With `keep`
-// (ms, options::keep_dead), a move to the dead letters also removes old ones (keep_dead_sql).
-// Returns whether the lease held. With limits (`l`), it also NOTIFYs when the lease held
-// (settle_notify_sql), at its commit, which wakes the consumers for the job too: the caller sends
-// no wake-up after it.
+// the max_attempts-th delivery, with that last error, and then, a run of a series, with its row
+// its next run (next_run_set_sql: `b0` deletes, `bs` updates, `b` is both); the wake-up follows
+// (wake_sql), for the retry or the next run. With `keep` (ms, options::keep_dead), a move to the
+// dead letters also removes old ones (keep_dead_sql). Returns whether the lease held. With limits
+// (`l`), it also NOTIFYs when the lease held (settle_notify_sql), at its commit, which wakes the
+// consumers for the job too: the caller sends no wake-up after it.
 inline std::string nack_sql(const std::string& s, bool durable, long long keep,
                             const limit_settings& l = {}) {
     const std::string error = new_error_sql("$6", "$7");
     return "WITH " + lease_now_cte(durable) + ", r AS (UPDATE " + s +
            ".jobs j SET at = least(t.up + $4, " + max_ms_sql() +
            "), token = 0, last_error = " + error + " FROM t WHERE " + held_sql +
-           " AND ($5 = 0 OR j.attempts < $5) RETURNING 1), b AS (DELETE FROM " + s +
-           ".jobs j USING t WHERE " + held_sql +
-           " AND $5 > 0 AND j.attempts >= $5 RETURNING j.id, j.payload, j.attempts, " + error +
-           " AS last_error), d AS (" + bury_sql(s, "b") + ")" + keep_dead_sql(s, keep) +
+           " AND ($5 = 0 OR j.attempts < $5) RETURNING 1), b0 AS (DELETE FROM " + s +
+           ".jobs j USING t WHERE " + held_sql + " AND $5 > 0 AND j.attempts >= $5 AND " +
+           run_ends_sql(s) + " RETURNING j.id, j.payload, j.attempts, " + error +
+           " AS last_error), bs AS (UPDATE " + s + ".jobs j SET " + next_run_set_sql(s) +
+           " FROM t WHERE " + held_sql + " AND $5 > 0 AND j.attempts >= $5 AND " +
+           run_goes_on_sql(s) +
+           " AND NOT EXISTS (SELECT 1 FROM r) AND NOT EXISTS (SELECT 1 FROM b0) RETURNING j.id, "
+           "j.payload, " +
+           before_sql(s, "attempts") + " AS attempts, CASE WHEN $7 THEN $6 ELSE " +
+           before_sql(s, "last_error") +
+           " END AS last_error), b AS (SELECT * FROM b0 UNION ALL SELECT * FROM bs), d AS (" +
+           bury_sql(s, "b") + ")" + keep_dead_sql(s, keep) +
            settle_notify_sql(l, "(SELECT 1 FROM r UNION ALL SELECT 1 FROM b) s") +
            " SELECT (SELECT count(*) FROM r) + (SELECT count(*) FROM b)" +
            (l.any() ? ", (SELECT count(*) FROM n)" : "");
@@ -737,15 +976,25 @@ inline std::string extend_sql(const std::string& s, bool durable) {
 
 // bury: $1 queue, $2 id, $3 token, $4 the reason, $5 whether it was given (else the last error
 // stays). To the dead letters at once, as a nack of the max_attempts-th delivery; the next event
-// can only come later, so no wake-up. With `keep` (ms, options::keep_dead), it also removes old
-// dead letters (keep_dead_sql). Returns whether the lease held. With limits (`l`), it NOTIFYs
-// when the lease held (settle_notify_sql): a place under max_leased came free.
+// can only come later, so no wake-up, but for a run of a series, whose row becomes its next run
+// (next_run_set_sql: `b0` deletes, `bs` updates, `b` is both): its wake-up is the caller's, after
+// the commit (wake_sql). With `keep` (ms, options::keep_dead), it also removes old dead letters
+// (keep_dead_sql). Returns whether the lease held and the next runs queued. With limits (`l`), it
+// NOTIFYs when the lease held (settle_notify_sql): a place under max_leased came free, and the
+// consumers see the next run.
 inline std::string bury_now_sql(const std::string& s, bool durable, long long keep,
                                 const limit_settings& l = {}) {
-    return "WITH " + lease_now_cte(durable) + ", b AS (DELETE FROM " + s +
-           ".jobs j USING t WHERE " + held_sql + " RETURNING j.id, j.payload, j.attempts, " +
-           new_error_sql("$4", "$5") + " AS last_error), d AS (" + bury_sql(s, "b") + ")" +
-           keep_dead_sql(s, keep) + settle_notify_sql(l, "b") + " SELECT (SELECT count(*) FROM b)" +
+    return "WITH " + lease_now_cte(durable) + ", b0 AS (DELETE FROM " + s +
+           ".jobs j USING t WHERE " + held_sql + " AND " + run_ends_sql(s) +
+           " RETURNING j.id, j.payload, j.attempts, " + new_error_sql("$4", "$5") +
+           " AS last_error), bs AS (UPDATE " + s + ".jobs j SET " + next_run_set_sql(s) +
+           " FROM t WHERE " + held_sql + " AND " + run_goes_on_sql(s) +
+           " AND NOT EXISTS (SELECT 1 FROM b0) RETURNING j.id, j.payload, " +
+           before_sql(s, "attempts") + " AS attempts, CASE WHEN $5 THEN $4 ELSE " +
+           before_sql(s, "last_error") +
+           " END AS last_error), b AS (SELECT * FROM b0 UNION ALL SELECT * FROM bs), d AS (" +
+           bury_sql(s, "b") + ")" + keep_dead_sql(s, keep) + settle_notify_sql(l, "b") +
+           " SELECT (SELECT count(*) FROM b), (SELECT count(*) FROM bs)" +
            (l.any() ? ", (SELECT count(*) FROM n)" : "");
 }
 
@@ -907,6 +1156,7 @@ enum statement_index : unsigned char {
     st_paused,
     st_limit_lock,
     st_stats,
+    st_put_repeat,
     st_count
 };
 
@@ -926,7 +1176,9 @@ inline std::vector<prepared_statement> statements(const std::string& s, bool dur
         {"dq1", put_many_sql(s), {text_oid, bytea_array_oid, bytea_array_oid, int8_array_oid}},
         {"dq2", cancel_sql(s, l), {text_oid, bytea_oid}},
         {"dq3", reschedule_sql(s), {text_oid, bytea_oid, int8_oid}},
-        {"dq4", claim_sql(s, durable, bury, keep, l), {text_oid, int8_oid, int8_oid, int8_oid}},
+        {"dq4",
+         claim_sql(s, durable, bury, keep, l),
+         {text_oid, int8_oid, int8_oid, int8_oid, text_oid}},
         {"dq5", ack_sql(s, durable, l), {text_oid, bytea_oid, int8_oid}},
         {"dq6", ack_many_sql(s, durable, l), {text_oid, bytea_array_oid, int8_array_oid}},
         {"dq7",
@@ -948,6 +1200,7 @@ inline std::vector<prepared_statement> statements(const std::string& s, bool dur
         {"dq19", paused_sql(s), {text_oid}},
         {"dq20", limit_lock_sql(), {int8_oid}},
         {"dq21", stats_sql(s), {text_oid}},
+        {"dq22", put_repeat_sql(s), {text_oid, bytea_oid, bytea_oid, text_oid}},
     };
     return v;
 }

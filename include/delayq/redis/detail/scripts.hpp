@@ -5,7 +5,8 @@
 //
 // clang-format off
 //   waiting  in `events` (score: due ms); its payload in its bucket ("p" field); "m" =
-//            "attempts:0:0" once delivered, "/" and its last error after that once it has one
+//            "attempts:0:0" once delivered, "/" and its last error after that once it has one;
+//            a run of a series (put_every, put_cron) has its schedule in "r" too
 //   leased   in `events` (score: lease end ms); "m" = "attempts:token:lease end", and
 //            "/" and its last error if it has one
 //   dead     in `dead` (id -> payload), `dead:info` (id -> "attempts:died/last error") and
@@ -14,11 +15,13 @@
 //
 // | from    | to      | by                                                                   |
 // |---------|---------|----------------------------------------------------------------------|
-// | gone    | waiting | put (refused while the id is waiting or leased)                      |
+// | gone    | waiting | put (refused while the id is waiting or leased); put_every, put_cron |
 // | waiting | waiting | reschedule                                                           |
 // | waiting | leased  | take: attempts + 1, a new token                                      |
 // | waiting | gone    | cancel                                                               |
 // | leased  | gone    | ack; cancel                                                          |
+// | leased  | waiting | ack, or any move to dead below, of a run of a series: its next run,  |
+// |         |         | attempts 0, no last error (see "Repeatable jobs")                    |
 // | leased  | leased  | extend: its lease end moved, the same token                          |
 // | leased  | waiting | nack; release: the take it was leased for had given up when its      |
 // |         |         | reply came (script_client.hpp), so nobody got it: due at its due     |
@@ -67,9 +70,10 @@
 // clang-format off
 //   KEYS[1] events      zset  id -> due time or lease end (server ms)   every queued job
 //   KEYS[2] data        never created itself: it names the buckets `data:0` .. `data:1023`,
-//                       hashes that hold "p" .. id -> payload and "m" .. id ->
-//                       "attempts:token:lease end" (then "/" and the last error, if any); a
-//                       job's bucket is a hash of its id
+//                       hashes that hold "p" .. id -> payload, "m" .. id ->
+//                       "attempts:token:lease end" (then "/" and the last error, if any) and,
+//                       for a run of a series, "r" .. id -> "slot schedule"; a job's bucket
+//                       is a hash of its id
 //   KEYS[3] seq         string                                          the fencing-token counter
 //   KEYS[4] dead        hash  id -> payload                             every dead letter
 //   KEYS[5] dead:order  zset  "died:id" -> 0 (died: 14 digits, ms)      dead letters by age
@@ -177,6 +181,32 @@
 // due_now = ZCOUNT(events, -inf, now), the waiting jobs due and the jobs whose lease ended, which
 // are due again (a job whose lease holds has its lease end, > now, as its score); lag = now - the
 // head's score when the head is due, else 0; dead = HLEN(dead).
+//
+// Repeatable jobs (put_every, put_cron). A series is one id whose runs follow one another, each an
+// ordinary job with "r" .. id = "<slot> <schedule>" in its bucket beside "p" and "m": schedule is
+// the text of delayq/detail/job_queue/repeat.hpp ("e<period ms>", or "c" and the cron masks), slot
+// the run's place in the series, the due time its put or the run before it gave it (a reschedule
+// moves the run, not its slot: an every series stays in phase with its first run). The put script
+// works out the first run (every: a period after now; cron: the first matching minute after now).
+// The step that ends a run queues the next in the same script: an ack, and each move to the dead
+// letters (bury, the nack of the last attempt, a take finding the last lease ended). Each of them
+// first proves the run's lease (its token, or its last lease ended) and the next run has none, so
+// of the objects that race on one run, one step ends it: one next run, never two or none. The
+// next run keeps the id and the payload, with attempts 0 and no last error ("m" removed), due at
+// next_run(schedule, slot, now), which is its slot too; the dead letter that the step made stays
+// beside it. next_run is the Lua twin of the C++ one, which defines it (the tests compare them):
+// every, the first slot + k * period after now (one catch-up run after an outage, not a backlog);
+// cron, the first whole minute after now that matches, a walk of at most 366 * 8 days. A schedule
+// it cannot read (a later version's) ends the series, as the ack of a plain job ends it; so does a
+// cancel, which removes "r" with the rest. A nack before the last attempt, a release or an extend
+// leave the run as it is. The next run publishes as a nack does (requeue(): when it makes the
+// shard's next event earlier). The schedule costs no key, and no command where there is no
+// series: the settlements read "m" and "r" with one HMGET where they read "m" before, and every
+// HDEL of a job names "r" too. No command that the scripts did not run already (the ACL holds).
+// A dead run put back by requeue dead is a plain job (refused while its series holds the id).
+// Upgrading: a client of an earlier version acks, buries or cancels a run as a plain job, which
+// ends the series and leaves its "r" behind, for the next put of the id to inherit: start series
+// once every client is of this version.
 //
 // Wake-ups. Consumers wait on the pub/sub channel. A script that may make the shard's next event
 // (the head of `events`: the earliest due time or lease end) earlier publishes "<shard> <ms until
@@ -334,22 +364,108 @@ local function publish(at)
 end
 )lua");
 
-// ARGV channel shard (id payload mode ms)*; mode 'a': ms is a due time, 'r': a delay.
+// next_run(schedule, slot, now): the due time (ms) of the run of a series after the one whose slot
+// is `slot`, ended at `now`; nil for a schedule this version cannot read (see "Repeatable jobs").
+// The twin of delayq::detail::job_queue::next_run, which defines it, read line by line beside
+// detail/cron.hpp: the tests run this text with times of their own and compare. It reads no key
+// and no clock, so a test can run it alone. Masks are tested by arithmetic (floor(mask / 2^k) % 2),
+// exact in a double: no library beyond Lua's own.
+inline constexpr auto repeat_lua = lua(R"lua(
+local function next_run(text, slot, now)
+  local kind = string.sub(text, 1, 1)
+  if kind == 'e' then
+    local period = tonumber(string.match(text, '^e(%d+)$') or '')
+    if not period or period <= 0 then return nil end
+    -- (acked before its time: the next in phase)
+    if slot > now then return slot + period end
+    return slot + (math.floor((now - slot) / period) + 1) * period
+  end
+  if kind ~= 'c' then return nil end
+  local v = {string.match(text, '^c(%d+):(%d+):(%d+):(%d+):(%d+):(%d+):(%d+)$')}
+  if #v ~= 7 then return nil end
+  for k = 1, 7 do v[k] = tonumber(v[k]) end
+  local function set(mask, from, to, shift)
+    local t = {}
+    for k = from, to do t[k] = math.floor(mask / 2 ^ (k - shift)) % 2 == 1 end
+    return t
+  end
+  local minute_ok, minute_hi = set(v[1], 0, 29, 0), set(v[2], 30, 59, 30)
+  for k = 30, 59 do minute_ok[k] = minute_hi[k] end
+  local hour_ok, dom_ok = set(v[3], 0, 23, 0), set(v[4], 1, 31, 0)
+  local month_ok, dow_ok = set(v[5], 1, 12, 0), set(v[6], 0, 6, 0)
+  local dom_any, dow_any = v[7] % 2 == 1, math.floor(v[7] / 2) % 2 == 1
+  -- A day (days since 1970-01-01) matches: its month, and its day of the month and weekday as
+  -- cron.hpp's day_matches. Month and day from civil_from_days (H. Hinnant's algorithm); the
+  -- weekday from 1970-01-01, a Thursday (Sunday 0).
+  local function day_matches(day)
+    local z = day + 719468
+    local era = math.floor(z / 146097)
+    local doe = z - era * 146097
+    local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524)
+                            - math.floor(doe / 146096)) / 365)
+    local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
+    local mp = math.floor((5 * doy + 2) / 153)
+    local d = doy - math.floor((153 * mp + 2) / 5) + 1
+    if not month_ok[mp < 10 and mp + 3 or mp - 9] then return false end
+    local dom, dow = dom_ok[d], dow_ok[(day + 4) % 7]
+    if dom_any or dow_any then return dom and dow end
+    return dom or dow
+  end
+  -- From the minute after now's minute, day by day, as cron.hpp's next_after.
+  local from = (math.floor(now / 60000) + 1) * 60000
+  local day = math.floor(from / 86400000)
+  local hour = math.floor((from - day * 86400000) / 3600000)
+  local minute = math.floor((from - day * 86400000) / 60000) % 60
+  for n = 1, 366 * 8 do
+    if day_matches(day) then
+      for h = hour, 23 do
+        if hour_ok[h] then
+          for m = (h == hour) and minute or 0, 59 do
+            if minute_ok[m] then return day * 86400000 + h * 3600000 + m * 60000 end
+          end
+        end
+      end
+    end
+    day, hour, minute = day + 1, 0, 0
+  end
+  return nil
+end
+)lua");
+
+// ARGV channel shard (id payload mode ms)*; mode 'a': ms is a due time, 'r': a delay, 's': ms is
+// the schedule of a series instead, whose first run it queues (see "Repeatable jobs"; a schedule
+// this version cannot read, which the C++ side never sends, fails the call before it writes).
 // Returns one 1 (queued) or 0 (already queued: nothing changes) per job. Publishes when a job
 // comes before the shard's earliest event: exactly when, after the ZADDs, the head is a job put
 // here (ties with the old head publish too, harmlessly). The head is read without its score: a
 // score in a reply costs the server more than the rest of that ZRANGE (docs/redis.md, "Cost per
 // job"), and so does a Lua number passed as an argument, hence the scores as strings.
-inline constexpr auto put_lua = prelude + lua(R"lua(
-local earliest, added, out = nil, {}, {}
+inline constexpr auto put_lua = prelude + repeat_lua + lua(R"lua(
+local earliest, added, out, first = nil, {}, {}, {}
+-- The first runs, as the run before a series' first: an every series' a period after `later`
+-- (never early, as due_at), a cron series' the first matching minute after now.
+for i = 3, #ARGV, 4 do
+  if ARGV[i + 2] == 's' then
+    local at = next_run(ARGV[i + 3], later, now)
+    if not at then return redis.error_reply('unreadable schedule ' .. ARGV[i + 3]) end
+    first[i] = math.min(at, max_ms)
+  end
+end
 for i = 3, #ARGV, 4 do
   local id = ARGV[i]
-  if redis.call('HSETNX', bucket(id), 'p' .. id, ARGV[i + 1]) == 0 then
+  local b = bucket(id)
+  if redis.call('HSETNX', b, 'p' .. id, ARGV[i + 1]) == 0 then
     out[#out + 1] = 0
   else
     local score = ARGV[i + 3]
-    local at = tonumber(score)
-    if ARGV[i + 2] == 'r' then at = due_at(at) score = string.format('%d', at) end
+    local at = first[i]
+    if at then
+      score = string.format('%d', at)
+      redis.call('HSET', b, 'r' .. id, score .. ' ' .. ARGV[i + 3])
+    else
+      at = tonumber(score)
+      if ARGV[i + 2] == 'r' then at = due_at(at) score = string.format('%d', at) end
+    end
     redis.call('ZADD', events, score, id)
     added[id] = true
     if not earliest or at < earliest then earliest = at end
@@ -435,36 +551,55 @@ end
 // paused, so that no take looks again before a message; held back by a limit: until a place
 // frees, > 0); one ok (1 settled or extended, 0 the lease was lost) per settlement.
 inline constexpr auto consume_lua = prelude + last_error_lua + lease_ended_lua + sweep_lua +
-                                    lua("local max_sweep = ") + decimal<max_sweep>() + lua(R"lua(
+                                    repeat_lua + lua("local max_sweep = ") + decimal<max_sweep>() +
+                                    lua(R"lua(
 local lease_ms, max_attempts, keep_dead = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[7])
 local max_leased, rate, period = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
 local limited = max_leased > 0 or rate > 0
 local now_s = string.format('%d', now)
 -- freed: a settlement ended a lease; shortened: an extend moved a lease end earlier.
 local out, before, deaths, freed, shortened = {0}, false, 0, false, false
--- To the dead letters, after `a` attempts, its last error `tail` ("/" and the reason, or '').
--- The place of an earlier dead letter of the same id goes: one place per dead letter.
-local function bury(id, b, payload, a, tail)
+-- Back to waiting, due at `at`. The next event may get earlier: remember it as it was.
+local function requeue(id, at)
+  if before == false then before = head() end
+  redis.call('ZADD', events, string.format('%d', at), id)
+end
+-- A run of a series (its "r" entry `r`, false if none) ends: true if its next run is queued, its
+-- payload kept, attempts 0, no last error; false if it has no schedule, or one this version
+-- cannot read, and the job is to go (see "Repeatable jobs"). Its lease is the caller's to end.
+local function again(id, b, r)
+  if not r then return false end
+  local slot, schedule = string.match(r, '^(%d+) (.+)$')
+  local at = slot and next_run(schedule, tonumber(slot), now)
+  if not at then return false end
+  at = math.min(at, max_ms)
+  redis.call('HDEL', b, 'm' .. id)
+  redis.call('HSET', b, 'r' .. id, string.format('%d ', at) .. schedule)
+  requeue(id, at)
+  return true
+end
+-- To the dead letters, after `a` attempts, its last error `tail` ("/" and the reason, or '');
+-- a run of a series (`r`, as again's) leaves its next run behind. The place of an earlier dead
+-- letter of the same id goes: one place per dead letter.
+local function bury(id, b, payload, a, tail, r)
   deaths = deaths + 1
-  redis.call('ZREM', events, id)
   redis.call('ZREM', leases, id)
   redis.call('HSET', dead, id, payload or '')
-  redis.call('HDEL', b, 'p' .. id, 'm' .. id)
+  if not again(id, b, r) then
+    redis.call('ZREM', events, id)
+    redis.call('HDEL', b, 'p' .. id, 'm' .. id, 'r' .. id)
+  end
   local old = redis.call('HGET', dead_info, id)
   if old then redis.call('ZREM', dead_order, place_of(id, old)) end
   local info = string.format('%d:%014d', a, now) .. (tail == '' and '/' or tail)
   redis.call('HSET', dead_info, id, info)
   redis.call('ZADD', dead_order, '0', place_of(id, info))
 end
--- Back to waiting, due at `at`. The next event may get earlier: remember it as it was.
-local function requeue(id, at)
-  if before == false then before = head() end
-  redis.call('ZADD', events, string.format('%d', at), id)
-end
 for i = 11, #ARGV, 3 do
   local id, ok = ARGV[i + 1], 0
   local b = bucket(id)
-  local m = redis.call('HGET', b, 'm' .. id)
+  local mr = redis.call('HMGET', b, 'm' .. id, 'r' .. id)
+  local m, r = mr[1], mr[2]
   local a, token, lease_end
   -- (An earlier version's kept entry has a fourth field; its third, the hold end, is its lease end.)
   if m then a, token, lease_end = string.match(m, '^(%d+):(%d+):(%d+)') end
@@ -489,11 +624,13 @@ for i = 11, #ARGV, 3 do
       -- The lease ends (bury() removes it from `leases` itself).
       freed = true
       if how == 'a' then
-        redis.call('ZREM', events, id)
         redis.call('ZREM', leases, id)
-        redis.call('HDEL', b, 'p' .. id, 'm' .. id)
+        if not again(id, b, r) then
+          redis.call('ZREM', events, id)
+          redis.call('HDEL', b, 'p' .. id, 'm' .. id, 'r' .. id)
+        end
       elseif how == 'd' then
-        bury(id, b, redis.call('HGET', b, 'p' .. id), a, tail)
+        bury(id, b, redis.call('HGET', b, 'p' .. id), a, tail, r)
       elseif how == 'r' then
         -- Leased for a take that gave up: as before that take, its attempt not counted, nor
         -- its grant.
@@ -506,7 +643,7 @@ for i = 11, #ARGV, 3 do
         if rate > 0 then redis.call('ZREM', grants, token) end
         requeue(id, math.min(ms, max_ms))
       elseif max_attempts > 0 and a >= max_attempts then
-        bury(id, b, redis.call('HGET', b, 'p' .. id), a, tail)
+        bury(id, b, redis.call('HGET', b, 'p' .. id), a, tail, r)
       else
         redis.call('HSET', b, 'm' .. id, string.format('%d:0:0', a) .. tail)
         redis.call('ZREM', leases, id)
@@ -550,14 +687,14 @@ if not hold then
       local id = heads[2 * k + 1]
       k = k + 1
       local b = bucket(id)
-      local pm = redis.call('HMGET', b, 'p' .. id, 'm' .. id)
+      local pm = redis.call('HMGET', b, 'p' .. id, 'm' .. id, 'r' .. id)
       local a, token = 0, '0'
       if pm[2] then a, token = string.match(pm[2], '^(%d+):(%d+):') a = tonumber(a) end
       -- A job whose lease ended is due again; after its last attempt, it is dead instead.
       if token ~= '0' and max_attempts > 0 and a >= max_attempts then
         if budget == 0 then next_due = now break end
         budget = budget - 1
-        bury(id, b, pm[1], a, '/' .. lease_ended)
+        bury(id, b, pm[1], a, '/' .. lease_ended, pm[3])
         buried = true
       else
         n = n + 1
@@ -625,7 +762,7 @@ return out
 // limit holds back look again (see "Limits"; the caller tells its own takes).
 inline constexpr auto cancel_lua = prelude + lua(R"lua(
 local id = ARGV[3]
-if redis.call('HDEL', bucket(id), 'p' .. id, 'm' .. id) == 0 then return 0 end
+if redis.call('HDEL', bucket(id), 'p' .. id, 'm' .. id, 'r' .. id) == 0 then return 0 end
 redis.call('ZREM', events, id)
 if ARGV[4] ~= '1' then
   redis.call('ZREM', leases, id)

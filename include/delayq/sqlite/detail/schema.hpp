@@ -15,7 +15,8 @@
 //
 // clang-format off
 //   jobs  id BLOB PRIMARY KEY, payload BLOB, due INTEGER, attempts INTEGER, token INTEGER,
-//         lease_end INTEGER (NULL while waiting), last_error BLOB (NULL: none)  -- WITHOUT ROWID
+//         lease_end INTEGER (NULL while waiting), last_error BLOB (NULL: none),
+//         repeat TEXT (NULL: a one-off job)                                   -- WITHOUT ROWID
 //         waiting: lease_end IS NULL; `due` is when it is due
 //         leased:  lease_end is when the lease ends; `due` is when this delivery was due;
 //                  `token` the lease's fencing token, `attempts` counts this delivery;
@@ -25,6 +26,10 @@
 //         ends and is reclaimed like any other; no ack matches it.)
 //         last_error: the reason of the last nack() or bury() that gave one (cut to
 //         max_reason_size bytes), or lease_ended_reason; a put starts without one
+//         repeat: the schedule of a series (put_every, put_cron), in the text of
+//         delayq/detail/job_queue/repeat.hpp; the step that acks the run, or moves it to the
+//         dead letters, queues the next run with the same id, payload and schedule
+//         (transitions.hpp, "Series")
 //   jobs_due    ON jobs(due)       WHERE lease_end IS NULL      -- the next due job: one seek
 //   jobs_leases ON jobs(lease_end) WHERE lease_end IS NOT NULL  -- the next ended lease: one seek
 //   dead  id BLOB PRIMARY KEY, payload BLOB, attempts INTEGER, died INTEGER,
@@ -58,11 +63,14 @@
 // running) to a file written before pause() existed: a missing row reads as running anyway, and
 // the row is there so that the file shows its state to whoever reads it. A version without
 // pause() never reads the row: its takes do not stop for a pause (docs/sqlite.md, "Pausing").
-// So with the counts and the grants (add_counts_and_grants()): a file without the triggers gets
-// them, and its 'queued' and 'dead' rows are counted from its tables then, once (O(n), in the
-// opening transaction); a file without the grants table gets it, empty. A version without them
-// writes the upgraded file as before: the triggers are the file's, so they count its rows too,
-// and it never reads the grants (its takes know no limits).
+// So with the repeat column of jobs (the schedules of series), added as last_error was: a version
+// that knows nothing of series never reads it, and inserts one-off jobs (NULL); but its ack of a
+// run (or its move to the dead letters) queues no next run, so a series whose run is settled by
+// such an object ends there. So with the counts and the grants (add_counts_and_grants()): a file
+// without the triggers gets them, and its 'queued' and 'dead' rows are counted from its tables
+// then, once (O(n), in the opening transaction); a file without the grants table gets it, empty. A
+// version without them writes the upgraded file as before: the triggers are the file's, so they
+// count its rows too, and it never reads the grants (its takes know no limits).
 //
 // Why triggers keep the counts, not the statements of the transitions: every writer of the file
 // counts then, whatever it is: put_in_transaction() and cancel_in_transaction() on the
@@ -130,7 +138,8 @@ inline constexpr std::string_view shared_prefix = "delayq_";
 inline constexpr std::string_view schema_sql =
     "CREATE TABLE {jobs}(id BLOB PRIMARY KEY NOT NULL, payload BLOB NOT NULL,"
     " due INTEGER NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,"
-    " token INTEGER NOT NULL DEFAULT 0, lease_end INTEGER, last_error BLOB) WITHOUT ROWID;"
+    " token INTEGER NOT NULL DEFAULT 0, lease_end INTEGER, last_error BLOB, repeat TEXT)"
+    " WITHOUT ROWID;"
     "CREATE INDEX {jobs}_due ON {jobs}(due) WHERE lease_end IS NULL;"
     "CREATE INDEX {jobs}_leases ON {jobs}(lease_end) WHERE lease_end IS NOT NULL;"
     "CREATE TABLE {dead}(id BLOB PRIMARY KEY NOT NULL, payload BLOB NOT NULL,"
@@ -330,18 +339,23 @@ inline void check_format(database& db, long long version) {
 }
 
 // In open_queue()'s write transaction, on a queue found in the file: adds what an earlier version
-// of format 1 did not write (the last_error columns, the dead letters' index, the 'paused' row;
-// the counts and the grants are add_counts_and_grants()'s). Nothing when the file has them
-// already. Adding a column rewrites no row (SQLite reads the missing value as NULL); the index is
-// built once, from the dead letters the file holds.
+// of format 1 did not write (the last_error columns, the repeat column of jobs, the dead letters'
+// index, the 'paused' row; the counts and the grants are add_counts_and_grants()'s). Nothing when
+// the file has them already. Adding a column rewrites no row (SQLite reads the missing value as
+// NULL); the index is built once, from the dead letters the file holds.
 inline void upgrade(database& db, const layout& where) {
-    for (const std::string_view table : {"{jobs}", "{dead}"}) {
+    const auto add = [&](std::string_view table, std::string_view column, std::string_view type) {
         const std::string name = where(table);
-        const std::string has =
-            "SELECT count(*) FROM pragma_table_info('" + name + "') WHERE name = 'last_error'";
+        const std::string has = "SELECT count(*) FROM pragma_table_info('" + name +
+                                "') WHERE name = '" + std::string(column) + "'";
         if (query_integer(db, has.c_str()) == 0)
-            db.exec(("ALTER TABLE " + name + " ADD COLUMN last_error BLOB").c_str());
-    }
+            db.exec(("ALTER TABLE " + name + " ADD COLUMN " + std::string(column) + " " +
+                     std::string(type))
+                        .c_str());
+    };
+    add("{jobs}", "last_error", "BLOB");
+    add("{dead}", "last_error", "BLOB");
+    add("{jobs}", "repeat", "TEXT");
     db.exec(where(dead_index_sql).c_str());
     db.exec(where(paused_row_sql).c_str());
 }

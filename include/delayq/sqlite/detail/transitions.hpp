@@ -7,20 +7,23 @@
 // table. Each call of the queue is one op, one of these transitions:
 //
 // clang-format off
-//   put          none                       -> waiting (refused while the id is queued)
+//   put          none                       -> waiting (refused while the id is queued); with a
+//                                              schedule (put_every, put_cron): a series' run
 //   cancel       waiting or leased          -> none
 //   reschedule   waiting                    -> waiting, a new due time (refused if leased)
 //   lease (take) waiting and due            -> leased, its attempt counted, a new token
-//   ack          leased, this token, lease  -> none
-//                not ended
-//   nack         leased, this token, lease  -> waiting, due when asked; or dead, at max_attempts;
-//                not ended                     its reason, if it gives one, the last error
+//   ack          leased, this token, lease  -> none; a run of a series: its next run, waiting
+//                not ended                     (see "Series")
+//   nack         leased, this token, lease  -> waiting, due when asked; or dead, at max_attempts
+//                not ended                     (and a series' next run); its reason, if it gives
+//                                              one, the last error
 //   extend       leased, this token, lease  -> leased, until the new end, the same token
 //                not ended
-//   bury         leased, this token, lease  -> dead; its reason, if it gives one, the last error
-//                not ended
+//   bury         leased, this token, lease  -> dead (and a series' next run); its reason, if it
+//                not ended                     gives one, the last error
 //   reclaim      leased, lease ended        -> waiting, due at the lease's end; or dead, at
 //                                              max_attempts, the last error lease_ended_reason
+//                                              (and a series' next run)
 //   requeue      dead, and the id not       -> waiting, due when asked, attempts 0, its payload
 //                queued                        and last error kept (refused if queued)
 //   purge        dead, died before a time   -> none, at most purge_batch per transaction
@@ -49,6 +52,25 @@
 // within keep_dead, with no thread that reaps it. The bound per death keeps a move cheap when
 // keep_dead is first set on a file of many old dead letters: they go keep_dead_batch at a time,
 // or at once with purge_dead.
+//
+// Series (put_every, put_cron). A run of a series is an ordinary job, with the series' id, whose
+// row keeps the schedule and the run's slot (the repeat column: "<slot> <schedule>", the texts of
+// delayq/detail/job_queue/repeat.hpp), the slot being where the schedule put the run, which a
+// retry or a reschedule of it does not move, so that a series stays in phase.
+// The statement that removes such a row for good (ack's delete, and bury()'s, which every move to
+// the dead letters runs: a nack of the max_attempts-th delivery, a bury, a reclaim of a last
+// lease) returns its schedule, due time, token and payload, and the same transaction inserts the
+// next run (queue_next()): the id, payload and schedule, waiting, attempts 0, no last error, due at
+// next_run(schedule, the run's slot, now), which is also its slot. One transaction, so every
+// process sees the run settled with its successor queued or neither, and the fencing makes one
+// settle win: a second ack of the run (another object, another process) finds the next run waiting,
+// not leased under its token, and is refused, so there is never a second next run, nor none. A
+// plain nack retries the run itself (its row stays), cancel removes the queued run (the series
+// ends, since nothing settles it), reschedule moves the waiting run only. The next run keeps the
+// token of the run before it, not a fresh job's 0, so that its lease's token is greater than every
+// one the series gave (lease_due()) even if the clock stepped back: a late holder of the old run is
+// refused. The id is then both dead and queued, after a run died: find() says the queued run, and
+// the dead table's count is unchanged by the insert into jobs.
 //
 // The last error. A job's row keeps the reason of the last nack or bury that gave one, and the
 // move to the dead letters copies it, so a dead letter says why it died: its consumer's words, or
@@ -114,6 +136,7 @@
 #include <vector>
 
 #include "../../detail/epoch_ms.hpp"
+#include "../../detail/job_queue/repeat.hpp"
 #include "../../job.hpp"
 #include "handle.hpp"
 #include "schema.hpp"
@@ -140,6 +163,7 @@ struct op {
     kind_t kind;
     std::string_view id;
     std::string_view payload{};                // put
+    std::optional<std::string_view> repeat{};  // put: the series' schedule; none: a one-off job
     long long due = 0;                         // put, reschedule, nack, requeue: the new due time
                                                // purge: the dead letters that died before it go
     long long token = 0;                       // ack, nack, extend, bury: the lease's
@@ -173,9 +197,12 @@ class transitions {
     static constexpr long long never = std::numeric_limits<long long>::max();  // no next event
 
     // put's insert: prepared here, and run by put_in_transaction() on the application's
-    // connection, so that both insert alike.
+    // connection, so that both insert alike. ?4 is the schedule of a series (put_every,
+    // put_cron), as text; put_in_transaction() leaves it unbound, which SQLite reads as NULL (a
+    // one-off job).
     static constexpr std::string_view insert_sql =
-        "INSERT OR IGNORE INTO {jobs}(id, payload, due) VALUES(?1, ?2, ?3)";
+        "INSERT OR IGNORE INTO {jobs}(id, payload, due, repeat) VALUES(?1, ?2, ?3, "
+        "CAST(?4 AS TEXT))";
 
     // cancel's delete: prepared here, and run by cancel_in_transaction() on the application's
     // connection.
@@ -192,7 +219,7 @@ class transitions {
         switch (o.kind) {
             case op::put: {
                 statement::use u(st_.insert);
-                o.ok = u->bind(o.id, o.payload, o.due).run() == 1;
+                o.ok = u->bind(o.id, o.payload, o.due, o.repeat).run() == 1;
                 break;
             }
             case op::cancel: {
@@ -206,10 +233,14 @@ class transitions {
                 break;
             }
             case op::ack: {
+                std::optional<settled_run> settled;
                 {
                     statement::use u(st_.ack);
-                    o.ok = u->bind(o.id, o.token, now).run() == 1;
+                    o.ok = u->bind(o.id, o.token, now).step();
+                    if (o.ok) settled = run_of(st_.ack);
+                    u->run();
                 }
+                if (settled) queue_next(o.id, *settled, now);
                 break;
             }
             case op::nack: {
@@ -510,7 +541,8 @@ class transitions {
               bury_copy(db, n("INSERT OR REPLACE INTO {dead}(id, payload, attempts, died, "
                               "last_error) SELECT id, payload, attempts, ?2, coalesce(?3, "
                               "last_error) FROM {jobs} WHERE id = ?1")),
-              bury_delete(db, n("DELETE FROM {jobs} WHERE id = ?1")),
+              bury_delete(db, n(std::string("DELETE FROM {jobs} WHERE id = ?1 RETURNING ") +
+                                std::string(settled_sql))),
               due(db, n("SELECT id, payload, due, attempts, token FROM {jobs} WHERE lease_end IS "
                         "NULL AND due "
                         "<= ?1 ORDER BY due LIMIT ?2")),
@@ -519,7 +551,11 @@ class transitions {
                       "id = ?3")),
               next(db, n("SELECT (SELECT min(due) FROM {jobs} WHERE lease_end IS NULL), (SELECT "
                          "min(lease_end) FROM {jobs} WHERE lease_end IS NOT NULL)")),
-              ack(db, n("DELETE FROM {jobs} WHERE id = ?1 AND token = ?2 AND lease_end > ?3")),
+              ack(db, n(std::string("DELETE FROM {jobs} WHERE id = ?1 AND token = ?2 AND "
+                                    "lease_end > ?3 RETURNING ") +
+                        std::string(settled_sql))),
+              next_run(db, n("INSERT INTO {jobs}(id, payload, due, token, repeat) VALUES(?1, ?2, "
+                             "?3, ?4, CAST(?5 AS TEXT))")),
               held(
                   db,
                   n("SELECT attempts FROM {jobs} WHERE id = ?1 AND token = ?2 AND lease_end > ?3")),
@@ -583,12 +619,45 @@ class transitions {
         }
 
         statement begin, commit, rollback, insert, cancel, reschedule, ended, requeue_ended,
-            bury_copy, bury_delete, due, lease, next, ack, held, requeue_at, extend, find,
+            bury_copy, bury_delete, due, lease, next, ack, next_run, held, requeue_at, extend, find,
             dead_first, dead_after, requeue_copy, requeue_delete, remove_dead, count_jobs,
             count_dead, data_version, leased_upto, first_lease_end, trim_grants, grants_sum,
             grants_window, grant, begin_read, counts, leases_at, first_due, due_side, later_side,
             paused, set_paused;
     };
+
+    // What a delete of a row returns for queue_next(): its schedule, due time and token, and its
+    // payload only when it has a schedule, so that settling a one-off job copies no payload out.
+    static constexpr std::string_view settled_sql =
+        "repeat, due, token, CASE WHEN repeat IS NULL THEN NULL ELSE payload END";
+
+    // A run of a series that a statement removed: what its next run is made of.
+    struct settled_run {
+        std::string repeat, payload;
+        long long due = 0, token = 0;
+    };
+
+    // The row that a delete ... RETURNING settled_sql stepped to, if it was a run of a series.
+    static std::optional<settled_run> run_of(const statement& s) {
+        if (s.is_null(0)) return std::nullopt;
+        return settled_run{s.blob(0), s.blob(3), s.integer(1), s.integer(2)};
+    }
+
+    // In a write transaction, right after the run `r` of the series `id` left the jobs: queues
+    // the next run (see "Series"). A schedule that next_run() cannot read (written by a later
+    // version of delayq, in a text this one does not know) ends the series: no next run, rather
+    // than one due at a time this version would have to guess.
+    void queue_next(std::string_view id, const settled_run& r, long long now) {
+        namespace jq = delayq::detail::job_queue;
+        const std::optional<jq::slotted> s = jq::slot_of(r.repeat);
+        if (!s) return;
+        const std::optional<long long> due = jq::next_run(s->text, s->slot, now);
+        if (!due) return;
+        const long long at = std::min(*due, delayq::detail::max_ms);
+        const std::string stored = jq::with_slot(at, s->text);
+        statement::use u(st_.next_run);
+        u->bind(id, std::string_view(r.payload), at, r.token, std::string_view(stored)).run();
+    }
 
     // Whether a job whose delivery was its `attempts`-th goes to the dead letters when that
     // delivery fails (a nack, or its lease ended).
@@ -597,17 +666,20 @@ class transitions {
     }
 
     // In a write transaction: the job `id` goes to the dead letters, with `reason` as its last
-    // error (none: the one it had); with keep_dead, up to keep_dead_batch of those older than it
-    // go (see "Keeping the dead letters bounded" above).
+    // error (none: the one it had), and a run of a series queues the next run; with keep_dead, up
+    // to keep_dead_batch of those older than it go (see "Keeping the dead letters bounded" above).
     void bury(std::string_view id, long long now, std::optional<std::string_view> reason) {
         {
             statement::use u(st_.bury_copy);
             u->bind(id, now, reason).run();
         }
+        std::optional<settled_run> settled;
         {
             statement::use u(st_.bury_delete);
-            u->bind(id).run();
+            if (u->bind(id).step()) settled = run_of(st_.bury_delete);
+            u->run();
         }
+        if (settled) queue_next(id, *settled, now);
         if (limits_.keep_dead > std::chrono::milliseconds::zero())
             remove_dead(died_before(now, limits_.keep_dead), keep_dead_batch);
     }
