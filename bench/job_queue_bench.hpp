@@ -73,6 +73,14 @@ inline double own_cpu() {
     return s(u.ru_utime) + s(u.ru_stime);
 }
 
+// This process's context switches so far, every thread, voluntary (a thread blocked: waiting for a
+// reply, a lock, a wake) and involuntary (preempted).
+inline double own_switches() {
+    rusage u{};
+    ::getrusage(RUSAGE_SELF, &u);
+    return static_cast<double>(u.ru_nvcsw) + static_cast<double>(u.ru_nivcsw);
+}
+
 struct lateness {
     std::mutex m;
     std::vector<double> ms;
@@ -215,6 +223,7 @@ struct figures {
     double jobs_per_s = 0;
     double server_us = 0;  // redis-server CPU per job, µs
     double client_us = 0;  // the client's CPU per job, µs (all its threads)
+    double switches = -1;  // the client's context switches per job (all its threads); -1: unknown
     std::string lateness;
 };
 
@@ -239,6 +248,9 @@ struct series {
     double client_us() const {
         return median(each([](auto& r) { return r.client_us; }));
     }
+    double switches() const {
+        return median(each([](auto& r) { return r.switches; }));
+    }
     void print() const {
         if (runs.empty()) return;
         const auto one = [](const std::vector<double>& v) {
@@ -252,11 +264,13 @@ struct series {
         };
         std::printf(
             "%s: %d jobs, median %.0f jobs/s (runs: %s); per job: redis-server CPU %.1f µs "
-            "(runs: %s), client CPU %.1f µs (runs: %s); last run's %s\n",
+            "(runs: %s), client CPU %.1f µs (runs: %s), client context switches %.2f; last run's "
+            "%s\n",
             name.c_str(), jobs, jobs_per_s(),
             list(each([](auto& r) { return r.jobs_per_s; })).c_str(), server_us(),
             one(each([](auto& r) { return r.server_us; })).c_str(), client_us(),
-            one(each([](auto& r) { return r.client_us; })).c_str(), runs.back().lateness.c_str());
+            one(each([](auto& r) { return r.client_us; })).c_str(), switches(),
+            runs.back().lateness.c_str());
     }
 };
 
@@ -309,11 +323,13 @@ figures measured_each(int port, const objects<Queue>& qs, const run_shape& shape
     command_at(port, {"CONFIG", "RESETSTAT"});
     const double server0 = server_cpu(port);
     const double client0 = own_cpu();
+    const double switches0 = own_switches();
     lateness late;
     figures f;
     f.jobs_per_s = end_to_end_each(qs, shape, late);
     const double jobs = shape.jobs / 4 * 4;
     f.client_us = (own_cpu() - client0) * 1e6 / jobs;
+    f.switches = (own_switches() - switches0) / jobs;
     f.server_us = (server_cpu(port) - server0) * 1e6 / jobs;
     if (stats != nullptr) *stats = text(port, {"INFO", "commandstats"});
     f.lateness = late.report();

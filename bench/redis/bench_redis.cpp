@@ -20,16 +20,19 @@
 //      object), its handler counting the job, with the ratios worker / plain loop;
 //    - BullMQ single calls: 4 producers awaiting each add, in two layouts, each its own run: 4
 //      workers of concurrency 1, and one worker of concurrency 4 (which is faster depends on the
-//      machine: the table compares with the faster, by median jobs/s);
+//      machine: the table compares with the faster, by median jobs/s); and as Node programs run
+//      it, 4 producers keeping 32 adds in flight each (Promise.all windows), one worker of
+//      concurrency 4, compared with in a second table;
 //    - delayq batched: the same with put_many/take_many/ack_many of 100 (--batch-jobs jobs);
 //    - BullMQ at its best: 4 producers calling addBulk with 100 jobs, one worker of concurrency C
 //      (--bullmq-concurrency, default 100), --batch-jobs jobs;
-//    each with jobs/s, redis-server CPU per job (INFO cpu, user + sys, over the run) and client CPU
+//    each with jobs/s, redis-server CPU per job (INFO cpu, user + sys, over the run), client CPU
 //    per job (this process's getrusage for delayq, the server being another process; the node
-//    process's own process.cpuUsage() for BullMQ), the medians in one table with the ratios
-//    delayq / BullMQ; then delayq's INFO commandstats per command, for the last run of each mode
-//    (the worker's too).
-//    BullMQ is skipped with a message without `node` or `npm install` in bullmq/;
+//    process's own process.cpuUsage() for BullMQ) and the client's context switches per job
+//    (voluntary and involuntary: getrusage, process.resourceUsage()), the medians in a table with
+//    the ratios delayq / BullMQ; then delayq's INFO commandstats per command, for the last run of
+//    each mode (the worker's too). BullMQ is skipped with a message without `node` or `npm install`
+//    in bullmq/;
 // 3. the scripts one by one (also part of 2.): one more delayq run of each mode with SLOWLOG
 //    logging every command, to split EVALSHA, one line in commandstats, by script and call shape;
 // 4. lateness (take returned - due time) with producers paced at 2 000 jobs/s in all and two of
@@ -155,11 +158,11 @@ std::string bullmq_missing() {
 // `concurrency`; its figures come from the JSON line it prints (its own process.cpuUsage() and
 // INFO cpu, both over the run). `version` gets BullMQ's.
 std::optional<figures> bullmq_run(int port, int jobs, const std::string& mode, int workers,
-                                  int concurrency, std::string& version) {
+                                  int concurrency, std::string& version, int window = 1) {
     const std::string cmd = "node " + std::string(DELAYQ_BULLMQ_DIR) + "/bench.mjs --port " +
                             std::to_string(port) + " --jobs " + std::to_string(jobs) + " --mode " +
                             mode + " --workers " + std::to_string(workers) + " --concurrency " +
-                            std::to_string(concurrency);
+                            std::to_string(concurrency) + " --window " + std::to_string(window);
     std::unique_ptr<FILE, int (*)(FILE*)> p(::popen(cmd.c_str(), "r"), ::pclose);
     std::string out;
     char buf[512];
@@ -178,6 +181,7 @@ std::optional<figures> bullmq_run(int port, int jobs, const std::string& mode, i
     f.jobs_per_s = *rate;
     f.client_us = *client * 1e6 / jobs;
     f.server_us = *server * 1e6 / jobs;
+    if (const auto sw = number_after(out, "\"client_switches\":")) f.switches = *sw / jobs;
     const auto late = [&](const char* key) { return number_after(out, key).value_or(-1); };
     char b[128];
     std::snprintf(b, sizeof b, "lateness p50 %.0f ms, p99 %.0f ms, max %.0f ms", late("\"p50\":"),
@@ -219,8 +223,8 @@ void print_commandstats(const std::string& stats, int jobs, const std::string& w
 // The median figures of the series side by side, with the ratios delayq / BullMQ: delayq's single
 // calls with one shared object (ds) and with one object per thread (dp), against BullMQ's single
 // calls (bs), and both batched (db, bb).
-void print_table(const series& ds, const series& dp, const series& bs, const series& db,
-                 const series& bb) {
+void print_table(const series& ds, const series& dp, const series& bs, const char* bs_label,
+                 const series& db, const series& bb) {
     const auto cell = [](const series& s, double (series::*f)() const, const char* fmt) {
         if (s.runs.empty()) return std::string("–");
         char b[64];
@@ -235,14 +239,16 @@ void print_table(const series& ds, const series& dp, const series& bs, const ser
     };
     std::printf(
         "\nper job, medians | delayq single, one shared object | delayq single, one object per "
-        "thread | BullMQ single | shared / BullMQ | per thread / BullMQ | delayq batched | BullMQ "
-        "batched | delayq / BullMQ\n|---|---|---|---|---|---|---|---|---|\n");
+        "thread | BullMQ single, %s | shared / BullMQ | per thread / BullMQ | delayq batched | "
+        "BullMQ batched | delayq / BullMQ\n|---|---|---|---|---|---|---|---|---|\n",
+        bs_label);
     const struct {
         const char* what;
         double (series::*f)() const;
         const char* fmt;
     } rows[] = {{"redis-server CPU", &series::server_us, "%.1f µs"},
                 {"client CPU", &series::client_us, "%.1f µs"},
+                {"client context switches", &series::switches, "%.2f"},
                 {"end-to-end jobs/s", &series::jobs_per_s, "%.0f"}};
     for (const auto& r : rows)
         std::printf("| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.what,
@@ -658,6 +664,7 @@ int main(int argc, char** argv) {
             "delayq::worker end to end (one of 1 thread on each consumer's object)", cfg.jobs, {}};
         series bs{"", cfg.jobs, {}};   // 4 workers of concurrency 1
         series bs1{"", cfg.jobs, {}};  // 1 worker of concurrency 4
+        series bw{"", cfg.jobs, {}};   // windowed producers, 1 worker of concurrency 4
         series db{"delayq end to end (batches of 100)", cfg.batch_jobs, {}};
         series bb{"", cfg.batch_jobs, {}};
         std::string version;
@@ -697,6 +704,8 @@ int main(int argc, char** argv) {
                     add(bs, "BullMQ single, 4 workers x 1", i, *f);
                 if (auto f = bullmq_run(cfg.port, cfg.jobs, "single", 1, 4, version))
                     add(bs1, "BullMQ single, 1 worker x 4", i, *f);
+                if (auto f = bullmq_run(cfg.port, cfg.jobs, "single", 1, 4, version, 32))
+                    add(bw, "BullMQ single, 32 adds in flight a producer, 1 worker x 4", i, *f);
             }
             if (ours) {
                 auto q = single("bench-e2e-100-")(i);
@@ -714,9 +723,12 @@ int main(int argc, char** argv) {
         bs1.name = "bullmq " + version +
                    " end to end (single calls: 4 producers awaiting each add, 1 worker of "
                    "concurrency 4)";
+        bw.name = "bullmq " + version +
+                  " end to end (single calls: 4 producers keeping 32 adds in flight each, 1 "
+                  "worker of concurrency 4)";
         bb.name = "bullmq " + version + " end to end (addBulk of 100, one worker of concurrency " +
                   conc + ")";
-        for (const series* s : {&ds, &dw, &dp, &dpw, &bs, &bs1, &db, &bb}) s->print();
+        for (const series* s : {&ds, &dw, &dp, &dpw, &bs, &bs1, &bw, &db, &bb}) s->print();
         print_worker_beside(ds, dw, "one shared object, one worker of 4 threads");
         print_worker_beside(dp, dpw, "one object per thread, 4 workers of 1 thread");
         // BullMQ's faster single-call layout is the one to beat.
@@ -726,7 +738,10 @@ int main(int argc, char** argv) {
         if (e2e && !bfast.runs.empty())
             std::printf("BullMQ's faster single-call layout here: %s\n",
                         &bfast == &bs ? "4 workers of concurrency 1" : "1 worker of concurrency 4");
-        if (e2e) print_table(ds, dp, bfast, db, bb);
+        // Against BullMQ as its users run it too: producers that keep adds in flight.
+        if (e2e) print_table(ds, dp, bfast, "producers awaiting each add", db, bb);
+        if (e2e && !bw.runs.empty())
+            print_table(ds, dp, bw, "producers keeping 32 adds in flight", db, bb);
         if (plain) {
             const struct {
                 bool run;

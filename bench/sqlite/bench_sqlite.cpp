@@ -92,10 +92,12 @@ std::unique_ptr<delayq::sqlite::delay_queue> sqlite_queue(const std::string& pat
 figures measured_locally(delayq::sqlite::delay_queue& q, const run_shape& shape) {
     (void)q.size();
     const double client0 = own_cpu();
+    const double switches0 = own_switches();
     lateness late;
     figures f;
     f.jobs_per_s = end_to_end(q, shape, late);
     f.client_us = (own_cpu() - client0) * 1e6 / (shape.jobs / 4 * 4);
+    f.switches = (own_switches() - switches0) / (shape.jobs / 4 * 4);
     f.lateness = late.report();
     return f;
 }

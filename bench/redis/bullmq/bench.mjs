@@ -5,6 +5,9 @@
 //           (await each add), each delayed U[0, 2 s]; W workers (--workers, default 4) of
 //           concurrency C (--concurrency, default 1) take them. Which layout is faster depends on
 //           the machine (4 x 1 and 1 x 4 both run in bench_redis, which compares with the faster).
+//           With --window K each producer keeps K adds in flight instead of awaiting each one, as
+//           Node programs that add from many requests at once do (Promise.all over a window):
+//           up to 4 K adds are then on the wire at once.
 //   batch   BullMQ at its best, beside bench_redis's put_many/take_many/ack_many run: 4 producers
 //           add N jobs with addBulk, 100 a call (same delays); one worker of concurrency C
 //           (--concurrency, default 100: of 50, 100 and 200 tried on the project's 2-vCPU VM, 100
@@ -14,13 +17,15 @@
 // `node` and this folder's node_modules (npm install) are there.
 //
 //   node bench.mjs --port P [--jobs N] [--mode single|batch] [--workers W] [--concurrency C]
-//                  [--paced RATE]
+//                  [--window K] [--paced RATE]
 //
 // Prints one line of JSON (machine-readable; bench_redis reads it), the figures over the run from
 // the first add to the last completion:
 //   {"bullmq":"6.7.6","mode":"single","jobs":N,"seconds":S,"jobs_per_s":R,
-//    "client_cpu_s":C,"server_cpu_s":V,"lateness_ms":{"p50":..,"p99":..,"max":..}, ...}
+//    "client_cpu_s":C,"client_switches":X,"server_cpu_s":V,"lateness_ms":{"p50":..,"p99":..,
+//    "max":..}, ...}
 // client_cpu_s is this node process's CPU (user + system, all its threads: process.cpuUsage());
+// client_switches its context switches, voluntary and involuntary (process.resourceUsage());
 // server_cpu_s is redis-server's (INFO cpu used_cpu_user + used_cpu_sys), both deltas over the run.
 import { Queue, Worker } from 'bullmq';
 import IORedis from 'ioredis';
@@ -36,6 +41,7 @@ const mode = arg('mode', 'single');
 const concurrency = Number(arg('concurrency', mode === 'single' ? 1 : 100));
 const workerCount = Number(arg('workers', mode === 'single' ? 4 : 1));
 const paced = Number(arg('paced', 0));  // jobs/s in all, 0: as fast as they go (single mode)
+const window = Number(arg('window', 1));  // adds each producer keeps in flight (single mode)
 const batch = 100;
 if (mode !== 'single' && mode !== 'batch') {
   console.error(`unknown --mode ${mode} (single or batch)`);
@@ -76,8 +82,13 @@ for (let c = 0; c < shape.count; ++c) {
 }
 await Promise.all(workers.map((w) => w.waitUntilReady()));
 
+const switches = () => {
+  const u = process.resourceUsage();
+  return u.voluntaryContextSwitches + u.involuntaryContextSwitches;
+};
 const server0 = await serverCpu();
 const client0 = process.cpuUsage();
+const switches0 = switches();
 const start = Date.now();
 const per = Math.floor(jobs / 4);
 const opts = (p, i) => ({ delay: uniform(2000), removeOnComplete: true, jobId: `p${p}-${i}` });
@@ -91,6 +102,13 @@ for (let p = 0; p < 4; ++p) {
         for (let k = i; k < Math.min(per, i + batch); ++k)
           bulk.push({ name: 'j', data: { p: '0123456789abcdef' }, opts: opts(p, k) });
         await q.addBulk(bulk);
+      }
+    } else if (window > 1) {
+      for (let i = 0; i < per; i += window) {
+        const adds = [];
+        for (let k = i; k < Math.min(per, i + window); ++k)
+          adds.push(q.add('j', { p: '0123456789abcdef' }, opts(p, k)));
+        await Promise.all(adds);
       }
     } else {
       for (let i = 0; i < per; ++i) {
@@ -109,6 +127,7 @@ await Promise.all(producers);
 await finished;
 const s = (Date.now() - start) / 1000;
 const client = process.cpuUsage(client0);
+const clientSwitches = switches() - switches0;
 const server = (await serverCpu()) - server0;
 late.sort((a, b) => a - b);
 const at = (q) => late[Math.min(late.length - 1, Math.floor(q * late.length))];
@@ -119,10 +138,12 @@ console.log(JSON.stringify({
   workers: shape.count,
   concurrency: shape.concurrency,
   batch: mode === 'batch' ? batch : 1,
+  window: mode === 'single' ? window : 1,
   jobs,
   seconds: s,
   jobs_per_s: Math.round(jobs / s),
   client_cpu_s: (client.user + client.system) / 1e6,
+  client_switches: clientSwitches,
   server_cpu_s: Number(server.toFixed(6)),
   lateness_ms: { p50: at(0.5), p99: at(0.99), max: late[late.length - 1] },
 }));
