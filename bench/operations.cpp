@@ -4,7 +4,8 @@
 // (a queue of timeouts), and 1 000 dead letters; then the median of --calls calls of stats(),
 // get() of a random queued id, and dead(100) (the first page), and of 5 runs of the `delayq`
 // command's `stats` (a process of its own: its start, connect and one stats()), with the ratio of
-// the largest size to the smallest beside each.
+// the largest size to the smallest beside each; and, on an empty queue of the same store, the
+// median of 5 `stop()`s of a delayq::worker whose 4 threads wait in their takes.
 //
 //   operations [--backend sqlite|redis|postgres|all] [--sizes N,M,...] [--calls C]
 //
@@ -17,13 +18,14 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <delayq/worker.hpp>
 #include <functional>
 #include <memory>
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
-
 #ifdef DELAYQ_BENCH_SQLITE
 #include <delayq/sqlite/delay_queue.hpp>
 #include <filesystem>
@@ -45,7 +47,7 @@ using std::chrono::milliseconds;
 struct row {
     std::string backend;
     std::size_t jobs = 0;
-    double fill_s = 0, stats_us = 0, get_us = 0, dead_us = 0, command_ms = 0;
+    double fill_s = 0, stats_us = 0, get_us = 0, dead_us = 0, command_ms = 0, stop_ms = 0;
 };
 
 template <class F>
@@ -99,8 +101,25 @@ double command_ms(const std::string& url) {
     return v[v.size() / 2];
 }
 
+// How long stop() of a worker takes when its 4 threads wait in their takes on the empty queue
+// `q`: the median of 5.
 template <class Q>
-row measure(const char* backend, Q& q, std::size_t jobs, int calls, const std::string& url) {
+double worker_stop_ms(Q& q) {
+    std::vector<double> v;
+    for (int i = 0; i < 5; ++i) {
+        delayq::worker w(q, [](const delayq::job&) {}, {.threads = 4});
+        std::this_thread::sleep_for(milliseconds(300));  // every thread in its take by then
+        const auto t = clock_type::now();
+        w.stop();
+        v.push_back(std::chrono::duration<double, std::milli>(clock_type::now() - t).count());
+    }
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+template <class Q>
+row measure(const char* backend, Q& q, Q& empty, std::size_t jobs, int calls,
+            const std::string& url) {
     row r;
     r.backend = backend;
     r.jobs = jobs;
@@ -115,6 +134,7 @@ row measure(const char* backend, Q& q, std::size_t jobs, int calls, const std::s
         if (q.dead(100, "").size() != 100) std::abort();
     });
     r.command_ms = command_ms(url);
+    r.stop_ms = worker_stop_ms(empty);
     return r;
 }
 
@@ -152,9 +172,11 @@ int main(int argc, char** argv) {
             delayq::sqlite::options o;
             o.path = (dir / "q.db").string();
             o.durable_puts = false;
+            delayq::sqlite::options e = o;
+            e.path = (dir / "empty.db").string();
             {
-                delayq::sqlite::delay_queue q(o);
-                rows.push_back(measure("sqlite", q, n, calls, "sqlite:" + o.path));
+                delayq::sqlite::delay_queue q(o), empty(e);
+                rows.push_back(measure("sqlite", q, empty, n, calls, "sqlite:" + o.path));
             }
             std::filesystem::remove_all(dir);
         }
@@ -164,7 +186,8 @@ int main(int argc, char** argv) {
             delayq_test::redis_server srv;
             auto o = delayq_test::queue_options(srv.port(), "ops");
             delayq::redis::delay_queue q(o);
-            rows.push_back(measure("redis", q, n, calls,
+            delayq::redis::delay_queue empty(delayq_test::queue_options(srv.port(), "empty"));
+            rows.push_back(measure("redis", q, empty, n, calls,
                                    "redis://127.0.0.1:" + std::to_string(srv.port()) + "/ops"));
         }
 #endif
@@ -175,19 +198,22 @@ int main(int argc, char** argv) {
             o.conninfo = srv.conninfo();
             o.name = "ops";
             delayq::postgres::delay_queue q(o);
-            rows.push_back(measure("postgres", q, n, calls,
+            o.name = "empty";
+            delayq::postgres::delay_queue empty(o);
+            rows.push_back(measure("postgres", q, empty, n, calls,
                                    "postgresql://postgres@127.0.0.1:" + std::to_string(srv.port()) +
                                        "/postgres?queue=ops"));
         }
 #endif
     }
     std::printf(
-        "| backend | jobs | fill, s | stats() | get() | dead(100) | `delayq URL stats` |\n");
-    std::printf("|---|---:|---:|---:|---:|---:|---:|\n");
+        "| backend | jobs | fill, s | stats() | get() | dead(100) | `delayq URL stats` | worker "
+        "stop(), empty queue |\n");
+    std::printf("|---|---:|---:|---:|---:|---:|---:|---:|\n");
     for (const auto& r : rows)
-        std::printf("| %s | %zu | %.1f | %.0f µs | %.0f µs | %.0f µs | %.0f ms |\n",
+        std::printf("| %s | %zu | %.1f | %.0f µs | %.0f µs | %.0f µs | %.0f ms | %.1f ms |\n",
                     r.backend.c_str(), r.jobs, r.fill_s, r.stats_us, r.get_us, r.dead_us,
-                    r.command_ms);
+                    r.command_ms, r.stop_ms);
     // The largest size over the smallest, per backend.
     for (const auto& big : rows)
         for (const auto& small : rows)
