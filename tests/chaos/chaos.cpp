@@ -88,6 +88,7 @@ check_settings load_settings(const std::string& dir) {
         if (k == "connect_ms") cs.connect_ms = v, connect = true;
         if (k == "slack_ms") cs.slack_ms = v;
         if (k == "max_leased") cs.max_leased = v;
+        if (k == "lease_ms") cs.lease_ms = v;
     }
     if (!connect) cs.connect_ms = cs.call_timeout_ms;
     return cs;

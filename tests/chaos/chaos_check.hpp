@@ -87,6 +87,7 @@ struct check_settings {
     long long slack_ms = 2'000;
     bool timing = true;        ///< the timing rule (late-failure, late-return) on
     long long max_leased = 0;  ///< every process's options.limits.max_leased (0: none)
+    long long lease_ms = 0;    ///< the queues' lease (0: not known)
 };
 
 /// One broken promise and the events that show it.
@@ -214,18 +215,154 @@ struct series_calls {
     bool ok = false;
 };
 
+/// None missing while a consumer lives: each run of a series is due at the first slot (the first
+/// run's due time + k periods) after the moment the run before it ended, and the first run one
+/// period after put_every(). A run ends with the ack or bury that returned true of one of its
+/// deliveries, or with a nack that returned true of its max_attempts-th (to the dead letters); the
+/// store ran that call at a moment between its begin and end stamps (by its clock, in whole ms), so
+/// the next run's slot lies between the first slot after the begin stamp (less 1 ms) and the first
+/// after the end stamp (plus 1 ms). Sooner is "series-run-too-soon" (the next run was there before
+/// its predecessor ended), later "series-missing-run" (a slot skipped while the run before had
+/// already ended).
+///
+/// A series' deliveries in the order of their fencing tokens (greater at each lease, the next run
+/// keeping its predecessor's or taking a later one) are its runs one after another, each from its
+/// attempt 1 on. What cannot be judged is counted, not guessed:
+/// - a run with no such ending in the logs (its ack, bury or last nack threw or its process died
+///   in it; its last lease ended and the store moved it to the dead letters; a redelivery no log
+///   names): when it ended, no log says;
+/// - a delivery after the ending and before the next attempt 1: a run between whose attempt 1 no
+///   log names (a take that a process died in, or that threw after the store leased it);
+/// - a run whose every delivery no log names, as many takes as max_attempts died or threw in the
+///   round: it would have died of its last lease, at least max_attempts leases after its slot, and
+///   queued the next run then; a skip that long is not judged when the round had that many such
+///   takes;
+/// - anything after a cancel of the series began (the drainer's, at the end, too);
+/// - a first run whose put_every threw or whose process died in it (no moment to judge it from).
+/// The earlier bound needs no ending at all but the one seen: a run between only makes the next
+/// one later.
+template <class Add>
+void judge_next_runs(const std::string& id, const history& h, const series_calls& s,
+                     long long open_takes, const check_settings& cs, report& r, Add& add) {
+    constexpr long long store_ms = 1'000'000;
+    const long long period = s.period_ms * 1'000'000LL;
+    if (period <= 0 || h.deliveries.empty()) return;
+    std::vector<const delivery*> order;
+    for (const auto& d : h.deliveries) order.push_back(&d);
+    std::sort(order.begin(), order.end(),
+              [](const delivery* a, const delivery* b) { return a->token < b->token; });
+    // Anything at or after a cancel that may have ended the series is not judged.
+    const auto after_cancel = [&](const delivery& d) {
+        return std::any_of(h.cancels.begin(), h.cancels.end(), [&](const call& c) {
+            return c.result != 0 && c.begin->mono < d.line->mono;
+        });
+    };
+    // A run whose every delivery no log names, due no sooner than `from`, would have ended no
+    // sooner than max_attempts leases later (each lease ends before the next take): a next run
+    // due that late may follow it.
+    const long long max = cs.max_attempts;
+    const auto maybe_unseen_run = [&](long long from, long long next) {
+        return max > 0 && open_takes >= max &&
+               next >= from + max * cs.lease_ms * 1'000'000LL - (max + 1) * store_ms;
+    };
+    // The first slot after `t` of a series whose run is due at `slot` (the store's next_run()).
+    const auto slot_after = [&](long long slot, long long t) {
+        return t < slot ? slot + period : slot + ((t - slot) / period + 1) * period;
+    };
+    const auto judge = [&](const delivery& next, long long lo, long long hi, bool upper,
+                           const char* counted, std::vector<const event*> ev) {
+        ev.insert(ev.end(), {next.begin, next.line});
+        if (next.deadline < lo) {
+            add("series-run-too-soon", id,
+                "a series' run due " + std::to_string((lo - next.deadline) / 1'000'000) +
+                    " ms before the first slot after the run before it ended (or one period after "
+                    "put_every)",
+                ev);
+        } else if (upper && next.deadline > hi) {
+            if (maybe_unseen_run(lo, next.deadline)) {
+                r.counts["series: runs not judged (a run no log names may lie between)"]++;
+                return;
+            }
+            add("series-missing-run", id,
+                "a series' run due " + std::to_string((next.deadline - hi) / 1'000'000) +
+                    " ms after the first slot after the run before it ended (or one period after "
+                    "put_every): a slot skipped",
+                ev);
+        }
+        if (upper) r.counts[counted]++;
+    };
+
+    // The first run: one period after put_every (its moment: between its stamps).
+    const delivery& first = *order.front();
+    if (first.attempts != 1 || after_cancel(first) || s.end == nullptr || !s.ok) {
+        r.counts["series: first runs not judged"]++;
+        if (first.attempts == 1 && !after_cancel(first))
+            judge(first, s.begin->real + period - store_ms, 0, false, "", {s.begin, s.end});
+    } else {
+        judge(first, s.begin->real + period - store_ms, s.end->real + period + store_ms, true,
+              "series: first runs judged", {s.begin, s.end});
+    }
+
+    // Each run against the one before it.
+    std::size_t at = 0;  // the attempt 1 of the run being followed
+    for (std::size_t i = 1; i < order.size(); ++i) {
+        if (order[i]->attempts != 1) continue;
+        const delivery& run = *order[at];
+        const delivery& next = *order[i];
+        const std::size_t from = at;
+        at = i;
+        if (after_cancel(next)) {
+            r.counts["series: runs not judged (after a cancel)"]++;
+            continue;
+        }
+        // The series' first delivery in the logs is a retry or a redelivery: its run's slot, from
+        // which the next is counted, no log names.
+        if (run.attempts != 1) {
+            r.counts["series: runs not judged (a run no log names lies between)"]++;
+            continue;
+        }
+        // The run's ending: the one settle of its deliveries that surely ended it.
+        std::vector<const call*> endings;
+        std::vector<const delivery*> of;  // the delivery each ending settled
+        for (std::size_t j = from; j < i; ++j) {
+            const delivery& d = *order[j];
+            for (auto* v : {&h.acks, &h.buries})
+                for (const call& c : *v)
+                    if (c.token == d.token && c.ok()) endings.push_back(&c), of.push_back(&d);
+            for (const call& c : h.nacks)
+                if (c.token == d.token && c.ok() && max > 0 && d.attempts >= max)
+                    endings.push_back(&c), of.push_back(&d);
+        }
+        if (endings.size() != 1) {
+            r.counts["series: runs not judged (the run before ended unseen)"]++;
+            continue;
+        }
+        const call& e = *endings.front();
+        const long long lo = slot_after(run.deadline, e.begin->real - store_ms);
+        const long long hi = slot_after(run.deadline, e.end->real + store_ms);
+        // A delivery leased after the ending is of a run between whose attempt 1 no log names.
+        const bool between =
+            std::any_of(order.begin() + static_cast<std::ptrdiff_t>(from),
+                        order.begin() + static_cast<std::ptrdiff_t>(i),
+                        [&](const delivery* d) { return d->token > of[0]->token; });
+        if (between) r.counts["series: runs not judged (a run no log names lies between)"]++;
+        judge(next, lo, hi, !between, "series: runs judged against the run before",
+              {run.begin, run.line, of[0]->begin, of[0]->line, e.begin, e.end});
+    }
+}
+
 /// The repeatable jobs (ids that begin with 'S'), whose runs share the series' id: each run is
 /// one series' slot, first delivered with attempts 1. Judged: no run handed out before its due
 /// time (the store's clock); two runs of one series never due less than a period apart (each
-/// run's next is queued once, by the step that ends it, at a slot after it); a series that the
-/// producer made (put_every returned true) and nobody cancelled before the drain is still there at
-/// the drain (a run of it is handed to the drainer, which cancels it): a run's ack, death or
-/// lease's end never ended it.
+/// run's next is queued once, by the step that ends it, at a slot after it); none missing while
+/// a consumer lives (judge_next_runs()); a series that the producer made (put_every returned true)
+/// and nobody cancelled before the drain is still there at the drain (a run of it is handed to the
+/// drainer, which cancels it): a run's ack, death or lease's end never ended it.
 template <class Add>
 void judge_series(const std::map<std::string, series_calls>& series,
                   const std::map<std::string, history>& runs,
-                  const std::map<int, std::string>& process_of, const event* drain_end, report& r,
-                  Add& add) {
+                  const std::map<int, std::string>& process_of, const event* drain_end,
+                  long long open_takes, const check_settings& cs, report& r, Add& add) {
     constexpr long long store_ms = 1'000'000;
     const auto by_drainer = [&](const event* e) {
         const auto p = process_of.find(e->file);
@@ -265,6 +402,7 @@ void judge_series(const std::map<std::string, series_calls>& series,
                     {before->begin, before->line, d->begin, d->line});
             before = d;
         }
+        judge_next_runs(id, h, s->second, open_takes, cs, r, add);
         // Still there at the drain, unless a cancel (but the drainer's) may have ended it.
         bool cancelled = false;
         for (const call& c : h.cancels)
@@ -610,7 +748,7 @@ inline report check(const std::vector<std::vector<event>>& logs, const final_sta
         } else {
             ++it;
         }
-    detail::judge_series(series, runs, process_of, drain_end, r, add);
+    detail::judge_series(series, runs, process_of, drain_end, open_takes, cs, r, add);
 
     const unsigned max = cs.max_attempts;
     for (auto& [id, h] : jobs) {

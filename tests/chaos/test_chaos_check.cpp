@@ -54,17 +54,23 @@ log_builder producer(const std::string& id, long long due = 0, bool poison = fal
     return p;
 }
 
-std::multiset<std::string> kinds(std::initializer_list<log_builder> logs, const final_state& end,
-                                 unsigned max_attempts = 3, long long max_leased = 0) {
+// Judges `logs` with `cs`, each log's events numbered as the log's place in the list.
+delayq_chaos::report check_logs(std::initializer_list<log_builder> logs, const final_state& end,
+                                const delayq_chaos::check_settings& cs) {
     std::vector<std::vector<event>> all;
     for (const auto& l : logs) {
         all.push_back(l.events);
         for (auto& e : all.back()) e.file = static_cast<int>(all.size() - 1);
     }
+    return delayq_chaos::check(all, end, cs);
+}
+
+std::multiset<std::string> kinds(std::initializer_list<log_builder> logs, const final_state& end,
+                                 unsigned max_attempts = 3, long long max_leased = 0) {
     delayq_chaos::check_settings cs;
     cs.max_attempts = max_attempts;
     cs.max_leased = max_leased;
-    const auto r = delayq_chaos::check(all, end, cs);
+    const auto r = check_logs(logs, end, cs);
     std::multiset<std::string> out;
     for (const auto& v : r.violations) {
         out.insert(v.kind);
@@ -371,17 +377,12 @@ namespace {
 // The judge with the settings of a run with `--timeout 1000`: timeout 1 s, one connect 1 s, slack
 // 2 s: a call must return or fail within 4 s of its start (a take: plus its wait).
 delayq_chaos::report judge(std::initializer_list<log_builder> logs, const final_state& end) {
-    std::vector<std::vector<event>> all;
-    for (const auto& l : logs) {
-        all.push_back(l.events);
-        for (auto& e : all.back()) e.file = static_cast<int>(all.size() - 1);
-    }
     delayq_chaos::check_settings cs;
     cs.max_attempts = 3;
     cs.call_timeout_ms = 1'000;
     cs.connect_ms = 1'000;
     cs.slack_ms = 2'000;
-    return delayq_chaos::check(all, end, cs);
+    return check_logs(logs, end, cs);
 }
 
 std::multiset<std::string> kinds_of(const delayq_chaos::report& r) {
@@ -706,11 +707,144 @@ TEST_CASE("chaos check: a series' runs, one a period, still there at the drain")
         log_builder c2(3);
         c2(0, "start consumer 1 0 4245 10000")(400, "take-begin 0 1 100")(410, "take-end 0 1")(
             410, job(0, "Sp0", 1, 8, 400, 1410))(420, "ack-begin Sp0 8")(430, "ack-end Sp0 8 1");
-        CHECK(kinds({p, c, c2, d}, empty_end()) == std::multiset<std::string>{"series-two-runs"});
+        // (And due before the run at 300 was acked at 320-330: its next is at 600.)
+        CHECK(kinds({p, c, c2, d}, empty_end()) ==
+              std::multiset<std::string>{"series-two-runs", "series-run-too-soon"});
     }
     SECTION("gone before the drain, though nobody cancelled it") {
         log_builder d2(2);
         d2(0, "start drainer 0 0 4244 10000")(5000, "drain-end 1 0");
         CHECK(kinds({p, c, d2}, empty_end()) == std::multiset<std::string>{"series-ended"});
+    }
+}
+
+namespace {
+
+// The report itself, for its counts: judged and unjudged runs of a series.
+delayq_chaos::report report_of(std::initializer_list<log_builder> logs, const final_state& end,
+                               long long lease_ms = 1'000) {
+    delayq_chaos::check_settings cs;
+    cs.max_attempts = 3;
+    cs.lease_ms = lease_ms;
+    return check_logs(logs, end, cs);
+}
+
+long long count(const delayq_chaos::report& r, const std::string& what) {
+    const auto it = r.counts.find(what);
+    return it == r.counts.end() ? 0 : it->second;
+}
+
+// A consumer (log `file`) handed Sp0's run due at `due` ms at `at` ms (attempts, token; its lease
+// 1 s), which acks it from `ack` ms for `ack_ms` ms; no ack if `ack` < 0, and the process killed
+// in its ack if `ack_ms` < 0.
+log_builder runs(int file, long long at, int attempts, int token, long long due, long long ack,
+                 long long ack_ms = 10) {
+    log_builder c(file);
+    c(0, "start consumer " + std::to_string(file) + " 0 4243 10000")(at - 10, "take-begin 0 1 100")(
+        at, "take-end 0 1")(at, job(0, "Sp0", attempts, token, due, at + 1'000));
+    const std::string t = " " + std::to_string(token);
+    if (ack >= 0) c(ack, "ack-begin Sp0" + t);
+    if (ack >= 0 && ack_ms >= 0) c(ack + ack_ms, "ack-end Sp0" + t + " 1");
+    return c;
+}
+
+// The drainer (log 2), handed Sp0's run due at `due` ms at `at` ms, which it cancels.
+log_builder drains(long long at, long long due) {
+    log_builder d(2);
+    d(0, "start drainer 0 0 4244 10000")(at - 10, "take-begin 0 50 200")(at, "take-end 0 1")(
+        at, job(0, "Sp0", 1, 9, due, at + 1'000))(at + 10, "cancel-begin Sp0")(
+        at + 20, "cancel-end Sp0 1")(5000, "drain-end 1 0");
+    return d;
+}
+
+// A process (log `file`) that died in a take: a delivery no log names may have been made.
+log_builder died_taking(int file, long long at) {
+    log_builder k(file);
+    k(0, "start consumer " + std::to_string(file) + " 0 4245 10000")(at, "take-begin 0 1 100");
+    return k;
+}
+
+}  // namespace
+
+TEST_CASE("chaos check: no run of a series missing while a consumer lives") {
+    // Sp0 every 300 ms from a put_every between 0 and 5 ms: slots 300, 600, 900, ...
+    log_builder p(0);
+    p(0, "start producer 0 0 4242 10000")(0, "series-begin Sp0 300")(5, "series-end Sp0 1");
+    // The run at 300, handed out at 310 and acked at 320-330: the next is due at 600.
+    const log_builder c = runs(1, 310, 1, 7, 300, 320);
+    SECTION("the run after an ack, at the first slot after it, is judged and no violation") {
+        const auto r = report_of({p, c, drains(610, 600)}, empty_end());
+        CHECK(r.violations.empty());
+        CHECK(count(r, "series: first runs judged") == 1);
+        CHECK(count(r, "series: runs judged against the run before") == 1);
+    }
+    SECTION("a slot skipped after the run before it was acked") {
+        CHECK(kinds({p, c, drains(910, 900)}, empty_end()) ==
+              std::multiset<std::string>{"series-missing-run"});
+    }
+    SECTION("a catch-up after a run acked past the next slot is no violation") {
+        // Acked at 700-710, after the slot at 600 passed: the catch-up was the run at 300 itself,
+        // and its next is at 900, the first slot after the ack; one at 600 came too soon.
+        const log_builder late = runs(1, 310, 1, 7, 300, 700);
+        const auto r = report_of({p, late, drains(910, 900)}, empty_end());
+        CHECK(r.violations.empty());
+        CHECK(count(r, "series: runs judged against the run before") == 1);
+        CHECK(kinds({p, late, drains(730, 600)}, empty_end()) ==
+              std::multiset<std::string>{"series-run-too-soon"});
+    }
+    SECTION("an ack that straddles a slot allows either slot after it") {
+        // Acked at 590-610: the store ran it before 600 (next 600) or after (next 900).
+        for (const long long next : {600, 900})
+            CHECK(kinds({p, runs(1, 310, 1, 7, 300, 590, 20), drains(960, next)}, empty_end()) ==
+                  none);
+    }
+    SECTION("a run whose ack's outcome is unknown is not judged") {
+        // The consumer was killed in its ack: whether the ack ended the run, and when, no log
+        // says (the run may also have come back at its lease's end and died of its last lease).
+        const auto r =
+            report_of({p, runs(1, 310, 1, 7, 300, 320, -1), drains(2410, 2400)}, empty_end());
+        CHECK(r.violations.empty());
+        CHECK(count(r, "series: runs judged against the run before") == 0);
+        CHECK(count(r, "series: runs not judged (the run before ended unseen)") == 1);
+    }
+    SECTION("after a redelivery, the later delivery's ack ends the run") {
+        // Handed out at 310 to a consumer killed before it acked; its lease ended at 1310, the run
+        // came back (attempts 2) and was acked at 1320-1330: the next run is due at 1500.
+        const log_builder killed = runs(1, 310, 1, 7, 300, -1),
+                          again = runs(3, 1315, 2, 8, 1310, 1320);
+        CHECK(kinds({p, killed, again, drains(1910, 1500)}, empty_end()) == none);
+        CHECK(kinds({p, killed, again, drains(1910, 1800)}, empty_end()) ==
+              std::multiset<std::string>{"series-missing-run"});
+    }
+    SECTION("a run whose attempt 1 no log names is not judged from its redelivery") {
+        // The consumer died in the take that leased the run at 300; its redelivery's deadline is
+        // the lease's end, not the run's slot.
+        const auto r =
+            report_of({p, died_taking(1, 300), runs(3, 1315, 2, 8, 1310, 1320), drains(1910, 1500)},
+                      empty_end());
+        CHECK(r.violations.empty());
+        CHECK(count(r, "series: first runs not judged") == 1);
+        CHECK(count(r, "series: runs not judged (a run no log names lies between)") == 1);
+    }
+    SECTION("the first run is due one period after put_every") {
+        CHECK(kinds({p, drains(610, 600)}, empty_end()) ==
+              std::multiset<std::string>{"series-missing-run"});
+        CHECK(kinds({p, drains(210, 200)}, empty_end()) ==
+              std::multiset<std::string>{"series-run-too-soon"});
+    }
+    SECTION("a skip that a run no log names may explain is not judged") {
+        // Three takes that died unlogged could each have leased a run between (max_attempts 3,
+        // a lease of 1 s): it would have died of its last lease no sooner than 3 s after its slot.
+        const log_builder k1 = died_taking(3, 400), k2 = died_taking(4, 500),
+                          k3 = died_taking(5, 600);
+        const auto r = report_of({p, c, k1, k2, k3, drains(3910, 3900)}, empty_end());
+        CHECK(r.violations.empty());
+        CHECK(count(r, "series: runs not judged (a run no log names may lie between)") == 1);
+        // But not a skip too short for such a run.
+        const auto r2 = report_of({p, c, k1, k2, k3, drains(910, 900)}, empty_end());
+        REQUIRE(r2.violations.size() == 1);
+        CHECK(r2.violations[0].kind == "series-missing-run");
+        // With no lease known, any skip may be such a run's.
+        CHECK(report_of({p, c, k1, k2, k3, drains(910, 900)}, empty_end(), 0).violations.empty());
     }
 }
