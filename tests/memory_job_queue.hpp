@@ -247,6 +247,33 @@ class memory_job_queue {
         return out;
     }
 
+    std::vector<delayq::job_info> jobs(delayq::job_state state, std::size_t max,
+                                       std::string_view after = {}) {
+        if (state == delayq::job_state::dead) return dead(max, after);
+        std::lock_guard lk(m_);
+        const auto now = clock::now();
+        std::vector<delayq::job_info> all;
+        for (const auto& [id, e] : jobs_) {
+            const auto s =
+                e.leased && e.at > now ? delayq::job_state::leased : delayq::job_state::waiting;
+            if (s == state) all.push_back({id, s, e.at, e.attempts, e.payload, e.last_error});
+        }
+        std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) {
+            return std::tie(a.time, a.id) < std::tie(b.time, b.id);
+        });
+        auto from = all.begin();
+        if (!after.empty()) {
+            from =
+                std::find_if(all.begin(), all.end(), [&](const auto& j) { return j.id == after; });
+            if (from == all.end()) return {};
+            ++from;
+        }
+        std::vector<delayq::job_info> out;
+        for (; from != all.end() && out.size() < std::min(max, delayq::max_take_many); ++from)
+            out.push_back(std::move(*from));
+        return out;
+    }
+
     bool requeue_dead(std::string_view id, milliseconds delay) {
         if (delay < milliseconds::zero()) throw std::invalid_argument("negative delay");
         std::lock_guard lk(m_);

@@ -28,7 +28,10 @@
 //   end) or a dead letter (a queued job first, if its id is both), or nothing. dead(max, after)
 //   pages through the dead letters in the order they died, then by id: up to max (at most
 //   max_take_many) after the dead letter `after` (empty: from the first; not a dead letter: an
-//   empty page). Each is an index lookup, never a scan of the queue.
+//   empty page). jobs(state, max, after) pages the same way through the jobs of one state:
+//   waiting ones by due time (a lease that ended counts, due at its end), leased ones by the end
+//   of their lease, both then by id; dead ones as dead(). Each is an index lookup, never a scan
+//   of the queue.
 // - requeue_dead(id, delay) puts a dead letter back as a waiting job due `delay` from now, with
 //   attempts from 0 and its last error kept; false, changing nothing, for an id that is not dead
 //   or is queued. purge_dead(older_than) removes the dead letters that died longer ago than that,
@@ -151,6 +154,7 @@ concept job_queue = requires {
     { q.bury(j, s) } -> std::same_as<bool>;
     { q.get(s) } -> std::same_as<std::optional<job_info>>;
     { q.dead(n, s) } -> std::same_as<std::vector<job_info>>;
+    { q.jobs(job_state::waiting, n, s) } -> std::same_as<std::vector<job_info>>;
     { q.requeue_dead(s, d) } -> std::same_as<bool>;
     { q.purge_dead(d) } -> std::same_as<std::size_t>;
     q.pause();

@@ -214,6 +214,10 @@ class logged_queue {
     std::vector<delayq::job_info> dead(std::size_t n, std::string_view after = {}) {
         return q_->dead(n, after);
     }
+    std::vector<delayq::job_info> jobs(delayq::job_state state, std::size_t n,
+                                       std::string_view after = {}) {
+        return q_->jobs(state, n, after);
+    }
     bool requeue_dead(std::string_view id, ms d) { return q_->requeue_dead(id, d); }
     std::size_t purge_dead(ms older_than) { return q_->purge_dead(older_than); }
 

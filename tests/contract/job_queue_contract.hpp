@@ -872,6 +872,128 @@ TEMPLATE_LIST_TEST_CASE(
     CHECK(queued->last_error.empty());
 }
 
+namespace delayq_contract {
+
+/// The ids of a page of jobs, in its order.
+inline std::vector<std::string> ids_of(const std::vector<delayq::job_info>& page) {
+    std::vector<std::string> ids;
+    for (const auto& j : page) ids.push_back(j.id);
+    return ids;
+}
+
+/// Every job in `state`, page after page of `max`, each page after the last id of the one
+/// before: their ids, in order.
+template <class Q>
+std::vector<std::string> paged(Q& q, delayq::job_state state, std::size_t max) {
+    std::vector<std::string> ids;
+    std::string after;
+    for (int pages = 0; pages < 100; ++pages) {
+        const auto page = q.jobs(state, max, after);
+        CHECK(page.size() <= max);
+        if (page.empty()) break;
+        for (const auto& j : page) CHECK(j.state == state);
+        const auto more = ids_of(page);
+        ids.insert(ids.end(), more.begin(), more.end());
+        after = page.back().id;
+    }
+    return ids;
+}
+
+}  // namespace delayq_contract
+
+TEMPLATE_LIST_TEST_CASE("contract: jobs() pages waiting and leased jobs in time order",
+                        "[contract][lookup]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    using delayq::job_state;
+    using V = std::vector<std::string>;
+    TestType f;
+    auto q = f.make({});
+    CHECK(q->jobs(job_state::waiting, 10).empty());
+    CHECK(q->jobs(job_state::leased, 10).empty());
+
+    // Due times: "d" now, "c" in 50 minutes, "a" and "b" in an hour (the tie goes by id).
+    const auto hour = std::chrono::system_clock::now() + 1h;
+    REQUIRE(q->put("b", "pb", hour));
+    REQUIRE(q->put("a", "pa", hour));
+    REQUIRE(q->put("c", "pc", hour - 10min));
+    REQUIRE(q->put("d", "pd", past));
+    const auto all = q->jobs(job_state::waiting, 10);
+    CHECK(ids_of(all) == V{"d", "c", "a", "b"});
+    REQUIRE(all.size() == 4);
+    CHECK(all[0].time == past);
+    CHECK(all[0].payload == "pd");
+    CHECK(all[0].attempts == 0);
+    CHECK(near(all[2].time, hour));
+    CHECK(all[2].payload == "pa");
+    CHECK(paged(*q, job_state::waiting, 1) == V{"d", "c", "a", "b"});
+    CHECK(paged(*q, job_state::waiting, 3) == V{"d", "c", "a", "b"});
+    CHECK(ids_of(q->jobs(job_state::waiting, 2, "c")) == V{"a", "b"});
+    CHECK(q->jobs(job_state::waiting, 10, "b").empty());  // the last one: nothing follows
+    CHECK(q->jobs(job_state::leased, 10).empty());
+
+    // A taken job moves from the waiting jobs to the leased ones, at its lease's end.
+    auto d = q->take(5s);
+    REQUIRE(d.has_value());
+    REQUIRE(d->id == "d");
+    CHECK(ids_of(q->jobs(job_state::waiting, 10)) == V{"c", "a", "b"});
+    const auto leased = q->jobs(job_state::leased, 10);
+    REQUIRE(leased.size() == 1);
+    CHECK(leased[0].id == "d");
+    CHECK(leased[0].state == job_state::leased);
+    CHECK(leased[0].attempts == 1);
+    CHECK(near(leased[0].time, d->lease_deadline, 1s));
+
+    // Leases in the order they end: "c"'s, made shorter, ends before "d"'s.
+    REQUIRE(q->reschedule("c", 0ms));
+    auto c = q->take(5s);
+    REQUIRE(c.has_value());
+    REQUIRE(c->id == "c");
+    REQUIRE(q->extend(*c, 10s));
+    CHECK(paged(*q, job_state::leased, 1) == V{"c", "d"});
+    CHECK(ids_of(q->jobs(job_state::leased, 10, "c")) == V{"d"});
+    CHECK(ids_of(q->jobs(job_state::waiting, 10)) == V{"a", "b"});
+
+    // An `after` that is not in the state asked for, or no job at all: an empty page.
+    CHECK(q->jobs(job_state::waiting, 10, "d").empty());
+    CHECK(q->jobs(job_state::leased, 10, "a").empty());
+    CHECK(q->jobs(job_state::waiting, 10, "nobody").empty());
+    CHECK(q->jobs(job_state::waiting, 0).empty());
+    CHECK(q->jobs(job_state::leased, 0).empty());
+
+    // The dead ones page as dead() does.
+    REQUIRE(q->bury(*c, "no good"));
+    CHECK(ids_of(q->jobs(job_state::dead, 10)) == V{"c"});
+    CHECK(ids_of(q->jobs(job_state::dead, 10)) == ids_of(q->dead(10)));
+    CHECK(q->jobs(job_state::dead, 10, "c").empty());
+    CHECK(q->jobs(job_state::waiting, 10, "c").empty());
+    CHECK(ids_of(q->jobs(job_state::leased, 10)) == V{"d"});
+    CHECK_THROWS_AS(q->jobs(job_state::waiting, 10, std::string(delayq::max_id_size + 1, 'x')),
+                    std::invalid_argument);
+}
+
+TEMPLATE_LIST_TEST_CASE("contract: a job whose lease ended is listed as waiting from that end",
+                        "[contract][lookup]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    using delayq::job_state;
+    using V = std::vector<std::string>;
+    TestType f;
+    auto q = f.make({.lease = 200ms});
+    REQUIRE(q->put("early", "p", past));
+    REQUIRE(q->put("late", "p", std::chrono::system_clock::now() + 1h));
+    auto j = q->take(5s);
+    REQUIRE(j.has_value());
+    REQUIRE(j->id == "early");
+    CHECK(ids_of(q->jobs(job_state::leased, 10)) == V{"early"});
+    CHECK(ids_of(q->jobs(job_state::waiting, 10)) == V{"late"});
+    REQUIRE(eventually([&] { return q->jobs(job_state::leased, 10).empty(); }));
+    const auto waiting = q->jobs(job_state::waiting, 10);
+    CHECK(ids_of(waiting) == V{"early", "late"});
+    REQUIRE(waiting.size() == 2);
+    CHECK(near(waiting[0].time, j->lease_deadline, 1s));
+    CHECK(paged(*q, job_state::waiting, 1) == V{"early", "late"});
+    CHECK(ids_of(q->jobs(job_state::waiting, 10, "early")) == V{"late"});
+}
+
 TEMPLATE_LIST_TEST_CASE(
     "contract: bury without a reason keeps the last error, and a long reason is cut",
     "[contract][lookup]", delayq_contract_fixtures) {

@@ -92,7 +92,8 @@ TEST_CASE("an ACL user with exactly the documented permissions can use every cal
     CHECK(w->payload == "pw");
     CHECK(consumer.ack(*w));
 
-    // put, reschedule, take, ack, nack, dead letters (and how get() and dead() show them), cancel.
+    // put, reschedule, take, ack, nack, dead letters (and how get(), dead() and jobs() show them),
+    // cancel.
     REQUIRE(q.put("a", "", past));
     REQUIRE(q.put("b", "pb", past));
     REQUIRE(q.put_after("c", "", 1h));
@@ -111,7 +112,9 @@ TEST_CASE("an ACL user with exactly the documented permissions can use every cal
     REQUIRE(leased);
     CHECK(leased->state == delayq::job_state::leased);
     CHECK(leased->last_error == "first");
-    CHECK(q.nack(*b2, 0ms));  // its last attempt: dead
+    CHECK(q.jobs(delayq::job_state::leased, 10).size() == 1);   // "b"
+    CHECK(q.jobs(delayq::job_state::waiting, 10).size() == 1);  // "c"
+    CHECK(q.nack(*b2, 0ms));                                    // its last attempt: dead
     CHECK(q.dead_size() == 1);
     const auto dead = q.get("b");
     REQUIRE(dead);

@@ -301,6 +301,45 @@ TEST_CASE("sharded: dead letters of several shards that died in the same millise
     CHECK(two[1].id == "f");
 }
 
+TEST_CASE("sharded: jobs() pages the waiting jobs of every shard by due time, ties by id",
+          "[lookup]") {
+    redis_server srv;
+    sharded_delay_queue q(opts(srv), 3);
+    const auto base =
+        std::chrono::system_clock::time_point(std::chrono::duration_cast<std::chrono::milliseconds>(
+            (std::chrono::system_clock::now() + 1h).time_since_epoch()));
+    const std::map<std::string, int> due{{"a", 1}, {"b", 1}, {"c", 0}, {"d", 1},
+                                         {"e", 2}, {"f", 1}, {"g", 0}, {"h", 2}};
+    std::set<std::size_t> tied;  // the shards of those due at base + 1 ms
+    for (const auto& [id, ms] : due) {
+        if (ms == 1) tied.insert(delayq::redis::detail::fnv1a(id) % 3);
+        REQUIRE(q.put(id, "p" + id, base + std::chrono::milliseconds(ms)));
+    }
+    REQUIRE(tied.size() > 1);
+    const std::vector<std::string> order{"c", "g", "a", "b", "d", "f", "e", "h"};
+    std::vector<std::string> seen;
+    std::string after;
+    for (auto page = q.jobs(delayq::job_state::waiting, 3); !page.empty();
+         page = q.jobs(delayq::job_state::waiting, 3, after)) {
+        CHECK(page.size() <= 3);
+        for (const auto& j : page) {
+            CHECK(j.state == delayq::job_state::waiting);
+            CHECK(j.time == base + std::chrono::milliseconds(due.at(j.id)));
+            CHECK(j.payload == "p" + j.id);
+            seen.push_back(j.id);
+        }
+        after = page.back().id;
+    }
+    CHECK(seen == order);
+    const auto two = q.jobs(delayq::job_state::waiting, 2, "b");  // from within the tie
+    REQUIRE(two.size() == 2);
+    CHECK(two[0].id == "d");
+    CHECK(two[1].id == "f");
+    CHECK(q.jobs(delayq::job_state::leased, 10).empty());
+    CHECK(q.jobs(delayq::job_state::leased, 10, "a").empty());
+    CHECK(q.jobs(delayq::job_state::waiting, 10, "nobody").empty());
+}
+
 TEST_CASE("sharded: purge_dead purges every shard and sums, requeue_dead finds the id's shard",
           "[dead]") {
     redis_server srv;

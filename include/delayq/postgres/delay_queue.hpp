@@ -500,6 +500,29 @@ class delay_queue {
         return out;
     }
 
+    /// The jobs of the queue in `state`, as dead() pages the dead letters: up to `max` (at most
+    /// max_take_many) of those that follow the job `after` (empty: from the first); none when
+    /// `after` is not in that state now, or for `max` 0. Waiting jobs (a leased job whose lease
+    /// ended included, due when it ended, as get() says) come in the order of their due time,
+    /// leased ones in the order their leases end (the server's clock), both then by id;
+    /// job_state::dead is dead(max, after). One statement: a probe of the key for `after`, then
+    /// one range of an index (of the jobs by time, stepping over the leases that hold, for the
+    /// waiting ones; of the leases, for the leased ones), however many jobs there are.
+    std::vector<job_info> jobs(job_state state, std::size_t max, std::string_view after = {}) {
+        if (state == job_state::dead) return dead(max, after);
+        if (!after.empty()) front.id(after);
+        const std::size_t n = front.take_count(max);
+        if (n == 0) return {};
+        detail::params p;
+        p.text(opt_.name).bytes(after).int8(static_cast<long long>(n)).boolean(!after.empty());
+        const auto r =
+            run(state == job_state::leased ? st_leased_page : st_waiting_page, p, "jobs");
+        std::vector<job_info> out;
+        out.reserve(static_cast<std::size_t>(r.rows()));
+        for (int i = 0; i < r.rows(); ++i) out.push_back(info_of(r, i));
+        return out;
+    }
+
     /// Puts the dead letter `id` back in the queue, waiting, due `delay` from now (the server's
     /// clock, as put_after), its attempts from 0, its payload and last error kept; it leaves the
     /// dead letters, and waiting takes, of every object of the queue, are woken as by a put.

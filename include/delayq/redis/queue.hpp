@@ -264,6 +264,27 @@ class queue_base {
         return guarded([&] { return dead_page(n, after); });
     }
 
+    /// The jobs in `state`, as dead() pages the dead letters: up to `max` (at most max_take_many)
+    /// of those that follow the job `after` (empty: from the first), none when `after` is not in
+    /// that state now, or for `max` 0. Waiting jobs (a job whose lease ended included, due at
+    /// that end, as get() says) come in the order of their due time, leased ones in the order
+    /// their leases end (server ms), both then by id; job_state::dead is dead(max, after). One
+    /// script call per shard, the shard of `after` first, each a range of a sorted set found in
+    /// O(log^2 n) (`events` for the waiting jobs, stepping over the leases that hold; `leases`
+    /// for the leased ones), never a scan. A job leased by a client of a version before this
+    /// call existed is not listed as leased (scripts.hpp, "Leases").
+    std::vector<job_info> jobs(job_state state, std::size_t max, std::string_view after = {}) {
+        if (state == job_state::dead) return dead(max, after);
+        if (!after.empty()) front.id(after);
+        const std::size_t n = front.take_count(max);
+        if (n == 0) return {};
+        return guarded([&] {
+            return merged_page(n, after, [&](std::size_t s, std::string_view from) {
+                return client_.jobs(s, state, n, from);
+            });
+        });
+    }
+
     /// The dead letter `id` back in the queue as a waiting job, due `delay` from now by the
     /// server's clock (never early), with its payload and its last error, attempts counted from 0;
     /// it is a dead letter no more. False, and nothing changes, if `id` is not a dead letter, or
@@ -474,14 +495,23 @@ class queue_base {
         return how;
     }
 
-    // dead(n, after) for n in 1..max_take_many. Every shard's page follows the place of `after`
-    // (in its own shard) in the order of the whole queue; the n first of their union, in that
-    // order, are the queue's page.
+    // dead(n, after) for n in 1..max_take_many (merged_page()).
     std::vector<job_info> dead_page(std::size_t n, std::string_view after) {
+        return merged_page(n, after, [&](std::size_t s, std::string_view from) {
+            return client_.dead(s, n, from);
+        });
+    }
+
+    // A page of n in 1..max_take_many after the job `after`, of every shard's pages that
+    // `page(shard, from)` gets (script_client::dead, jobs). Every shard's page follows the place
+    // of `after` (in its own shard) in the order of the whole queue; the n first of their union,
+    // in that order, are the queue's page.
+    template <class Page>
+    std::vector<job_info> merged_page(std::size_t n, std::string_view after, Page page_of) {
         const std::size_t first = after.empty() ? 0 : client_.shard_of(after);
         std::string from;
         if (!after.empty()) from.append("i").append(after);
-        script_client::dead_page page = client_.dead(first, n, from);
+        script_client::job_page page = page_of(first, from);
         if (!after.empty() && page.place.empty()) return {};
         std::vector<job_info> all = std::move(page.jobs);
         if (client_.shards() == 1) return all;
@@ -489,7 +519,7 @@ class queue_base {
         if (!page.place.empty()) from.append("p").append(page.place);
         for (std::size_t s = 0; s < client_.shards(); ++s) {
             if (s == first) continue;
-            script_client::dead_page more = client_.dead(s, n, from);
+            script_client::job_page more = page_of(s, from);
             all.insert(all.end(), std::make_move_iterator(more.jobs.begin()),
                        std::make_move_iterator(more.jobs.end()));
         }

@@ -167,7 +167,7 @@ class delay_queue {
   public:
     using job = delayq::job;                  ///< what take() hands out
     using put_request = delayq::put_request;  ///< one job of put_many()
-    using job_info = delayq::job_info;        ///< what get() and dead() tell
+    using job_info = delayq::job_info;        ///< what get(), dead() and jobs() tell
 
     /// Opens (or creates) the queue in `o.path`. Throws std::invalid_argument for bad options, and
     /// an error of this family when the file cannot be a queue (see the classes above).
@@ -435,6 +435,26 @@ class delay_queue {
         if (max == 0) return {};
         std::lock_guard g(db_m_);
         return machine_.dead_page(front.take_count(max), after);
+    }
+
+    /// The jobs in `state`, as dead() pages the dead letters: up to `max` (at most max_take_many)
+    /// of those after the job `after` (empty: from the first); empty at the end, when `max` is 0,
+    /// and when `after` is not in that state now. Waiting jobs come in the order of their due
+    /// time (a job whose lease has ended is waiting, due at that end, as get() says), leased ones
+    /// in the order their leases end, both then by id; job_state::dead is dead(max, after). Each
+    /// page is one read transaction: a lookup of `after` by its key, then a seek into the
+    /// index of the due times and into that of the leases (the ended ones, for the waiting jobs),
+    /// and at most `max` steps along each: no page reads them all. A non-empty `after` that is not
+    /// an id is std::invalid_argument.
+    std::vector<job_info> jobs(job_state state, std::size_t max, std::string_view after = {}) {
+        if (state == job_state::dead) return dead(max, after);
+        if (!after.empty()) front.id(after);
+        if (max == 0) return {};
+        std::lock_guard g(db_m_);
+        detail::write_transaction t = machine_.begin_read();
+        auto page = machine_.jobs_page(state, front.take_count(max), after, now_ms());
+        t.commit();
+        return page;
     }
 
     /// Puts the dead letter `id` back in the queue as a waiting job, due `delay` from now (the

@@ -1063,6 +1063,29 @@ inline std::string dead_page_sql(const std::string& s) {
            "LIMIT $3) d ORDER BY d.at, d.id";
 }
 
+// waiting page and leased page: $1 queue, $2 the id to follow, $3 at most this many, $4 whether $2
+// was given (else from the first). The queue's jobs in one state, in the order of `at` (a waiting
+// job's due time, a leased one's lease end; a lease that ended, by the server's clock as get()
+// reads it, is waiting since its end), then by id, as dead_page_sql pages the dead letters: one
+// probe of the key for the job to follow, which must be in that state (else nothing follows),
+// then, LATERAL under its own LIMIT, one range from there: of jobs_at for the waiting jobs, which
+// steps over the leases that hold (as many as the consumers hold), of the partial jobs_leased
+// for the leased ones. Both indexes end at `at`, so the jobs of one `at` are put in order of id
+// by an incremental sort of the index's order: a page reads every job of the time it starts at
+// (many, when one put_many queued them all for the same millisecond). Columns: info_columns_sql.
+inline std::string jobs_page_sql(const std::string& s, bool leased) {
+    const std::string held = "j.token <> 0 AND j.at > t.now";
+    const std::string in_state = leased ? held : "NOT (" + held + ")";
+    return "WITH " + std::string(now_cte) + ", a AS (SELECT j.at, j.id FROM " + s +
+           ".jobs j, t WHERE $4 AND j.queue = $1 AND j.id = $2 AND " + in_state +
+           " UNION ALL SELECT " + (leased ? "t.now" : "-1") +
+           ", ''::bytea FROM t WHERE NOT $4) SELECT d.* FROM a, t, LATERAL (SELECT " +
+           info_columns_sql(leased ? "1" : "0", "j.at") + " FROM " + s +
+           ".jobs j WHERE j.queue = $1 AND " + in_state +
+           " AND j.at >= a.at AND (j.at, j.id) > (a.at, a.id) ORDER BY j.at, j.id LIMIT $3) d "
+           "ORDER BY d.at, d.id";
+}
+
 // requeue_dead: $1 queue, $2 id, $3 delay (ms). The dead letter back among the jobs, waiting, due
 // $3 from now, attempts 0, its payload and last error kept. `q` looks for the id among the jobs
 // first: queued (put again after it died), it keeps the id and nothing more is done. Else `d`
@@ -1158,6 +1181,8 @@ enum statement_index : unsigned char {
     st_limit_lock,
     st_stats,
     st_put_repeat,
+    st_waiting_page,
+    st_leased_page,
     st_count
 };
 
@@ -1202,6 +1227,8 @@ inline std::vector<prepared_statement> statements(const std::string& s, bool dur
         {"dq20", limit_lock_sql(), {int8_oid}},
         {"dq21", stats_sql(s), {text_oid}},
         {"dq22", put_repeat_sql(s), {text_oid, bytea_oid, bytea_oid, text_oid}},
+        {"dq23", jobs_page_sql(s, false), {text_oid, bytea_oid, int8_oid, bool_oid}},
+        {"dq24", jobs_page_sql(s, true), {text_oid, bytea_oid, int8_oid, bool_oid}},
     };
     return v;
 }

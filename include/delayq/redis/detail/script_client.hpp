@@ -359,33 +359,29 @@ class script_client {
         return j;
     }
 
-    // A page of one shard's dead letters (the dead page script): `place`, the position in the
-    // shard's order that `jobs` follow ('' from the first; for `from` = 'i' and an id that is not
-    // a dead letter with a place, '' and no jobs).
-    struct dead_page {
+    // A page of one shard's dead letters (the dead page script) or of its waiting or leased jobs
+    // (the jobs page script): `place`, the position in the shard's order that `jobs` follow (''
+    // from the first; for `from` = 'i' and an id that is not in the state asked, '' and no jobs).
+    struct job_page {
         std::string place;
         std::vector<job_info> jobs;
     };
 
     // Up to `max` dead letters of shard `s` after `from`: '' (the first), 'i' and an id, 'p' and
     // a place (scripts.hpp's dead page script).
-    dead_page dead(std::size_t s, std::size_t max, std::string_view from) {
+    job_page dead(std::size_t s, std::size_t max, std::string_view from) {
         const std::string count = std::to_string(max);
         const std::array<std::string_view, 2> args{count, from};
-        auto r = eval(s, s_dead_page, args);
-        if (r->type != REDIS_REPLY_ARRAY || r->elements == 0 || r->elements % 5 != 1 ||
-            r->element[0]->type != REDIS_REPLY_STRING)
-            bad_reply("dead page", r.get());
-        dead_page page;
-        page.place = text_of(r->element[0]);
-        page.jobs.reserve(r->elements / 5);
-        for (std::size_t i = 1; i < r->elements; i += 5) {
-            if (r->element[i]->type != REDIS_REPLY_STRING) bad_reply("dead page", r.get());
-            job_info& j = page.jobs.emplace_back(info_of(r->element + i + 1, "dead page", r.get()));
-            j.id = text_of(r->element[i]);
-            j.state = job_state::dead;
-        }
-        return page;
+        return page_of(eval(s, s_dead_page, args), job_state::dead, "dead page");
+    }
+
+    // Up to `max` waiting or leased jobs (`state`) of shard `s` after `from`, as dead() (the jobs
+    // page script).
+    job_page jobs(std::size_t s, job_state state, std::size_t max, std::string_view from) {
+        const std::string count = std::to_string(max);
+        const std::array<std::string_view, 3> args{state == job_state::leased ? "l" : "w", count,
+                                                   from};
+        return page_of(eval(s, s_jobs_page, args), state, "jobs page");
     }
 
     // The requeue dead script: dead letter `id` of shard `s` back as a waiting job due `delay_ms`
@@ -595,6 +591,24 @@ class script_client {
 
     // A job_info's time, attempts, payload and last error from `e`, four elements of a reply
     // `r` of `script`: two integers, two strings.
+    // A page script's answer: {place, (id, time, attempts, payload, last error)*}, the jobs in
+    // `state`.
+    static job_page page_of(const reply_ptr& r, job_state state, std::string_view script) {
+        if (r->type != REDIS_REPLY_ARRAY || r->elements == 0 || r->elements % 5 != 1 ||
+            r->element[0]->type != REDIS_REPLY_STRING)
+            bad_reply(script, r.get());
+        job_page page;
+        page.place = text_of(r->element[0]);
+        page.jobs.reserve(r->elements / 5);
+        for (std::size_t i = 1; i < r->elements; i += 5) {
+            if (r->element[i]->type != REDIS_REPLY_STRING) bad_reply(script, r.get());
+            job_info& j = page.jobs.emplace_back(info_of(r->element + i + 1, script, r.get()));
+            j.id = text_of(r->element[i]);
+            j.state = state;
+        }
+        return page;
+    }
+
     static job_info info_of(const redisReply* const* e, std::string_view script,
                             const redisReply* r) {
         if (e[0]->type != REDIS_REPLY_INTEGER || e[1]->type != REDIS_REPLY_INTEGER ||

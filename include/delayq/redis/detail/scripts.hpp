@@ -36,6 +36,8 @@
 // | any     | (same)  | get: reads the job, queued or dead (a queued one first)              |
 // | any     | (same)  | stats: counts the jobs of each state                                 |
 // | dead    | (same)  | dead page: reads the dead letters in the order they died             |
+// | waiting | (same)  | jobs page: reads the waiting jobs by due time, or the leased ones by |
+// | leased  |         | lease end                                                            |
 // clang-format on
 //
 // Beside the jobs, a shard is paused or not (see "Pausing"): no job changes state by that. And it
@@ -263,6 +265,7 @@ enum script_id : std::size_t {
     s_purge_dead,
     s_pause,
     s_stats,
+    s_jobs_page,
     s_count
 };
 
@@ -857,6 +860,81 @@ end
 return out
 )lua");
 
+// ARGV channel shard what max from. The waiting jobs (what 'w': neither leased nor dead, a lease
+// that ended included, in `events` by due time) or the leased ones (what 'l': their lease holds,
+// in `leases` by its end), then by id, as a sorted set orders its members, after `from` ('' from
+// the first; 'i' and an id: after that job; 'p' and a place "time:id": after that place, which
+// need not be one of this shard's), up to max. Returns {place, (id, time, attempts, payload, last
+// error)*}: place is where the page starts after ('' from the first); an 'i' id that is not in
+// that state returns {''} alone. The place is found in O(log^2 n): the range of the sorted set
+// whose score is the place's time, halved by member until the first one after its id. Each member
+// then costs its bucket's HMGET, which says whether it is in the state asked: the waiting page
+// steps over the leases that hold (at most as many as the consumers hold), the leased page over
+// entries that a client of an earlier version left in `leases` ("Leases").
+inline constexpr auto jobs_page_lua = prelude + last_error_lua + lua(R"lua(
+local leased_page = ARGV[3] == 'l'
+local want, from = tonumber(ARGV[4]), ARGV[5]
+local set = leased_page and leases or events
+-- Whether member a comes after b in a sorted set's order of equal scores: bytewise (Lua's own
+-- comparison follows the locale).
+local function after(a, b)
+  for i = 1, math.min(#a, #b) do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x > y end
+  end
+  return #a > #b
+end
+-- The job `id` of this shard if it is in the state asked: {attempts, payload, last error}.
+local function look(id)
+  local pm = redis.call('HMGET', bucket(id), 'p' .. id, 'm' .. id)
+  if not pm[1] then return nil end
+  local a, token, lease_end = 0, '0', 0
+  if pm[2] then a, token, lease_end = string.match(pm[2], '^(%d+):(%d+):(%d+)') end
+  if (token ~= '0' and tonumber(lease_end) > now) ~= leased_page then return nil end
+  return {tonumber(a) or 0, pm[1], string.sub(tail_of(pm[2]), 2)}
+end
+local place = string.sub(from, 2)
+if string.sub(from, 1, 1) == 'i' then
+  local score = look(place) and redis.call('ZSCORE', set, place)
+  if not score then return {''} end
+  place = string.format('%d', tonumber(score)) .. ':' .. place
+end
+local now_s = string.format('%d', now)
+local rank = leased_page and redis.call('ZCOUNT', set, '-inf', now_s) or 0
+if place ~= '' then
+  local cut = string.find(place, ':', 1, true)
+  local time, id = string.sub(place, 1, cut - 1), string.sub(place, cut + 1)
+  local lo = redis.call('ZCOUNT', set, '-inf', '(' .. time)
+  local hi = redis.call('ZCOUNT', set, '-inf', time)
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    local m = redis.call('ZRANGE', set, string.format('%d', mid), string.format('%d', mid))[1]
+    if after(m, id) then hi = mid else lo = mid + 1 end
+  end
+  rank = math.max(rank, lo)
+end
+local out, n = {place}, 0
+while n < want do
+  local ask = want - n
+  local got = redis.call('ZRANGE', set, string.format('%d', rank),
+                         string.format('%d', rank + ask - 1), 'WITHSCORES')
+  for i = 1, #got, 2 do
+    local j = look(got[i])
+    if j then
+      n = n + 1
+      out[#out + 1] = got[i]
+      out[#out + 1] = tonumber(got[i + 1])
+      out[#out + 1] = j[1]
+      out[#out + 1] = j[2]
+      out[#out + 1] = j[3]
+    end
+  end
+  if #got < 2 * ask then break end
+  rank = rank + ask
+end
+return out
+)lua");
+
 // ARGV channel shard id delay_ms. Returns 1 if `id` was a dead letter and is now a waiting job,
 // due delay_ms from now: its payload, its last error (in "m", attempts 0), gone from the three
 // dead-letter keys. 0, changing nothing, if it is not dead, or if it is queued too (put again
@@ -944,9 +1022,9 @@ return {queued - leased, due, leased, redis.call('HLEN', dead), lag}
 inline constexpr std::array<std::string_view, s_count> scripts{
     put_lua.view(),        consume_lua.view(), cancel_lua.view(),    reschedule_lua.view(),
     size_lua.view(),       get_lua.view(),     dead_page_lua.view(), requeue_dead_lua.view(),
-    purge_dead_lua.view(), pause_lua.view(),   stats_lua.view()};
+    purge_dead_lua.view(), pause_lua.view(),   stats_lua.view(),     jobs_page_lua.view()};
 inline constexpr std::array<const char*, s_count> script_names{
-    "put",       "consume",      "cancel",     "reschedule", "size", "get",
-    "dead page", "requeue dead", "purge dead", "pause",      "stats"};
+    "put",       "consume",      "cancel",     "reschedule", "size",  "get",
+    "dead page", "requeue dead", "purge dead", "pause",      "stats", "jobs page"};
 
 }  // namespace delayq::redis::detail

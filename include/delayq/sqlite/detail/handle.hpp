@@ -223,6 +223,7 @@ class statement {
         use(const use&) = delete;
         use& operator=(const use&) = delete;
         statement* operator->() const noexcept { return &s_; }
+        statement& operator*() const noexcept { return s_; }
 
       private:
         statement& s_;

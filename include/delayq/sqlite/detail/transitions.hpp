@@ -36,7 +36,8 @@
 // and the reads of what they leave: the next event (the earliest due time of a waiting job or end
 // of a lease), which tells the waiting takes how long they may sleep; `PRAGMA data_version`,
 // which tells them that another connection committed; and, for the application, one job by its
-// id (find()) and a page of the dead letters (dead_page()).
+// id (find()), a page of the dead letters (dead_page()) and one of the waiting or the leased jobs
+// (jobs_page()).
 //
 // The pause. Whether the queue is paused is the 'paused' row of {meta} (1: paused; 0, or no row:
 // running), so that it is the file's, seen by every connection in every process, and outlives
@@ -495,15 +496,47 @@ class transitions {
         } else {
             u->bind(after, static_cast<long long>(want));
         }
-        while (u->step()) {
-            job_info i;
-            i.id = u->blob(0);
-            i.state = job_state::dead;
-            i.time = delayq::detail::from_ms(u->integer(1));
-            i.attempts = static_cast<unsigned>(u->integer(2));
-            i.payload = u->blob(3);
-            i.last_error = u->blob(4);
-            out.push_back(std::move(i));
+        while (u->step()) out.push_back(row_info(*u, job_state::dead));
+        return out;
+    }
+
+    // Up to `want` jobs in `state` (waiting or leased) at `now`, in the order of their time (due
+    // time; the lease's end, for a lease that holds or one that ended), then by id, the first
+    // after the job `after` (empty: from the first); none if `after` is not in that state. Called
+    // in a read transaction (begin_read()), so that the lookup of `after` and the ranges see one
+    // moment. The waiting jobs are two ranges, the waiting rows of {jobs}_due and the ended leases
+    // of {jobs}_leases (due again since their end, as find() and stats() read them), merged here;
+    // the leased ones, the other end of {jobs}_leases. Each is a seek and at most `want` steps.
+    std::vector<job_info> jobs_page(job_state state, std::size_t want, std::string_view after,
+                                    long long now) {
+        // The place that the page follows: (time, id), before every job when `after` is empty.
+        long long time = std::numeric_limits<long long>::min();
+        if (!after.empty()) {
+            const std::optional<job_info> a = find(after, now);
+            if (!a || a->state != state) return {};
+            time = delayq::detail::to_ms(a->time);
+        } else if (state == job_state::leased) {
+            time = now + 1;  // from the leases that end after now: (now + 1, '') precedes them
+        }
+        const auto n = static_cast<long long>(want);
+        std::vector<job_info> out;
+        if (state == job_state::leased) {
+            statement::use u(st_.leased_page);
+            u->bind(time, after, n);
+            while (u->step()) out.push_back(row_info(*u, job_state::leased));
+            return out;
+        }
+        statement::use w(st_.waiting_page), e(st_.ended_page);
+        w->bind(time, after, n);
+        e->bind(now, time, after, n);
+        // The merge of two ordered ranges, each at most `want` long.
+        bool in_w = w->step(), in_e = e->step();
+        while (out.size() < want && (in_w || in_e)) {
+            const bool from_w = in_w && (!in_e || std::pair(w->integer(1), w->blob(0)) <
+                                                      std::pair(e->integer(1), e->blob(0)));
+            statement& s = from_w ? *w : *e;
+            out.push_back(row_info(s, job_state::waiting));
+            (from_w ? in_w : in_e) = s.step();
         }
         return out;
     }
@@ -512,6 +545,18 @@ class transitions {
     // max_ms (year 5138) is no older than that: no subtraction overflows.
     static long long died_before(long long now, std::chrono::milliseconds age) noexcept {
         return now - delayq::detail::clamp_delay(age);
+    }
+
+    // The job of the row that `s` stepped to (id, time, attempts, payload, last error), in `state`.
+    static job_info row_info(statement& s, job_state state) {
+        job_info i;
+        i.id = s.blob(0);
+        i.state = state;
+        i.time = delayq::detail::from_ms(s.integer(1));
+        i.attempts = static_cast<unsigned>(s.integer(2));
+        i.payload = s.blob(3);
+        i.last_error = s.blob(4);
+        return i;
     }
 
     // Jobs queued (waiting plus leased), and jobs dead: O(n) counts of the rows.
@@ -573,6 +618,18 @@ class transitions {
               dead_after(db, n("SELECT id, died, attempts, payload, last_error FROM {dead} WHERE "
                                "(died, id) > (SELECT died, id FROM {dead} WHERE id = ?1) ORDER BY "
                                "died, id LIMIT ?2")),
+              // Three row-value ranges, each of one partial index (whose entries are (time, id):
+              // the key is in every entry of an index of a WITHOUT ROWID table), for jobs_page():
+              // the waiting rows by due time, the ended leases and the leases that hold by end.
+              waiting_page(db, n("SELECT id, due, attempts, payload, last_error FROM {jobs} WHERE "
+                                 "lease_end IS NULL AND (due, id) > (?1, ?2) ORDER BY due, id "
+                                 "LIMIT ?3")),
+              ended_page(db, n("SELECT id, lease_end, attempts, payload, last_error FROM {jobs} "
+                               "WHERE lease_end IS NOT NULL AND lease_end <= ?1 AND (lease_end, "
+                               "id) > (?2, ?3) ORDER BY lease_end, id LIMIT ?4")),
+              leased_page(db, n("SELECT id, lease_end, attempts, payload, last_error FROM {jobs} "
+                                "WHERE lease_end IS NOT NULL AND (lease_end, id) > (?1, ?2) "
+                                "ORDER BY lease_end, id LIMIT ?3")),
               // The token: the dead table keeps none, and the next lease's must be greater than
               // every one the job had. Each was given at or before it died, from the ms of its
               // lease (lease_due()), so the top of the ms of now or of its death (if the clock
@@ -620,10 +677,10 @@ class transitions {
 
         statement begin, commit, rollback, insert, cancel, reschedule, ended, requeue_ended,
             bury_copy, bury_delete, due, lease, next, ack, next_run, held, requeue_at, extend, find,
-            dead_first, dead_after, requeue_copy, requeue_delete, remove_dead, count_jobs,
-            count_dead, data_version, leased_upto, first_lease_end, trim_grants, grants_sum,
-            grants_window, grant, begin_read, counts, leases_at, first_due, due_side, later_side,
-            paused, set_paused;
+            dead_first, dead_after, waiting_page, ended_page, leased_page, requeue_copy,
+            requeue_delete, remove_dead, count_jobs, count_dead, data_version, leased_upto,
+            first_lease_end, trim_grants, grants_sum, grants_window, grant, begin_read, counts,
+            leases_at, first_due, due_side, later_side, paused, set_paused;
     };
 
     // What a delete of a row returns for queue_next(): its schedule, due time and token, and its
