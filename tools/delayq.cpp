@@ -8,6 +8,9 @@
 //   stats                          waiting, due now, leased, dead, lag
 //   get ID                         one job: its state, time, attempts, payload, last error
 //   dead [--max N] [--after ID]    a page of the dead letters, oldest first (N: 100)
+//   list [--state S] [--max N] [--after ID]
+//                                  a page of the jobs in state S: waiting (the default) by due
+//                                  time, leased by lease end, or dead (as dead)
 //   requeue ID [--in D]            a dead letter back as waiting, due D from now (0)
 //   purge --older-than D           removes the dead letters that died more than D ago
 //   pause | resume                 stops and restarts the takes of every process
@@ -16,9 +19,10 @@
 //   put ID PAYLOAD --cron EXPR     queues a series: a run each time EXPR (5 fields, UTC) matches
 //   cancel ID                      removes a waiting or leased job
 // A duration D is a number with a unit: ms, s, m, h, d ("30s", "15m"). Output is for people;
-// --json prints one JSON object (dead: an array) for scripts. --timeout bounds each call to the
-// store (5s). Exit status: 0 done; 1 the store said no (no such job, not dead, already queued);
-// 2 a bad command line or URL; 3 the store failed or could not be reached (one line on stderr).
+// --json prints one JSON object (dead and list: an array) for scripts. --timeout bounds each call
+// to the store (5s). Exit status: 0 done; 1 the store said no (no such job, not dead, already
+// queued); 2 a bad command line or URL; 3 the store failed or could not be reached (one line on
+// stderr).
 //
 // The command is built with each backend whose library was found; a URL of another backend says
 // so (status 2).
@@ -63,8 +67,9 @@ const char* const usage_text =
     "usage: delayq URL COMMAND [ARGS] [--json] [--timeout D]\n"
     "  URL: redis://[USER:PASSWORD@]HOST[:PORT]/NAME | sqlite:PATH |\n"
     "       postgresql://...?queue=NAME[&schema=S]\n"
-    "  COMMAND: stats | get ID | dead [--max N] [--after ID] | requeue ID [--in D] |\n"
-    "           purge --older-than D | pause | resume | cancel ID |\n"
+    "  COMMAND: stats | get ID | dead [--max N] [--after ID] |\n"
+    "           list [--state waiting|leased|dead] [--max N] [--after ID] |\n"
+    "           requeue ID [--in D] | purge --older-than D | pause | resume | cancel ID |\n"
     "           put ID PAYLOAD [--in D | --every D | --cron 'M H DOM MON DOW']\n"
     "  D: a duration such as 500ms, 30s, 15m, 2h, 1d\n";
 
@@ -206,6 +211,14 @@ const char* time_name(delayq::job_state s) {
     return "time";
 }
 
+/// The state that `list --state NAME` names (waiting when none is given).
+delayq::job_state state_named(const std::optional<std::string>& name) {
+    if (!name || *name == "waiting") return delayq::job_state::waiting;
+    if (*name == "leased") return delayq::job_state::leased;
+    if (*name == "dead") return delayq::job_state::dead;
+    throw usage_error("--state must be waiting, leased or dead");
+}
+
 std::string json_job(const delayq::job_info& j) {
     return "{\"id\":" + json_string(j.id) + ",\"state\":\"" + state_name(j.state) +
            "\",\"time\":\"" + iso_time(j.time) + "\",\"attempts\":" + std::to_string(j.attempts) +
@@ -262,23 +275,25 @@ int run(Q& q, const command_line& c) {
         return done;
     }
     if (cmd == "dead" || cmd == "list") {
-        c.expect(0, {"--max", "--after", "--state"});
-        if (const auto st = c.option("--state"); st && *st != "dead")
-            throw usage_error(
-                "list shows the dead letters (--state dead); use stats for the "
-                "counts of the others and get ID for one job");
+        if (cmd == "dead")
+            c.expect(0, {"--max", "--after"});
+        else
+            c.expect(0, {"--max", "--after", "--state"});
+        const delayq::job_state state =
+            cmd == "dead" ? delayq::job_state::dead : state_named(c.option("--state"));
         std::size_t max = 100;
         if (const auto m = c.option("--max")) {
             const auto [end, ec] = std::from_chars(m->data(), m->data() + m->size(), max);
             if (ec != std::errc() || end != m->data() + m->size() || max == 0)
                 throw usage_error("--max must be a number > 0");
         }
-        const auto page = q.dead(max, c.option("--after").value_or(""));
+        const auto page = q.jobs(state, max, c.option("--after").value_or(""));
         if (c.json) {
             std::string out = "[";
             for (const auto& j : page) out += (out.size() > 1 ? "," : "") + json_job(j);
             std::printf("%s]\n", out.c_str());
         } else {
+            // The time a line starts with is the state's: due, lease end, or died.
             for (const auto& j : page)
                 std::printf("%s  %s  attempts %u  %s\n", iso_time(j.time).c_str(),
                             printable(j.id).c_str(), j.attempts, printable(j.last_error).c_str());

@@ -139,7 +139,9 @@ TEST_CASE("delayq command: dead letters, requeue and purge") {
     r = delayq_command(u + " list --state dead");
     CHECK(r.status == 0);
     CHECK(has(r, "bad"));
-    r = delayq_command(u + " list --state waiting");
+    r = delayq_command(u + " list --state asleep");
+    CHECK(r.status == 2);
+    r = delayq_command(u + " dead --state waiting");
     CHECK(r.status == 2);
 
     r = delayq_command(u + " requeue bad");
@@ -160,6 +162,47 @@ TEST_CASE("delayq command: dead letters, requeue and purge") {
     CHECK(r.status == 0);
     CHECK(has(r, "{\"purged\":1}"));
     CHECK(s.q->dead_size() == 0);
+}
+
+TEST_CASE("delayq command: list pages the waiting and the leased jobs") {
+    store s;
+    const std::string u = quoted(s.url());
+    const auto now = std::chrono::system_clock::now();
+    REQUIRE(s.q->put("later", "p2", now + 2h));
+    REQUIRE(s.q->put("soon", "p1", now + 1h));
+    REQUIRE(s.q->put("now", "p0", now - 1s));
+
+    auto r = delayq_command(u + " list --state waiting --json");
+    CHECK(r.status == 0);
+    const auto soon = r.out.find("\"id\":\"soon\"");
+    CHECK(r.out.find("\"id\":\"now\"") < soon);
+    CHECK(soon < r.out.find("\"id\":\"later\""));
+    CHECK(has(r, "\"state\":\"waiting\""));
+    CHECK(has(r, "\"payload\":\"p1\""));
+    r = delayq_command(u + " list --max 2");  // waiting, by default
+    CHECK(r.status == 0);
+    CHECK(has(r, "  now  "));
+    CHECK(has(r, "(more: --after soon)"));
+    CHECK_FALSE(has(r, "later"));
+    r = delayq_command(u + " list --state waiting --after soon");
+    CHECK(r.status == 0);
+    CHECK(has(r, "later"));
+    CHECK_FALSE(has(r, "soon"));
+
+    auto j = s.q->take(5s);
+    REQUIRE(j.has_value());
+    REQUIRE(j->id == "now");
+    r = delayq_command(u + " list --state leased --json");
+    CHECK(r.status == 0);
+    CHECK(has(r, "\"id\":\"now\""));
+    CHECK(has(r, "\"state\":\"leased\""));
+    CHECK_FALSE(has(r, "soon"));
+    r = delayq_command(u + " list --state waiting");
+    CHECK(r.status == 0);
+    CHECK_FALSE(has(r, "  now  "));
+    r = delayq_command(u + " list --state leased --after soon --json");
+    CHECK(r.status == 0);
+    CHECK(has(r, "[]"));
 }
 
 TEST_CASE("delayq command: pause and resume are seen by the queue's objects") {
