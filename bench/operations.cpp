@@ -2,7 +2,8 @@
 // (SQLite, Redis, PostgreSQL), a fresh store at each size (--sizes, 10 000 and 1 000 000 jobs by
 // default): the jobs put in batches of 500, 1 % of them due now and the rest due in 1 to 25 hours
 // (a queue of timeouts), and 1 000 dead letters; then the median of --calls calls of stats(),
-// get() of a random queued id, and dead(100) (the first page), and of 5 runs of the `delayq`
+// get() of a random queued id, dead(100) (the first page), jobs(waiting, 100) (the first page, and
+// the page after a random queued id), and of 5 runs of the `delayq`
 // command's `stats` (a process of its own: its start, connect and one stats()), with the ratio of
 // the largest size to the smallest beside each; and, on an empty queue of the same store, the
 // median of 5 `stop()`s of a delayq::worker whose 4 threads wait in their takes.
@@ -47,7 +48,8 @@ using std::chrono::milliseconds;
 struct row {
     std::string backend;
     std::size_t jobs = 0;
-    double fill_s = 0, stats_us = 0, get_us = 0, dead_us = 0, command_ms = 0, stop_ms = 0;
+    double fill_s = 0, stats_us = 0, get_us = 0, dead_us = 0, page_us = 0, page_after_us = 0,
+           command_ms = 0, stop_ms = 0;
 };
 
 template <class F>
@@ -133,6 +135,12 @@ row measure(const char* backend, Q& q, Q& empty, std::size_t jobs, int calls,
     r.dead_us = median_us(calls, [&] {
         if (q.dead(100, "").size() != 100) std::abort();
     });
+    r.page_us = median_us(calls, [&] {
+        if (q.jobs(delayq::job_state::waiting, 100).size() != 100) std::abort();
+    });
+    r.page_after_us = median_us(calls, [&] {
+        (void)q.jobs(delayq::job_state::waiting, 100, "job-" + std::to_string(pick(rng)));
+    });
     r.command_ms = command_ms(url);
     r.stop_ms = worker_stop_ms(empty);
     return r;
@@ -207,23 +215,26 @@ int main(int argc, char** argv) {
 #endif
     }
     std::printf(
-        "| backend | jobs | fill, s | stats() | get() | dead(100) | `delayq URL stats` | worker "
-        "stop(), empty queue |\n");
-    std::printf("|---|---:|---:|---:|---:|---:|---:|---:|\n");
+        "| backend | jobs | fill, s | stats() | get() | dead(100) | jobs(waiting, 100) | the "
+        "same after an id | `delayq URL stats` | worker stop(), empty queue |\n");
+    std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (const auto& r : rows)
-        std::printf("| %s | %zu | %.1f | %.0f µs | %.0f µs | %.0f µs | %.0f ms | %.1f ms |\n",
-                    r.backend.c_str(), r.jobs, r.fill_s, r.stats_us, r.get_us, r.dead_us,
-                    r.command_ms, r.stop_ms);
+        std::printf(
+            "| %s | %zu | %.1f | %.0f µs | %.0f µs | %.0f µs | %.0f µs | %.0f µs | %.0f ms | %.1f "
+            "ms |\n",
+            r.backend.c_str(), r.jobs, r.fill_s, r.stats_us, r.get_us, r.dead_us, r.page_us,
+            r.page_after_us, r.command_ms, r.stop_ms);
     // The largest size over the smallest, per backend.
     for (const auto& big : rows)
         for (const auto& small : rows)
             if (big.backend == small.backend && big.jobs == sizes.back() &&
                 small.jobs == sizes.front() && big.jobs != small.jobs)
                 std::printf(
-                    "%s, %zu / %zu jobs: stats %.2fx, get %.2fx, dead(100) %.2fx, "
-                    "command %.2fx\n",
+                    "%s, %zu / %zu jobs: stats %.2fx, get %.2fx, dead(100) %.2fx, jobs(100) "
+                    "%.2fx, after an id %.2fx, command %.2fx\n",
                     big.backend.c_str(), big.jobs, small.jobs, big.stats_us / small.stats_us,
                     big.get_us / small.get_us, big.dead_us / small.dead_us,
+                    big.page_us / small.page_us, big.page_after_us / small.page_after_us,
                     big.command_ms / small.command_ms);
     return 0;
 }
