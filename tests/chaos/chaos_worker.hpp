@@ -2,9 +2,10 @@
 // delayq::job_queue. Every call is logged (chaos_log.hpp) before the worker acts on its result: a
 // "-begin" line before the call, an "-end" line with the result after it, each fdatasync'd.
 //
-//   producer   put / put_after / put_many, delays from 0.5 s in the past to 1.5 s ahead; about one
-//              job in 30 is poison (payload "poison"); now and then a series (put_every, every
-//              300 ms, payload "series", an id that begins with 'S')
+//   producer   put / put_after / put_many, delays from 0.5 s in the past to 1.5 s ahead, paced
+//              so that the consumers keep up; about one job in 30 is poison (payload "poison");
+//              series (put_every, every 300 ms, payload "series", an id that begins with 'S'): a
+//              few as the round begins, then now and then
 //   consumer   take / take_many (waiting or not); a poison job ends the process at once, after
 //              its take is logged (_exit or SIGKILL to itself); the others are acked (some twice,
 //              some after their lease ended, some after an extend() carried them past it), acked
@@ -74,6 +75,9 @@ struct worker_args {
 
 /// The period of the producers' repeatable jobs (put_every).
 inline constexpr long long series_period_ms = 300;
+
+/// How many series each producer makes as the round begins (its first incarnation).
+inline constexpr int start_series = 3;
 
 /// A poison job's consumer ends with this status (or SIGKILL); a failed open with open_failed.
 inline constexpr int poison_exit = 77;
@@ -300,6 +304,11 @@ class worker {
             close();
             return 0;
         }
+        // A round's first producers make their series before anything else: a series made late
+        // runs too few times before the round ends for the judge to hold its runs one against
+        // the next.
+        if (a_.role == "producer" && a_.incarnation == 0)
+            for (int i = 0; i < start_series && !stop_requested; ++i) put_series();
         while (!stop_requested) {
             if (a_.role == "producer")
                 produce();
@@ -355,9 +364,12 @@ class worker {
     // ---- producer ------------------------------------------------------------------------------
 
     void produce() {
-        pause(0, chance(5) ? 300 : 25);
+        // No faster than the consumers take: takes go in due order, so a backlog of due jobs
+        // would hold every series' run back behind it, and the series would run too seldom to be
+        // judged run against run.
+        pause(10, chance(5) ? 300 : 90);
         const int op = static_cast<int>(uniform(0, 99));
-        if (op < 2) {
+        if (op < 1) {
             put_series();
             return;
         }
