@@ -3,9 +3,9 @@
 // "-begin" line before the call, an "-end" line with the result after it, each fdatasync'd.
 //
 //   producer   put / put_after / put_many, delays from 0.5 s in the past to 1.5 s ahead, paced
-//              so that the consumers keep up; about one job in 30 is poison (payload "poison");
-//              series (put_every, every 300 ms, payload "series", an id that begins with 'S'): a
-//              few as the round begins, then now and then
+//              so that the consumers keep up (flat out in the rounds with a limit); about one job
+//              in 30 is poison (payload "poison"); series (put_every, every 300 ms, payload
+//              "series", an id that begins with 'S'): a few as the round begins, then now and then
 //   consumer   take / take_many (waiting or not); a poison job ends the process at once, after
 //              its take is logged (_exit or SIGKILL to itself); the others are acked (some twice,
 //              some after their lease ended, some after an extend() carried them past it), acked
@@ -364,10 +364,14 @@ class worker {
     // ---- producer ------------------------------------------------------------------------------
 
     void produce() {
-        // No faster than the consumers take: takes go in due order, so a backlog of due jobs
-        // would hold every series' run back behind it, and the series would run too seldom to be
-        // judged run against run.
-        pause(10, chance(5) ? 300 : 90);
+        // In the rounds without a limit, no faster than the consumers take: takes go in due
+        // order, so a backlog of due jobs would hold every series' run back behind it, and the
+        // series would run too seldom to be judged run against run. In the rounds with a limit of
+        // jobs leased at once, as fast as before: a backlog is what makes the limit bind.
+        if (a_.qs.max_leased > 0)
+            pause(0, chance(5) ? 300 : 25);
+        else
+            pause(10, chance(5) ? 300 : 90);
         const int op = static_cast<int>(uniform(0, 99));
         if (op < 1) {
             put_series();
