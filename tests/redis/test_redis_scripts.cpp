@@ -94,9 +94,9 @@ TEST_CASE("'no deadline' is spelled once: the scripts take it from the C++ const
              {"9999", "1e14", "1e+14", "1E14", "1E+14", "10^14", "100000000000000"})
             CHECK(rest.find(other) == std::string::npos);
     }
-    // put, consume, cancel, reschedule, get, requeue dead, purge dead, pause and stats; size and
-    // the dead page read no time
-    CHECK(defined == 9);
+    // put, consume, cancel, reschedule, get, requeue dead, purge dead, pause, stats and the jobs
+    // page; size and the dead page read no time
+    CHECK(defined == 10);
 
     // The scripts clamp with it: a far delay (put, reschedule) and a far lease end (take); and
     // EVALSHA finds every script that the object loaded (no EVAL fallback).
