@@ -462,3 +462,113 @@ TEST_CASE("retry_policy: doubling from base up to cap, with jitter inside the ba
     CHECK_NOTHROW(full.check());
     CHECK_THROWS_AS((delayq::retry_policy{.base = -1ms}.check()), std::invalid_argument);
 }
+
+namespace {
+
+// memory_job_queue with ack_and_try_take (delayq::acks_and_takes): the ack and a take that does
+// not wait, as one call, whose uses and the worker's own takes it counts apart; the call fails
+// while fail_polls says so (the ack and the take not done).
+class polling_memory_queue : public memory_job_queue {
+  public:
+    using memory_job_queue::memory_job_queue;
+
+    std::optional<delayq::job> take(std::chrono::milliseconds max_wait,
+                                    const std::stop_token& stop = {}) {
+        ++takes;
+        return memory_job_queue::take(max_wait, stop);
+    }
+
+    delayq::ack_take_result ack_and_try_take(const delayq::job& j) {
+        ++polls;
+        if (fail_polls > 0) {
+            --fail_polls;
+            throw delayq_test::memory_unavailable("polling_memory_queue: the call failed");
+        }
+        delayq::ack_take_result r;
+        r.acked = ack(j);
+        r.next = memory_job_queue::take(0ms);
+        return r;
+    }
+
+    std::atomic<int> takes{0}, polls{0}, fail_polls{0};
+};
+
+}  // namespace
+
+static_assert(delayq::acks_and_takes<polling_memory_queue>);
+static_assert(!delayq::acks_and_takes<memory_job_queue>);
+
+TEST_CASE("worker: an ack takes the next due job in the same call, and the thread runs it",
+          "[worker][ack_and_try_take]") {
+    polling_memory_queue q;
+    constexpr int jobs = 50;
+    for (int i = 0; i < jobs; ++i) REQUIRE(q.put_after("j" + std::to_string(i), "p", 0ms));
+    std::atomic<int> ran{0};
+    delayq::worker w(
+        q, [&](const delayq::job&) { ++ran; }, quick());
+    REQUIRE(eventually([&] { return w.counters().done == jobs; }));
+    w.stop();
+    CHECK(ran == jobs);
+    CHECK(q.polls == jobs);  // every ack went with a take
+    // The first job and the wait after the last came by take(): none between.
+    CHECK(q.takes <= 3);
+    CHECK(q.size() == 0);
+    q.with([&](auto&, auto& r) { CHECK(r.deliveries == jobs); });
+}
+
+TEST_CASE("worker: a failed ack-and-take is tried again as a plain ack, counted once as done",
+          "[worker][ack_and_try_take]") {
+    polling_memory_queue q;
+    q.fail_polls = 1;
+    for (int i = 0; i < 3; ++i) REQUIRE(q.put_after("j" + std::to_string(i), "p", 0ms));
+    std::atomic<int> failed{0};
+    auto o = quick();
+    o.hooks.call_failed = [&](std::string_view) { ++failed; };
+    delayq::worker w(
+        q, [](const delayq::job&) {}, o);
+    REQUIRE(eventually([&] { return w.counters().done == 3; }));
+    w.stop();
+    CHECK(failed == 1);
+    CHECK(w.counters().failed_calls == 1);
+    CHECK(w.counters().lease_lost == 0);
+    CHECK(q.size() == 0);
+    q.with([](auto&, auto& r) { CHECK(r.deliveries == 3); });
+}
+
+TEST_CASE("worker: an ack refused by its token is a lost lease, and the job it took still runs",
+          "[worker][ack_and_try_take]") {
+    polling_memory_queue q({.lease = 30s});
+    REQUIRE(q.put_after("a", "p", 0ms));
+    REQUIRE(q.put_after("b", "p", 0ms));
+    std::atomic<int> lost{0}, setup_failed{0};
+    std::mutex m;
+    std::vector<std::string> order;
+    auto o = quick();
+    o.hooks.lease_lost = [&](const delayq::job& j) {
+        std::lock_guard lk(m);
+        order.push_back("lost " + j.id);
+        ++lost;
+    };
+    delayq::worker w(
+        q,
+        [&](const delayq::job& j) {
+            {
+                std::lock_guard lk(m);
+                order.push_back(j.id);
+            }
+            if (j.attempts == 1 && j.id == "a") {
+                // Put anew meanwhile (not on the test's thread: no assertion here, the counts
+                // below tell): this token is stale.
+                if (!q.cancel(j.id) || !q.put_after(j.id, "p", 1h)) ++setup_failed;
+            }
+        },
+        o);
+    REQUIRE(eventually([&] { return w.counters().done + w.counters().lease_lost == 2; }));
+    w.stop();
+    CHECK(w.counters().done == 1);
+    CHECK(w.counters().lease_lost == 1);
+    CHECK(setup_failed == 0);
+    CHECK(q.takes <= 2);  // b came with a's refused ack
+    std::lock_guard lk(m);
+    CHECK(order == std::vector<std::string>{"a", "lost a", "b"});
+}

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -34,6 +35,14 @@ struct job {
     /// ended (and whose job was delivered again) is refused by ack() and nack().
     std::uint64_t token = 0;
     std::chrono::system_clock::time_point lease_deadline;  ///< the lease ends then
+};
+
+/// What ack_and_try_take() did, on the backends that have it: whether the ack held (false: the
+/// lease was lost, as ack() says), and the next job it leased in the same round trip, if one was
+/// due then (it leases as take(0ms) would: never while the queue is paused or a limit is full).
+struct ack_take_result {
+    bool acked = false;         ///< what ack() would have returned
+    std::optional<job> next{};  ///< the job leased after the ack, with a lease of its own
 };
 
 /// The longest reason a nack() or bury() keeps, in bytes: a longer one is cut to its first

@@ -166,4 +166,15 @@ concept job_queue = requires {
     q.get_options();
 };
 
+/// A job queue that acks a job and leases the next due one in one round trip:
+/// ack_and_try_take(j) is ack(j) and then, in the same call to the store, take(0ms), which leases
+/// by take()'s rules (pause, limits, max_attempts, series, fencing) whether or not the ack held.
+/// What a loop of take, handle, ack saves with it is one round trip per job; delayq::worker uses it
+/// where a queue has it.
+template <class Q>
+concept acks_and_takes = job_queue<Q> && std::same_as<job_type_t<Q>, job> &&
+    requires(Q& q, const job& j) {
+    { q.ack_and_try_take(j) } -> std::same_as<ack_take_result>;
+};
+
 }  // namespace delayq

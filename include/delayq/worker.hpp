@@ -6,7 +6,10 @@
 //     ...                       // runs until
 //     w.stop();                 // (or its destructor): the running handlers finish first
 //
-// What a handler's end means. It returns: the job is acked (done, if the ack held). It throws
+// What a handler's end means. It returns: the job is acked (done, if the ack held); on a queue
+// that has ack_and_try_take (delayq::acks_and_takes: Redis), that ack leases the next due job in
+// the same round trip, and the thread runs it without a take (it takes, waiting, when none was
+// due). It throws
 // delayq::retry_in(d): nacked, due again d from now. It throws delayq::dead_letter(reason): to the
 // dead letters at once (bury). It throws anything else: nacked with the retry policy's delay for
 // its attempt, and what() as the reason; the queue's max_attempts then moves a job that keeps
@@ -321,7 +324,8 @@ class worker {
                 backoff = std::min(backoff * 2, milliseconds(5000));
                 continue;
             }
-            if (j) handle(s, *j);
+            // A job whose ack leased the next one hands that one on: no take for it.
+            while (j) j = handle(s, *j);
         }
         std::lock_guard lk(m_);
         --running_;
@@ -353,7 +357,9 @@ class worker {
         }
     }
 
-    void handle(slot& s, const job_type& j) {
+    // Runs the handler on `j` and settles it; returns the next job if the ack leased one
+    // (ack_and_try_take).
+    std::optional<job_type> handle(slot& s, const job_type& j) {
         std::stop_token token;
         {
             std::lock_guard lk(m_);
@@ -389,21 +395,22 @@ class worker {
                 ++counts_.lease_lost;
             }
             tell(opt_.hooks.lease_lost, static_cast<const job&>(j));
-            return;
+            return std::nullopt;
         }
         if (asked_to_stop) {
             o = {outcome::retry, milliseconds::zero(), "stopped by delayq::worker::stop()", false,
                  true};  // not the job's failure: its last error stays
             if (settle(lease_end, [&] { return nack(j, o); })) count(&worker_counters::released);
-            return;
+            return std::nullopt;
         }
+        std::optional<job_type> next;
         switch (o.kind) {
             case outcome::ack:
-                if (settle(lease_end, [&] { return q_.ack(j); }))
+                if (ack(lease_end, j, next))
                     count(&worker_counters::done);
                 else
                     lease_was_lost(j);
-                return;
+                return next;
             case outcome::bury:
                 if (settle(lease_end, [&] { return q_.bury(j, o.reason); })) {
                     count(&worker_counters::dead);
@@ -411,7 +418,7 @@ class worker {
                 } else {
                     lease_was_lost(j);
                 }
-                return;
+                return std::nullopt;
             case outcome::retry:
                 if (!settle(lease_end, [&] { return nack(j, o); })) {
                     lease_was_lost(j);
@@ -423,7 +430,29 @@ class worker {
                     count(&worker_counters::retried);
                     tell(opt_.hooks.retrying, static_cast<const job&>(j), o.delay, o.reason);
                 }
-                return;
+                return std::nullopt;
+        }
+        return std::nullopt;
+    }
+
+    // Acks `j` as settle() does; where the queue can (delayq::acks_and_takes) and stop() has not
+    // been called, the first try also leases the next due job (`next`) in the same round trip, so
+    // that this thread needs no take for it. A first try that throws may or may not have been
+    // applied: the retries are plain acks, which the token fences (an ack that was applied is
+    // refused, as any retried settlement), and the job it may have leased comes back at its lease
+    // end, as any lease nobody settles.
+    bool ack(std::chrono::system_clock::time_point lease_end, const job_type& j,
+             std::optional<job_type>& next) {
+        if constexpr (acks_and_takes<Q>) {
+            bool first = !taking_.stop_requested();
+            return settle(lease_end, [&] {
+                if (!std::exchange(first, false)) return q_.ack(j);
+                ack_take_result r = q_.ack_and_try_take(j);
+                next = std::move(r.next);
+                return r.acked;
+            });
+        } else {
+            return settle(lease_end, [&] { return q_.ack(j); });
         }
     }
 

@@ -1658,3 +1658,155 @@ TEMPLATE_LIST_TEST_CASE("contract: a run's retry does not move its series' phase
     CHECK((info->time - slot) % 1s == 0ms);  // a whole number of periods after the first slot
     CHECK(info->time > slot);
 }
+
+// ack_and_try_take (delayq::acks_and_takes), on the backends that have it: the ack, then a take
+// that does not wait, in one round trip. A backend without it passes these by having nothing to
+// check (the worker takes instead).
+
+namespace delayq_contract {
+
+/// Runs `body(fixture)` (a generic lambda: it is compiled only here) where the fixture's queue has
+/// ack_and_try_take.
+template <class Fixture, class Body>
+void with_ack_and_try_take(Body body) {
+    if constexpr (delayq::acks_and_takes<typename Fixture::queue>) {
+        Fixture f;
+        body(f);
+    } else {
+        SUCCEED("no ack_and_try_take");
+    }
+}
+
+/// Puts "a" and "b", both due, a first, and takes a.
+template <class Q>
+delayq::job a_of_two(Q& q) {
+    REQUIRE(q.put("a", "pa", past));
+    REQUIRE(q.put("b", "pb", past + std::chrono::seconds(1)));
+    auto a = q.take(std::chrono::seconds(5));
+    REQUIRE(a.has_value());
+    REQUIRE(a->id == "a");
+    return std::move(*a);
+}
+
+}  // namespace delayq_contract
+
+TEMPLATE_LIST_TEST_CASE("contract: ack_and_try_take acks and leases the next due job",
+                        "[contract][ack_and_try_take]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    with_ack_and_try_take<TestType>([](auto& f) {
+        auto q = f.make({});
+        REQUIRE(q->put("later", "pl", std::chrono::system_clock::now() + 1h));
+        const auto a = a_of_two(*q);
+        auto r = q->ack_and_try_take(a);
+        CHECK(r.acked);
+        REQUIRE(r.next.has_value());
+        CHECK(r.next->id == "b");
+        CHECK(r.next->payload == "pb");
+        CHECK(r.next->attempts == 1);
+        CHECK(r.next->lease_deadline - std::chrono::system_clock::now() > 20s);
+        CHECK(q->size() == 2);  // b leased, later waiting
+        auto info = q->get("b");
+        REQUIRE(info.has_value());
+        CHECK(info->state == delayq::job_state::leased);
+        CHECK_FALSE(q->ack_and_try_take(a).acked);  // settled already
+        auto last = q->ack_and_try_take(*r.next);   // nothing else is due
+        CHECK(last.acked);
+        CHECK_FALSE(last.next.has_value());
+        CHECK(q->size() == 1);
+        CHECK_FALSE(q->ack(*r.next));  // its token was used
+    });
+}
+
+TEMPLATE_LIST_TEST_CASE(
+    "contract: ack_and_try_take with a stale token acks nothing and still leases the next job",
+    "[contract][ack_and_try_take]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    with_ack_and_try_take<TestType>([](auto& f) {
+        auto q = f.make({});
+        const auto old = a_of_two(*q);
+        REQUIRE(q->nack(old, 1h));  // a is due again in an hour: b is the due one
+        auto r = q->ack_and_try_take(old);
+        CHECK_FALSE(r.acked);
+        REQUIRE(r.next.has_value());
+        CHECK(r.next->id == "b");
+        CHECK(q->size() == 2);  // a still queued, b leased
+        CHECK(q->ack(*r.next));
+    });
+}
+
+TEMPLATE_LIST_TEST_CASE(
+    "contract: ack_and_try_take leases nothing while the queue is paused, and a take gets it after "
+    "the resume",
+    "[contract][ack_and_try_take][pause]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    with_ack_and_try_take<TestType>([](auto& f) {
+        auto q = f.make({});
+        const auto a = a_of_two(*q);
+        q->pause();
+        auto r = q->ack_and_try_take(a);
+        CHECK(r.acked);  // settlements work while paused
+        CHECK_FALSE(r.next.has_value());
+        q->resume();
+        auto b = q->take(5s);
+        REQUIRE(b.has_value());
+        CHECK(b->id == "b");
+        CHECK(q->ack(*b));
+    });
+}
+
+TEMPLATE_LIST_TEST_CASE(
+    "contract: ack_and_try_take leases within max_leased, counting the leases of every handle",
+    "[contract][ack_and_try_take][limits]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    with_ack_and_try_take<TestType>([](auto& f) {
+        auto limited = f.make({.limits = {.max_leased = 2, .rate = 0, .period = 0ms}});
+        auto other = f.make({});  // no limits: leases whatever is due, and its leases count
+        for (std::size_t i = 0; i < 5; ++i) REQUIRE(limited->put(id_of("j", i), "p", past));
+        auto mine = limited->take(5s);
+        REQUIRE(mine.has_value());
+        // The ack frees the place it held: the next job takes it.
+        auto r = limited->ack_and_try_take(*mine);
+        CHECK(r.acked);
+        REQUIRE(r.next.has_value());
+        // Two more leased elsewhere: three leases, more than the limit, even after an ack.
+        auto theirs = other->take_many(2, 5s);
+        REQUIRE(theirs.size() == 2);
+        auto full = limited->ack_and_try_take(*r.next);
+        CHECK(full.acked);
+        CHECK_FALSE(full.next.has_value());  // two leased still: the limit
+        CHECK(other->ack(theirs[0]));
+        auto room = limited->take(5s);  // one place now
+        REQUIRE(room.has_value());
+        CHECK(limited->ack(*room));
+        CHECK(other->ack(theirs[1]));
+    });
+}
+
+TEMPLATE_LIST_TEST_CASE("contract: a worker acks with ack_and_try_take and does every job once",
+                        "[contract][ack_and_try_take][worker]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    TestType f;
+    auto q = f.make({});
+    constexpr std::size_t jobs = 200;
+    for (std::size_t i = 0; i < jobs; ++i) REQUIRE(q->put(id_of("w", i), "p", past));
+    std::mutex m;
+    std::multiset<std::string> seen;
+    {
+        delayq::worker_options o;
+        o.threads = 3;
+        delayq::worker w(
+            *q,
+            [&](const delayq::job& j) {
+                std::lock_guard lk(m);
+                seen.insert(j.id);
+            },
+            o);
+        REQUIRE(eventually([&] { return w.counters().done == jobs; }));
+        w.stop();
+        CHECK(w.counters().lease_lost == 0);
+    }
+    std::lock_guard lk(m);
+    CHECK(seen.size() == jobs);
+    CHECK(std::set<std::string>(seen.begin(), seen.end()).size() == jobs);
+    CHECK(q->size() == 0);
+}

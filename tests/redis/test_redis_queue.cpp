@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <delayq/redis/delay_queue.hpp>
+#include <delayq/worker.hpp>
 #include <future>
 #include <set>
 #include <stop_token>
@@ -633,4 +634,99 @@ TEST_CASE("a resume from another process wakes a take blocked on a paused queue"
     CHECK(j->attempts == 1);
     CHECK_FALSE(q.paused());
     CHECK(q.ack(*j));
+}
+
+TEST_CASE("a worker acks and takes the next job in one script call") {
+    server srv;
+    auto o = opts(srv);
+    delay_queue q(o);
+    CHECK_FALSE(q.take(0ms));  // connects and loads the scripts before counting
+    constexpr int jobs = 100;
+    for (int i = 0; i < jobs; ++i) REQUIRE(q.put("j" + std::to_string(i), "p", past));
+    srv.command({"CONFIG", "RESETSTAT"});
+    {
+        delayq::worker_options wo;
+        wo.threads = 1;
+        delayq::worker w(
+            q, [](const delayq::job&) {}, wo);
+        REQUIRE(eventually([&] { return w.counters().done == jobs; }));
+    }
+    const auto v = srv.info_field("commandstats", "cmdstat_evalsha:calls=");
+    const int calls = v.empty() ? 0 : std::stoi(v);
+    // One per job (its ack and the next take), the first take, and the idle take's looks at the
+    // end: a take and an ack per job would be twice as many.
+    CHECK(calls >= jobs);
+    CHECK(calls <= jobs + 10);
+    CHECK(q.size() == 0);
+}
+
+TEST_CASE("a job taken by ack_and_try_take leaves a waiting take awake for the next one") {
+    server srv;
+    auto o = opts(srv);
+    o.max_block = 60s;  // a take that slept past a due job would sleep this long
+    delay_queue q(o);
+    REQUIRE(q.put("first", "p", past));
+    auto first = q.take(5s);
+    REQUIRE(first);
+    const auto soon = std::chrono::system_clock::now() + 800ms;
+    REQUIRE(q.put("a", "p", soon));
+    REQUIRE(q.put("b", "p", soon + 1ms));
+    std::promise<std::optional<delayq::job>> got;
+    auto future = got.get_future();
+    std::thread waiter([&] { got.set_value(q.take(30s)); });  // asleep until `soon`
+    std::this_thread::sleep_until(soon + 100ms);
+    auto r = q.ack_and_try_take(*first);  // takes a or b, whichever the waiter has not
+    CHECK(r.acked);
+    REQUIRE(future.wait_for(20s) == std::future_status::ready);
+    waiter.join();
+    auto other = future.get();
+    REQUIRE(other.has_value());
+    REQUIRE(r.next.has_value());
+    CHECK(r.next->id != other->id);
+    CHECK(q.ack(*r.next));
+    CHECK(q.ack(*other));
+}
+
+TEST_CASE("a sharded queue's ack_and_try_take takes from the acked job's shard only") {
+    server srv;
+    constexpr std::size_t shards = 4;
+    delayq::redis::sharded_delay_queue q(opts(srv), shards);
+    // The shard of an id is a hash of it (part of the key layout).
+    const auto shard = [](const std::string& id) {
+        return delayq::redis::detail::fnv1a(id) % shards;
+    };
+    std::string same, other;
+    for (int i = 0; same.empty() || other.empty(); ++i) {
+        const std::string id = "j" + std::to_string(i);
+        if (shard(id) == shard("a"))
+            same = same.empty() ? id : same;
+        else
+            other = other.empty() ? id : other;
+    }
+    REQUIRE(q.put("a", "p", past));
+    REQUIRE(q.put(other, "p", past));
+    REQUIRE(q.put(same, "p", past + 1s));
+    std::vector<delayq::job> held;
+    for (int i = 0; i < 3; ++i) {
+        auto j = q.take(5s);
+        REQUIRE(j);
+        held.push_back(std::move(*j));
+    }
+    const auto find = [&](const std::string& id) {
+        return *std::find_if(held.begin(), held.end(), [&](const auto& j) { return j.id == id; });
+    };
+    CHECK(q.nack(find(other), 0ms));    // due now, in another shard
+    CHECK(q.nack(find(same), 0ms));     // due now, in a's shard
+    std::this_thread::sleep_for(20ms);  // (due at the server's next millisecond)
+    auto r = q.ack_and_try_take(find("a"));
+    CHECK(r.acked);
+    REQUIRE(r.next.has_value());
+    CHECK(r.next->id == same);
+    auto last = q.ack_and_try_take(*r.next);  // a's shard is empty now
+    CHECK(last.acked);
+    CHECK_FALSE(last.next.has_value());
+    auto rest = q.take(5s);  // a take looks at every shard
+    REQUIRE(rest);
+    CHECK(rest->id == other);
+    CHECK(q.ack(*rest));
 }

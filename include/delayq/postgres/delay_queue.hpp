@@ -406,6 +406,33 @@ class delay_queue {
         return r.integer(0, 0) == 1;
     }
 
+    /// ack(j), and then a take that does not wait: the next due job, leased by the take's rules
+    /// (pause, limits, max_attempts, series, fencing), whether or not the ack held. The ack's
+    /// statement and the claim's go in one round trip (libpq's pipeline mode; two with a libpq
+    /// older than 14), each in its own transaction: the claim starts after the ack committed, so
+    /// the place it freed is free. With limits they go apart, as ack() and take(0ms) do: the claim
+    /// must follow the queue's lock in its transaction (see "Limits" at the top of this file).
+    /// A failure of either throws, and the ack may have been applied: an ack() after it says.
+    /// `next` is empty when no job is due for a take now.
+    ack_take_result ack_and_try_take(const job& j) {
+        front.id(j.id);
+        ack_take_result out;
+        if (limited()) {
+            out.acked = ack(j);
+            auto jobs = taker_.take(1, milliseconds::zero());
+            if (!jobs.empty()) out.next = std::move(jobs.front());
+            return out;
+        }
+        // The taker learns the table's next event from the claim, as from its own claims.
+        taker_.learn_from(0, [&](steady::time_point& next) {
+            auto answer = store_.answer_of(ack_then_claim(j, out.acked), 1);
+            next = answer.next;
+            if (!answer.jobs.empty()) out.next = std::move(answer.jobs.front());
+            return 0;
+        });
+        return out;
+    }
+
     /// ack for many jobs, in one statement; element i is what ack(jobs[i]) would have returned.
     std::vector<bool> ack_many(std::span<const job> jobs) {
         std::vector<bool> out(jobs.size());
@@ -1058,13 +1085,19 @@ class delay_queue {
         steady::time_point seen;        // when the answer came
     };
 
-    claimed claim(std::size_t want, budget& b) {
+    // The claim statement's parameters, for `want` jobs.
+    detail::params claim_params(std::size_t want) const {
         detail::params p;
         p.text(opt_.name)
             .int8(static_cast<long long>(want))
             .int8(opt_.lease.count())
             .int8(opt_.max_attempts)
             .text(channel_);  // for a run of a series it buries (detail/schema.hpp, claim_sql)
+        return p;
+    }
+
+    claimed claim(std::size_t want, budget& b) {
+        const detail::params p = claim_params(want);
         // With limits: the queue's lock, then the claim, in one transaction and one round trip.
         detail::params lock;
         lock.int8(lock_key_);
@@ -1076,6 +1109,11 @@ class delay_queue {
                                  },
                                  b)
                            : run(st_claim, p, "take", b);
+        return read_claim(r);
+    }
+
+    // What the claim statement's result `r` says.
+    static claimed read_claim(const detail::result& r) {
         claimed out;
         out.seen = steady::now();
         for (int i = 0; i < r.rows(); ++i) {
@@ -1095,6 +1133,29 @@ class delay_queue {
             out.jobs.push_back(std::move(j));
         }
         return out;
+    }
+
+    // ack_and_try_take's round trip (without limits): the ack's statement, then the claim of one
+    // job, pipelined on a pooled connection; whether the ack held (`acked`), and what the claim
+    // found.
+    claimed ack_then_claim(const job& j, bool& acked) {
+        detail::params a;
+        a.text(opt_.name).bytes(j.id).int8(token_of(j));
+        const detail::params c = claim_params(1);
+        budget b = call_budget();
+        return with_connection(
+            [&](detail::connection& conn) {
+                auto both =
+                    conn.exec_then(statements_[detail::st_ack].name, a,
+                                   statements_[detail::st_claim].name, c, "ack_and_try_take");
+                acked = both.first.integer(0, 0) == 1;
+                // A run of a series queued its next run: woken as a put's (as ack()).
+                if (both.first.integer(0, 1) > 0)
+                    (void)conn.exec(statements_[detail::st_wake].name, wake_params(j.id),
+                                    "ack_and_try_take");
+                return read_claim(both.second);
+            },
+            b);
     }
 
     // The queue as the shared taker's store (detail/job_queue/taker.hpp; see the top of this
@@ -1132,7 +1193,11 @@ class delay_queue {
         // look again.
         answer claim(std::size_t /*lane*/, std::size_t n, bool /*patient*/) {
             budget b = q.call_budget();
-            claimed c = q.claim(n, b);
+            return answer_of(q.claim(n, b), n);
+        }
+
+        // What a claim for `n` jobs that found `c` tells the taker (also ack_and_try_take's).
+        answer answer_of(claimed c, std::size_t n) {
             // The leases just granted end: the earliest event the trailer leaves out (with limits,
             // it counts them already, and may say later: detail/schema.hpp, claim_sql).
             if (!c.jobs.empty() && !q.limited())

@@ -183,6 +183,25 @@ class queue_base {
         return settle(j, "a");
     }
 
+    /// ack(j), and in the same script call, on j's shard, a take that does not wait: the next due
+    /// job of that shard, leased by the take's rules (pause, limits, max_attempts, series,
+    /// fencing), whether or not the ack held. One round trip where ack() and take() make two;
+    /// merged with other threads' consumes on the shard as an ack is. `next` is empty when that
+    /// shard has no job due for a take now (another shard of a sharded queue may: take() looks at
+    /// them all).
+    ack_take_result ack_and_try_take(const job& j) {
+        front.id(j.id);
+        const std::string token = std::to_string(j.token);
+        const std::array<std::string_view, 3> args{"a", j.id, token};
+        return guarded([&] {
+            consumed c = room_.consume_and_learn(client_.shard_of(j.id), args, 1);
+            ack_take_result r;
+            r.acked = c.ok.front();
+            if (!c.jobs.empty()) r.next = std::move(c.jobs.front());
+            return r;
+        });
+    }
+
     /// ack for many jobs, one script call per shard and 500 jobs; element i is what ack(jobs[i])
     /// would have returned.
     std::vector<bool> ack_many(std::span<const job> jobs) {

@@ -72,4 +72,7 @@ using delayq::job_info;
 /// Where a job is, as get() and dead() tell it (delayq::job_state).
 using delayq::job_state;
 
+/// What ack_and_try_take() did (delayq::ack_take_result).
+using delayq::ack_take_result;
+
 }  // namespace delayq::redis

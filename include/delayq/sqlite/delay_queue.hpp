@@ -77,6 +77,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -358,6 +359,24 @@ class delay_queue {
         op o{op::ack, j.id};
         o.token = token_of(j);
         return run_one(o);
+    }
+
+    /// ack(j), and in the same transaction (the group commit of the acks and takes), a take that
+    /// does not wait: the next due job, leased by the take's rules (pause, limits, max_attempts,
+    /// series, fencing), whether or not the ack held. One commit where ack() and take() make two.
+    /// `next` is empty when no job is due for a take now.
+    ack_take_result ack_and_try_take(const job& j) {
+        front.id(j.id);
+        std::vector<job> leased;
+        std::array<op, 2> ops{op{op::ack, j.id}, op{op::lease, {}}};
+        ops[0].token = token_of(j);
+        ops[1].want = 1;
+        ops[1].jobs = &leased;
+        run(ops);  // in order: the ack frees its place under a limit before the lease
+        ack_take_result r;
+        r.acked = ops[0].ok;
+        if (!leased.empty()) r.next = std::move(leased.front());
+        return r;
     }
 
     /// ack for many jobs, in one transaction; element i is what ack(jobs[i]) would have returned

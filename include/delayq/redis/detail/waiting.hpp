@@ -178,10 +178,16 @@ class waiting_room {
         return taker_.take(want, max_wait, stop);
     }
 
-    // The consume script for the calls that settle leases: the taker learns from it at once.
-    consumed consume_and_learn(std::size_t s, std::span<const std::string_view> settle) {
+    // The consume script for the calls that settle leases, and that may lease `take` jobs too
+    // without waiting (ack_and_try_take): the taker learns the shard's next event from it at once,
+    // as from its own claims. A job leased here was due, so its lane's `next` had come: the answer
+    // sets it anew (more due now: another take is woken; else the leader, asleep until a time this
+    // answer moved, is brought back if it would sleep past the new one), and news heard on the way
+    // stays (the flight's floor).
+    consumed consume_and_learn(std::size_t s, std::span<const std::string_view> settle,
+                               std::size_t take = 0) {
         return taker_.learn_from(s, [&](taker_store::clock::time_point& next) {
-            consumed c = client_.consume(s, settle, 0);
+            consumed c = client_.consume(s, settle, take);
             next = store_.next_of(c.next);
             return c;
         });
