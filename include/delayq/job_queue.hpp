@@ -167,10 +167,11 @@ concept job_queue = requires {
 };
 
 /// A job queue that acks a job and leases the next due one in one round trip:
-/// ack_and_try_take(j) is ack(j) and then, in the same call to the store, take(0ms), which leases
-/// by take()'s rules (pause, limits, max_attempts, series, fencing) whether or not the ack held.
-/// What a loop of take, handle, ack saves with it is one round trip per job; delayq::worker uses it
-/// where a queue has it.
+/// ack_and_try_take(j) is ack(j) and then, in the same round trip (two on a PostgreSQL object
+/// with limits), a take that does not wait, which leases by take()'s rules (pause, limits,
+/// max_attempts, series, fencing) whether or not the ack held (a sharded Redis queue looks at the
+/// acked job's shard only). What a loop of take, handle, ack saves with it is one round trip per
+/// job; delayq::worker uses it where a queue has it.
 template <class Q>
 concept acks_and_takes = job_queue<Q> && std::same_as<job_type_t<Q>, job> &&
     requires(Q& q, const job& j) {

@@ -7,15 +7,15 @@
 //     w.stop();                 // (or its destructor): the running handlers finish first
 //
 // What a handler's end means. It returns: the job is acked (done, if the ack held); on a queue
-// that has ack_and_try_take (delayq::acks_and_takes: Redis), that ack leases the next due job in
-// the same round trip, and the thread runs it without a take (it takes, waiting, when none was
-// due). It throws
-// delayq::retry_in(d): nacked, due again d from now. It throws delayq::dead_letter(reason): to the
-// dead letters at once (bury). It throws anything else: nacked with the retry policy's delay for
-// its attempt, and what() as the reason; the queue's max_attempts then moves a job that keeps
-// failing to the dead letters (a nack of its last attempt does). The reason is kept in the store
-// as the job's last error, which get() and dead() show. Each of these is one call to the queue,
-// fenced by the job's token, so a worker whose lease was lost changes nothing.
+// that has ack_and_try_take (delayq::acks_and_takes: every delayq backend), that ack leases the
+// next due job in the same round trip, and the thread runs it without a take (it takes, waiting,
+// when none was due). It throws delayq::retry_in(d): nacked, due again d from now. It throws
+// delayq::dead_letter(reason): to the dead letters at once (bury). It throws anything else:
+// nacked with the retry policy's delay for its attempt, and what() as the reason; the queue's
+// max_attempts then moves a job that keeps failing to the dead letters (a nack of its last attempt
+// does). The reason is kept in the store as the job's last error, which get() and dead() show.
+// Each of these is one call to the queue, fenced by the job's token, so a worker whose lease was
+// lost changes nothing.
 //
 // Leases. A handler may run longer than the queue's lease: while it runs, its job's lease is
 // extended by a lease every third of a lease (one thread of the worker does that for every
