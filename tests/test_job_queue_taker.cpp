@@ -1194,3 +1194,23 @@ TEMPLATE_TEST_CASE(
     }
     f.finish();
 }
+
+TEST_CASE("taker: another lane goes first when it came due before this one (Redis shape)",
+          "[taker]") {
+    fixture<redis_like> f(3);
+    f.taker.learn(0, at(5ms));
+    f.taker.learn(1, at(1ms));
+    f.taker.learn(2, tp::max());               // empty
+    CHECK_FALSE(f.taker.other_lane_first(0));  // nothing is due yet
+    manual_clock::advance(2ms);
+    CHECK(f.taker.other_lane_first(0));  // lane 1 is due, lane 0 not yet
+    CHECK_FALSE(f.taker.other_lane_first(1));
+    manual_clock::advance(4ms);  // both due: the earlier first
+    CHECK(f.taker.other_lane_first(0));
+    CHECK_FALSE(f.taker.other_lane_first(1));
+    f.taker.learn(0, at(0ms));  // lane 0 says it was due before lane 1
+    CHECK_FALSE(f.taker.other_lane_first(0));
+    CHECK(f.taker.other_lane_first(1));
+    CHECK(f.taker.other_lane_first(2));  // an empty lane: both others are due
+    f.finish();
+}

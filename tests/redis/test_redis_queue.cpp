@@ -11,6 +11,7 @@
 #include <delayq/redis/delay_queue.hpp>
 #include <delayq/worker.hpp>
 #include <future>
+#include <map>
 #include <set>
 #include <stop_token>
 #include <string>
@@ -687,46 +688,56 @@ TEST_CASE("a job taken by ack_and_try_take leaves a waiting take awake for the n
     CHECK(q.ack(*other));
 }
 
-TEST_CASE("a sharded queue's ack_and_try_take takes from the acked job's shard only") {
+TEST_CASE(
+    "a sharded queue's ack_and_try_take takes from the acked job's shard, unless another shard's "
+    "jobs came due first") {
     server srv;
     constexpr std::size_t shards = 4;
-    delayq::redis::sharded_delay_queue q(opts(srv), shards);
+    auto o = opts(srv);
+    o.max_block = 60s;  // what the object learns of an empty shard holds for the whole test
+    delayq::redis::sharded_delay_queue q(o, shards);
     // The shard of an id is a hash of it (part of the key layout).
     const auto shard = [](const std::string& id) {
         return delayq::redis::detail::fnv1a(id) % shards;
     };
-    std::string same, other;
-    for (int i = 0; same.empty() || other.empty(); ++i) {
+    std::vector<std::string> same;  // two ids in a's shard
+    std::string other;              // one in another
+    for (int i = 0; same.size() < 2 || other.empty(); ++i) {
         const std::string id = "j" + std::to_string(i);
         if (shard(id) == shard("a"))
-            same = same.empty() ? id : same;
-        else
-            other = other.empty() ? id : other;
+            same.push_back(id);
+        else if (other.empty())
+            other = id;
     }
-    REQUIRE(q.put("a", "p", past));
-    REQUIRE(q.put(other, "p", past));
-    REQUIRE(q.put(same, "p", past + 1s));
-    std::vector<delayq::job> held;
-    for (int i = 0; i < 3; ++i) {
+    for (const std::string& id : {std::string("a"), other, same[0], same[1]})
+        REQUIRE(q.put(id, "p", past));
+    std::map<std::string, delayq::job> held;
+    for (int i = 0; i < 4; ++i) {
         auto j = q.take(5s);
         REQUIRE(j);
-        held.push_back(std::move(*j));
+        held[j->id] = std::move(*j);
     }
-    const auto find = [&](const std::string& id) {
-        return *std::find_if(held.begin(), held.end(), [&](const auto& j) { return j.id == id; });
-    };
-    CHECK(q.nack(find(other), 0ms));    // due now, in another shard
-    CHECK(q.nack(find(same), 0ms));     // due now, in a's shard
+    REQUIRE(held.size() == 4);
+    CHECK(q.nack(held[other], 0ms));    // due now, in another shard, first
+    CHECK(q.nack(held[same[0]], 0ms));  // due now, in a's shard, after it
     std::this_thread::sleep_for(20ms);  // (due at the server's next millisecond)
-    auto r = q.ack_and_try_take(find("a"));
+
+    // Another shard's job came due first: the ack leaves it to a take, which finds it.
+    auto r = q.ack_and_try_take(held["a"]);
     CHECK(r.acked);
-    REQUIRE(r.next.has_value());
-    CHECK(r.next->id == same);
-    auto last = q.ack_and_try_take(*r.next);  // a's shard is empty now
+    CHECK_FALSE(r.next.has_value());
+    auto first = q.take(5s);
+    REQUIRE(first);
+    CHECK(first->id == other);
+    CHECK(q.nack(*first, 1h));  // that shard has nothing due now
+
+    // Only a's shard has a due job: the ack takes it.
+    auto mine = q.ack_and_try_take(held[same[1]]);
+    CHECK(mine.acked);
+    REQUIRE(mine.next.has_value());
+    CHECK(mine.next->id == same[0]);
+    auto last = q.ack_and_try_take(*mine.next);  // a's shard is empty now
     CHECK(last.acked);
     CHECK_FALSE(last.next.has_value());
-    auto rest = q.take(5s);  // a take looks at every shard
-    REQUIRE(rest);
-    CHECK(rest->id == other);
-    CHECK(q.ack(*rest));
+    CHECK(q.size() == 1);  // `other`, an hour off
 }

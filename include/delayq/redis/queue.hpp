@@ -187,14 +187,17 @@ class queue_base {
     /// job of that shard, leased by the take's rules (pause, limits, max_attempts, series,
     /// fencing), whether or not the ack held. One round trip where ack() and take() make two;
     /// merged with other threads' consumes on the shard as an ack is. `next` is empty when that
-    /// shard has no job due for a take now (another shard of a sharded queue may: take() looks at
-    /// them all).
+    /// shard has no job due for a take now, and, on a sharded queue, when this object knows of
+    /// another shard whose jobs came due earlier: take() looks at them all, in that order, so
+    /// that a busy shard does not keep the consumers that settle its jobs.
     ack_take_result ack_and_try_take(const job& j) {
         front.id(j.id);
         const std::string token = std::to_string(j.token);
         const std::array<std::string_view, 3> args{"a", j.id, token};
+        const std::size_t s = client_.shard_of(j.id);
+        const std::size_t take = client_.shards() > 1 && room_.other_shard_first(s) ? 0 : 1;
         return guarded([&] {
-            consumed c = room_.consume_and_learn(client_.shard_of(j.id), args, 1);
+            consumed c = room_.consume_and_learn(s, args, take);
             ack_take_result r;
             r.acked = c.ok.front();
             if (!c.jobs.empty()) r.next = std::move(c.jobs.front());

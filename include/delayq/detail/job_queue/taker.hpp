@@ -217,6 +217,27 @@ requires(!S::external_wake || waking_store<S>) class taker {
         return r;
     }
 
+    // Whether a take now would rather claim from a lane other than `lane`: one that is due, that
+    // a take may claim (no claim in flight there, or more due than those claim) and that is not
+    // set aside, whose `next` is earlier than `lane`'s (pick()'s order). A store call that leases
+    // from `lane` alone, beside the takes (ack_and_try_take on a sharded queue: the acked job's
+    // shard), asks first and leaves the lease to a take when this is true: else a busy lane would
+    // keep the consumers that settle its jobs while the jobs of lanes due earlier wait.
+    bool other_lane_first(std::size_t lane) noexcept {
+        std::lock_guard lk(m_);
+        if (generation_ != fork_generation()) forget_the_parent();
+        if (lane >= lanes_.size()) return false;
+        const time_point now = clock::now();
+        const time_point mine = lanes_[lane].next;
+        for (std::size_t l = 0; l < lanes_.size(); ++l) {
+            const lane_state& o = lanes_[l];
+            if (l != lane && o.next <= now && o.next < mine && (o.takers == 0 || o.backlog) &&
+                (o.failures == 0 || o.aside_until <= now))
+                return true;
+        }
+        return false;
+    }
+
     // `lane` may have something due at `at` (news from a write in this process).
     void hint(std::size_t lane, time_point at) noexcept {
         std::lock_guard lk(m_);

@@ -193,6 +193,9 @@ class waiting_room {
         });
     }
 
+    // Whether a take would rather lease from another shard than `s` now (taker::other_lane_first).
+    bool other_shard_first(std::size_t s) noexcept { return taker_.other_lane_first(s); }
+
     // Shard `s` may have a job for a take now (a place under the limits freed, and the script
     // that freed it did not answer the taker: a cancel).
     void hint(std::size_t s) { taker_.hint(s, taker_store::clock::now()); }
