@@ -180,6 +180,40 @@ TEST_CASE("remove_if removes matching elements, due or not, and keeps the order"
     CHECK(ids(out) == std::vector<int>{0, 2, 4, 6, 8});
 }
 
+TEST_CASE("remove_if on a large queue rebuilds a heap that keeps the order, ties included") {
+    manual_clock::reset();
+    queue q;
+    std::mt19937 rng(11);
+    std::vector<item> ref;
+    const auto by_deadline = [](auto& a, auto& b) { return a.at < b.at; };
+    int id = 0;
+    for (int round = 0; round < 40; ++round) {
+        for (int i = 0; i < 300; ++i) {  // several levels of the heap, many equal deadlines
+            item it{id++, at(std::chrono::milliseconds(rng() % 300))};
+            ref.push_back(it);
+            q.put(it);
+        }
+        const int k = 2 + static_cast<int>(rng() % 5), r = static_cast<int>(rng() % 2);
+        const auto gone = [&](const item& v) { return v.id % k == r; };
+        const auto n = static_cast<std::size_t>(std::count_if(ref.begin(), ref.end(), gone));
+        CHECK(q.remove_if(gone) == n);
+        std::erase_if(ref, gone);
+        std::stable_sort(ref.begin(), ref.end(), by_deadline);
+        for (int i = 0; i < 20 && !ref.empty(); ++i) {  // the heads, as the rebuilt heap has them
+            manual_clock::set(ref.front().at);
+            auto v = q.poll();
+            REQUIRE(v);
+            CHECK(*v == ref.front());
+            ref.erase(ref.begin());
+        }
+    }
+    REQUIRE(q.size() == ref.size());
+    manual_clock::set(mtp::max());
+    std::vector<item> out;
+    q.drain_to(std::back_inserter(out));
+    CHECK(out == ref);
+}
+
 TEST_CASE("clear empties the queue") {
     manual_clock::reset();
     queue q;

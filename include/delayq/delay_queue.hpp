@@ -1,8 +1,11 @@
 // delay_queue<T, Clock>: an unbounded blocking queue whose elements can be taken only once their
 // deadline has passed. The JDK's DelayQueue, done for C++.
 //
-// The idea. A binary min-heap ordered by (deadline, insertion number) keeps the earliest element at
-// the top, with ties in first-in, first-out order. One mutex guards it. Takers use the
+// The idea. A min-heap ordered by (deadline, insertion number) keeps the earliest element at the
+// top, with ties in first-in, first-out order. It is four-ary (a node's four children side by
+// side): half the levels of a binary heap for a put that rises or a take that sinks. A put
+// compares the new element with its parent before moving anything, so deadlines put in
+// increasing order (the common case) move nothing. One mutex guards it. Takers use the
 // leader-follower pattern: at most one taker, the leader, sleeps until the head's deadline; every
 // other taker sleeps without a timeout. When the head becomes due the leader takes it and, leaving,
 // wakes one follower to become the next leader. A put that installs a new, earlier head deposes the
@@ -119,8 +122,7 @@ class delay_queue {
     bool emplace(A&&... args) {
         std::unique_lock lk = lock();
         if (closed_) return false;
-        if (heap_.size() == heap_.capacity())
-            heap_.reserve(std::max<std::size_t>(16, 2 * heap_.size()));
+        if (heap_.size() == heap_.capacity()) grow();
         heap_.emplace_back(seq_, std::forward<A>(args)...);  // strong: capacity is there
         ++seq_;
         if (sift_up(heap_.size() - 1) == 0) {
@@ -232,8 +234,7 @@ class delay_queue {
             }
         }
         heap_.erase(heap_.begin() + static_cast<std::ptrdiff_t>(keep), heap_.end());
-        std::make_heap(heap_.begin(), heap_.end(),
-                       [](const entry& a, const entry& b) { return before(b, a); });
+        heapify();
         if (head_removed) depose_leader();
         return count;
     }
@@ -361,34 +362,61 @@ class delay_queue {
         return a.at < b.at || (a.at == b.at && a.seq < b.seq);
     }
 
-    // Returns the index where the element at i came to rest.
+    // Doubles the storage before a put (out of line: rare, and the put's code stays short).
+    [[gnu::noinline]] void grow() { heap_.reserve(std::max<std::size_t>(16, 2 * heap_.size())); }
+
+    // Four children a node: half the levels of a binary heap, so a put that rises and a take that
+    // sinks visit half as many nodes, and a node's four children lie side by side in memory.
+    static constexpr std::size_t arity = 4;
+
+    // Returns the index where the element at i came to rest. It is compared with its parent before
+    // anything moves: an element due no earlier than its parent (deadlines put in increasing
+    // order, the common case) stays where it was put, and nothing is moved at all.
     std::size_t sift_up(std::size_t i) noexcept {
+        if (i == 0 || !before(heap_[i], heap_[(i - 1) / arity])) return i;
         entry e = std::move(heap_[i]);
-        while (i > 0) {
-            const std::size_t parent = (i - 1) / 2;
-            if (!before(e, heap_[parent])) break;
+        do {
+            const std::size_t parent = (i - 1) / arity;
             heap_[i] = std::move(heap_[parent]);
             i = parent;
-        }
+        } while (i > 0 && before(e, heap_[(i - 1) / arity]));
         heap_[i] = std::move(e);
         return i;
+    }
+
+    // Puts `e` into the hole at i (an element moved from), below which heap_ is a heap, moving the
+    // earliest child up while it is due before `e`.
+    void sift_down(std::size_t i, entry&& e) noexcept {
+        const std::size_t n = heap_.size();
+        for (;;) {
+            const std::size_t first = arity * i + 1;
+            if (first >= n) break;
+            const std::size_t last = std::min(first + arity, n);
+            std::size_t c = first;
+            for (std::size_t k = first + 1; k < last; ++k) {
+                if (before(heap_[k], heap_[c])) c = k;
+            }
+            if (!before(heap_[c], e)) break;
+            heap_[i] = std::move(heap_[c]);
+            i = c;
+        }
+        heap_[i] = std::move(e);
     }
 
     void pop_top() noexcept {
         entry last = std::move(heap_.back());
         heap_.pop_back();
-        if (heap_.empty()) return;
+        if (!heap_.empty()) sift_down(0, std::move(last));
+    }
+
+    // Makes heap_ a heap again after remove_if() compacted it: O(N).
+    void heapify() noexcept {
         const std::size_t n = heap_.size();
-        std::size_t i = 0;
-        for (;;) {
-            std::size_t c = 2 * i + 1;
-            if (c >= n) break;
-            if (c + 1 < n && before(heap_[c + 1], heap_[c])) ++c;
-            if (!before(heap_[c], last)) break;
-            heap_[i] = std::move(heap_[c]);
-            i = c;
+        if (n < 2) return;
+        for (std::size_t i = (n - 2) / arity + 1; i-- > 0;) {
+            entry e = std::move(heap_[i]);
+            sift_down(i, std::move(e));
         }
-        heap_[i] = std::move(last);
     }
 
     // The head, moved out. If moving it throws, the queue is unchanged.
