@@ -971,6 +971,29 @@ TEMPLATE_LIST_TEST_CASE("contract: jobs() pages waiting and leased jobs in time 
                     std::invalid_argument);
 }
 
+TEMPLATE_LIST_TEST_CASE("contract: jobs() pages through many jobs of one due time by id",
+                        "[contract][lookup]", delayq_contract_fixtures) {
+    using namespace delayq_contract;
+    using delayq::job_state;
+    TestType f;
+    auto q = f.make({});
+    // Pages of 3 that begin and end inside groups of jobs due at the same time: each page is the
+    // next 3 in (due time, id) order, none skipped and none twice.
+    const auto at = std::chrono::system_clock::now() + 1h;
+    std::vector<std::string> want;
+    for (int group = 0; group < 3; ++group)
+        for (int i = 0; i < 7; ++i) {
+            const std::string id =
+                std::string(1, static_cast<char>('k' - group)) + std::to_string(i);
+            REQUIRE(q->put(id, "p", at + group * 1min));
+        }
+    for (int group = 0; group < 3; ++group)
+        for (int i = 0; i < 7; ++i)
+            want.push_back(std::string(1, static_cast<char>('k' - group)) + std::to_string(i));
+    CHECK(paged(*q, job_state::waiting, 3) == want);
+    CHECK(paged(*q, job_state::waiting, 5) == want);
+}
+
 TEMPLATE_LIST_TEST_CASE("contract: a job whose lease ended is listed as waiting from that end",
                         "[contract][lookup]", delayq_contract_fixtures) {
     using namespace delayq_contract;

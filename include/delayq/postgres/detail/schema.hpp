@@ -1070,20 +1070,29 @@ inline std::string dead_page_sql(const std::string& s) {
 // probe of the key for the job to follow, which must be in that state (else nothing follows),
 // then, LATERAL under its own LIMIT, one range from there: of jobs_at for the waiting jobs, which
 // steps over the leases that hold (as many as the consumers hold), of the partial jobs_leased
-// for the leased ones. Both indexes end at `at`, so the jobs of one `at` are put in order of id
-// by an incremental sort of the index's order: a page reads every job of the time it starts at
-// (many, when one put_many queued them all for the same millisecond). Columns: info_columns_sql.
+// for the leased ones. Both indexes end at `at`, not at (at, id), so the range is bounded above
+// too, by the `at` of the page's last job, which a walk of the index in its own order finds (k:
+// $3 steps, no sort): the jobs of the range are then sorted by (at, id), a page's worth and the
+// ties of its last `at`, whatever plan the planner makes of the range (on a small table that it
+// has not analyzed, it sorts the whole range rather than the index's order incrementally). A
+// page reads every job of the time it starts at and of the time it ends at (many, when one
+// put_many queued them all for the same millisecond). Columns: info_columns_sql.
 inline std::string jobs_page_sql(const std::string& s, bool leased) {
-    const std::string held = "j.token <> 0 AND j.at > t.now";
-    const std::string in_state = leased ? held : "NOT (" + held + ")";
+    const auto in_state = [&](const char* j) {
+        const std::string held = std::string(j) + ".token <> 0 AND " + j + ".at > t.now";
+        return leased ? held : "NOT (" + held + ")";
+    };
     return "WITH " + std::string(now_cte) + ", a AS (SELECT j.at, j.id FROM " + s +
-           ".jobs j, t WHERE $4 AND j.queue = $1 AND j.id = $2 AND " + in_state +
+           ".jobs j, t WHERE $4 AND j.queue = $1 AND j.id = $2 AND " + in_state("j") +
            " UNION ALL SELECT " + (leased ? "t.now" : "-1") +
            ", ''::bytea FROM t WHERE NOT $4) SELECT d.* FROM a, t, LATERAL (SELECT " +
            info_columns_sql(leased ? "1" : "0", "j.at") + " FROM " + s +
-           ".jobs j WHERE j.queue = $1 AND " + in_state +
-           " AND j.at >= a.at AND (j.at, j.id) > (a.at, a.id) ORDER BY j.at, j.id LIMIT $3) d "
-           "ORDER BY d.at, d.id";
+           ".jobs j WHERE j.queue = $1 AND " + in_state("j") +
+           " AND j.at >= a.at AND (j.at, j.id) > (a.at, a.id) AND j.at <= coalesce((SELECT k.at "
+           "FROM " +
+           s + ".jobs k WHERE k.queue = $1 AND " + in_state("k") +
+           " AND k.at >= a.at AND (k.at, k.id) > (a.at, a.id) ORDER BY k.at OFFSET $3 - 1 LIMIT "
+           "1), 9223372036854775807) ORDER BY j.at, j.id LIMIT $3) d ORDER BY d.at, d.id";
 }
 
 // requeue_dead: $1 queue, $2 id, $3 delay (ms). The dead letter back among the jobs, waiting, due
