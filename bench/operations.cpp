@@ -26,6 +26,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 #ifdef DELAYQ_BENCH_SQLITE
 #include <delayq/sqlite/delay_queue.hpp>
@@ -52,6 +53,11 @@ struct row {
            command_ms = 0, stop_ms = 0;
 };
 
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
 template <class F>
 double median_us(int calls, F f) {
     std::vector<double> v;
@@ -60,8 +66,7 @@ double median_us(int calls, F f) {
         f();
         v.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - t).count());
     }
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
+    return median(std::move(v));
 }
 
 // Fills `q` with 1 000 dead letters, then `jobs` jobs; returns the seconds it took.
@@ -99,8 +104,7 @@ double command_ms(const std::string& url) {
         if (std::system(cmd.c_str()) != 0) return -1;
         v.push_back(std::chrono::duration<double, std::milli>(clock_type::now() - t).count());
     }
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
+    return median(std::move(v));
 }
 
 // How long stop() of a worker takes when its 4 threads wait in their takes on the empty queue
@@ -115,8 +119,7 @@ double worker_stop_ms(Q& q) {
         w.stop();
         v.push_back(std::chrono::duration<double, std::milli>(clock_type::now() - t).count());
     }
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
+    return median(std::move(v));
 }
 
 template <class Q>

@@ -397,10 +397,8 @@ class delay_queue {
     /// (a connection_error) leaves the ack applied.
     bool ack(const job& j) {
         front.id(j.id);
-        detail::params p;
-        p.text(opt_.name).bytes(j.id).int8(token_of(j));
         // A run of a series queued its next run (column 1): woken as a put's.
-        const auto r = run_waking(st_ack, p, "ack", [&](const detail::result& a) {
+        const auto r = run_waking(st_ack, ack_params(j), "ack", [&](const detail::result& a) {
             return std::vector<std::string_view>(a.integer(0, 1) > 0 ? 1 : 0, j.id);
         });
         return r.integer(0, 0) == 1;
@@ -955,6 +953,13 @@ class delay_queue {
         return run_then(st_put_repeat, p, wake_params(id), doing).changed() == 1;
     }
 
+    // The ack statement's parameters, for `j`.
+    detail::params ack_params(const job& j) const {
+        detail::params p;
+        p.text(opt_.name).bytes(j.id).int8(token_of(j));
+        return p;
+    }
+
     // The wake-up's parameters for one job, or for the jobs `ids`.
     detail::params wake_params(std::string_view id) const {
         const std::array<std::string_view, 1> ids{id};
@@ -1139,8 +1144,7 @@ class delay_queue {
     // job, pipelined on a pooled connection; whether the ack held (`acked`), and what the claim
     // found.
     claimed ack_then_claim(const job& j, bool& acked) {
-        detail::params a;
-        a.text(opt_.name).bytes(j.id).int8(token_of(j));
+        const detail::params a = ack_params(j);
         const detail::params c = claim_params(1);
         budget b = call_budget();
         return with_connection(

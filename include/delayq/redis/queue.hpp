@@ -192,12 +192,10 @@ class queue_base {
     /// that a busy shard does not keep the consumers that settle its jobs.
     ack_take_result ack_and_try_take(const job& j) {
         front.id(j.id);
-        const std::string token = std::to_string(j.token);
-        const std::array<std::string_view, 3> args{"a", j.id, token};
         const std::size_t s = client_.shard_of(j.id);
         const std::size_t take = client_.shards() > 1 && room_.other_shard_first(s) ? 0 : 1;
         return guarded([&] {
-            consumed c = room_.consume_and_learn(s, args, take);
+            consumed c = settle_and_take(j, "a", take);
             ack_take_result r;
             r.acked = c.ok.front();
             if (!c.jobs.empty()) r.next = std::move(c.jobs.front());
@@ -490,11 +488,15 @@ class queue_base {
 
     // Settles `j` by the consume script (`how`: see scripts.hpp); false if the lease was lost.
     bool settle(const job& j, std::string_view how) {
+        return guarded([&]() -> bool { return settle_and_take(j, how, 0).ok.front(); });
+    }
+
+    // One consume call on j's shard that settles j (`how`) and then leases up to `take` due jobs
+    // without waiting.
+    consumed settle_and_take(const job& j, std::string_view how, std::size_t take) {
         const std::string token = std::to_string(j.token);
         const std::array<std::string_view, 3> args{how, j.id, token};
-        return guarded([&]() -> bool {
-            return room_.consume_and_learn(client_.shard_of(j.id), args).ok.front();
-        });
+        return room_.consume_and_learn(client_.shard_of(j.id), args, take);
     }
 
     // The pause script on the shards in turn (`how`: "p" pause, "r" resume, "" look; see

@@ -229,12 +229,8 @@ requires(!S::external_wake || waking_store<S>) class taker {
         if (lane >= lanes_.size()) return false;
         const time_point now = clock::now();
         const time_point mine = lanes_[lane].next;
-        for (std::size_t l = 0; l < lanes_.size(); ++l) {
-            const lane_state& o = lanes_[l];
-            if (l != lane && o.next <= now && o.next < mine && (o.takers == 0 || o.backlog) &&
-                (o.failures == 0 || o.aside_until <= now))
-                return true;
-        }
+        for (std::size_t l = 0; l < lanes_.size(); ++l)
+            if (l != lane && lanes_[l].next < mine && claimable(lanes_[l], now)) return true;
         return false;
     }
 
@@ -549,8 +545,7 @@ requires(!S::external_wake || waking_store<S>) class taker {
         std::size_t serving = 0;  // lanes whose last claim did not fail
         for (const auto& lane : lanes_) {
             if (lane.failures == 0) ++serving;
-            if (lane.failures > 0 && (lane.aside_until > now || lane.takers > 0)) continue;
-            if (!first && (lane.next > now || (lane.takers > 0 && !lane.backlog))) continue;
+            if (first ? held_aside(lane, now) : !claimable(lane, now)) continue;
             if (best == nullptr || lane.next < best->next) best = &lane;
         }
         if (serving == 0)
@@ -561,6 +556,18 @@ requires(!S::external_wake || waking_store<S>) class taker {
         patient = best != nullptr && serving == (best->failures == 0 ? 1U : 0U);
         if (best == nullptr) return std::nullopt;
         return static_cast<std::size_t>(best - lanes_.data());
+    }
+
+    // A lane set aside after failures, until its pause ends; then one take at a time tries it.
+    static bool held_aside(const lane_state& lane, time_point now) noexcept {
+        return lane.failures > 0 && (lane.aside_until > now || lane.takers > 0);
+    }
+
+    // A lane that a take may claim from now (pick()'s rule once the take has asked): its `next`
+    // has come, no claim is in flight on it (or the last said more is due), and it is not held
+    // aside.
+    static bool claimable(const lane_state& lane, time_point now) noexcept {
+        return !held_aside(lane, now) && lane.next <= now && (lane.takers == 0 || lane.backlog);
     }
 
     // Under m_: when the leader should look again: the earliest `next` that has not come yet, or

@@ -589,8 +589,6 @@ class script_client {
         }
     }
 
-    // A job_info's time, attempts, payload and last error from `e`, four elements of a reply
-    // `r` of `script`: two integers, two strings.
     // A page script's answer: {place, (id, time, attempts, payload, last error)*}, the jobs in
     // `state`.
     static job_page page_of(const reply_ptr& r, job_state state, std::string_view script) {
@@ -609,6 +607,8 @@ class script_client {
         return page;
     }
 
+    // A job_info's time, attempts, payload and last error from `e`, four elements of a reply
+    // `r` of `script`: two integers, two strings.
     static job_info info_of(const redisReply* const* e, std::string_view script,
                             const redisReply* r) {
         if (e[0]->type != REDIS_REPLY_INTEGER || e[1]->type != REDIS_REPLY_INTEGER ||
